@@ -1,0 +1,93 @@
+"""The decoder's key/value cache: data passed into and out of `Transformer.decode_step`.
+
+All layers live in two tensors so that reordering rows (beam search), dropping finished rows and
+appending newly encoded rows (continuous batching) is one tensor operation each, whatever the depth:
+
+- ``self_kv``  (L, 2, B, H, C, Dh): self-attention keys/values, preallocated for C positions and
+  filled one step at a time; row b holds ``lengths[b]`` valid positions.
+- ``cross_kv`` (L, 2, B, H, S, Dh): cross-attention keys/values, computed once from the encoder
+  output and never changed.
+- ``src_mask`` (B, S): True on real source tokens (cross-attention key mask).
+
+Rows may hold prefixes of different lengths (a row that joined a running batch later has fewer
+steps); ``uniform`` records whether they are all equal, in which case no self-attention mask is needed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+
+@dataclass
+class KVCache:
+    self_kv: Tensor  # (L, 2, B, H, C, Dh)
+    cross_kv: Tensor  # (L, 2, B, H, S, Dh)
+    src_mask: Tensor  # (B, S) bool
+    lengths: Tensor  # (B,) long: decoded positions per row (also the position of the next token)
+    max_length: int  # max(lengths), kept on the host to slice without a device sync
+    uniform: bool  # all lengths equal
+
+    @property
+    def batch_size(self) -> int:
+        return self.self_kv.size(2)
+
+    @property
+    def capacity(self) -> int:
+        return self.self_kv.size(4)
+
+    def reserve(self, length: int) -> None:
+        """Make room for ``length`` positions, growing the preallocated buffer geometrically."""
+        if length <= self.capacity:
+            return
+        new_cap = max(length, 2 * self.capacity)
+        shape = list(self.self_kv.shape)
+        shape[4] = new_cap
+        grown = self.self_kv.new_zeros(shape)
+        grown[..., : self.capacity, :] = self.self_kv
+        self.self_kv = grown
+
+    def index_select(self, index: Tensor) -> KVCache:
+        """Rows ``index`` of the batch, in that order: beam reordering and dropping finished rows."""
+        lengths = self.lengths.index_select(0, index)
+        return KVCache(
+            self_kv=self.self_kv.index_select(2, index),
+            cross_kv=self.cross_kv.index_select(2, index),
+            src_mask=self.src_mask.index_select(0, index),
+            lengths=lengths,
+            max_length=self.max_length if self.uniform else int(lengths.max().item()) if len(index) else 0,
+            uniform=self.uniform,
+        )
+
+    @staticmethod
+    def concat(caches: list[KVCache]) -> KVCache:
+        """Stack the rows of several caches (e.g. a running batch and newly encoded inputs).
+
+        Source and prefix lengths may differ: shorter ones are padded, and padding is masked out
+        (``src_mask`` for the source, ``lengths`` for the prefix).
+        """
+        caches = [c for c in caches if c.batch_size > 0] or caches[:1]
+        if len(caches) == 1:
+            return caches[0]
+        cap = max(c.capacity for c in caches)
+        src_len = max(c.cross_kv.size(4) for c in caches)
+
+        def pad(t: Tensor, dim: int, size: int) -> Tensor:
+            if t.size(dim) == size:
+                return t
+            shape = list(t.shape)
+            shape[dim] = size - t.size(dim)
+            return torch.cat([t, t.new_zeros(shape)], dim=dim)
+
+        lengths = torch.cat([c.lengths for c in caches])
+        first = caches[0]
+        return KVCache(
+            self_kv=torch.cat([pad(c.self_kv, 4, cap) for c in caches], dim=2),
+            cross_kv=torch.cat([pad(c.cross_kv, 4, src_len) for c in caches], dim=2),
+            src_mask=torch.cat([pad(c.src_mask, 1, src_len) for c in caches], dim=0),
+            lengths=lengths,
+            max_length=max(c.max_length for c in caches),
+            uniform=all(c.uniform and c.max_length == first.max_length for c in caches),
+        )

@@ -1,0 +1,180 @@
+"""The blocks of the Transformer figure: attention, feed-forward, Add & Norm, encoder and decoder layers.
+
+Shapes: B batch, T target positions, S source positions, C cache capacity, H heads, Dh head width,
+D model width. Boolean masks are True where attention is allowed (the convention of
+``F.scaled_dot_product_attention``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from model.config import ModelConfig
+
+
+def split_heads(x: Tensor, n: int, heads: int) -> Tensor:
+    """(B, T, n*D) -> (n, B, H, T, Dh): n stacked projections (q/k/v) split into heads."""
+    b, t, _ = x.shape
+    return x.view(b, t, n, heads, -1).permute(2, 0, 3, 1, 4)  # (n, B, H, T, Dh)
+
+
+def merge_heads(x: Tensor) -> Tensor:
+    """(B, H, T, Dh) -> (B, T, D)."""
+    b, h, t, dh = x.shape
+    return x.transpose(1, 2).reshape(b, t, h * dh)  # (B, T, D)
+
+
+class SinusoidalPositions(nn.Module):
+    """Fixed sin/cos position encodings of the paper (section 3.5); a buffer, not a parameter."""
+
+    table: Tensor
+
+    def __init__(self, max_positions: int, d_model: int) -> None:
+        super().__init__()
+        pos = torch.arange(max_positions, dtype=torch.float32)[:, None]
+        inv_freq = torch.exp(torch.arange(0, d_model, 2, dtype=torch.float32) * (-math.log(10000.0) / d_model))
+        table = torch.zeros(max_positions, d_model)
+        table[:, 0::2] = torch.sin(pos * inv_freq)
+        table[:, 1::2] = torch.cos(pos * inv_freq)
+        # Not saved in the checkpoint: it is a function of the config.
+        self.register_buffer("table", table, persistent=False)
+
+    def forward(self, positions: Tensor) -> Tensor:
+        return self.table[positions]
+
+
+class SelfAttention(nn.Module):
+    """Multi-head self-attention with one fused QKV projection (one matmul instead of three)."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.heads = cfg.n_heads
+        self.dropout = cfg.attention_dropout
+        self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model)
+        self.out = nn.Linear(cfg.d_model, cfg.d_model)
+
+    def forward(self, x: Tensor, *, key_mask: Tensor | None = None, causal: bool = False) -> Tensor:
+        """Attention over the whole sequence ``x`` (B, T, D): encoder, or decoder in training."""
+        q, k, v = split_heads(self.qkv(x), 3, self.heads)  # each (B, H, T, Dh)
+        p = self.dropout if self.training else 0.0
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=key_mask, dropout_p=p, is_causal=causal)
+        return self.out(merge_heads(y))
+
+    def step(self, x: Tensor, kv: Tensor, positions: Tensor, step: StepInfo) -> Tensor:
+        """One new position per row. ``x`` (B, 1, D); ``kv`` (2, B, H, C, Dh) is this layer's cache,
+        written in place at ``positions``; attention reads its first ``step.length`` positions."""
+        qkv = split_heads(self.qkv(x), 3, self.heads)  # (3, B, H, 1, Dh)
+        new_kv = qkv[1:, :, :, 0]  # (2, B, H, Dh)
+        if step.uniform:  # every row is at the same position: a plain slice write
+            kv[:, :, :, step.length - 1] = new_kv
+        else:  # rows at different positions (continuous batching): scatter per row
+            rows = torch.arange(kv.size(1), device=kv.device)
+            kv[:, rows, :, positions] = new_kv.transpose(0, 1)  # indexed view is (B, 2, H, Dh)
+        k, v = kv[0, :, :, : step.length], kv[1, :, :, : step.length]  # (B, H, T, Dh)
+        # No causal flag here: the single query may see every cached key up to its own position.
+        y = F.scaled_dot_product_attention(qkv[0], k, v, attn_mask=step.self_mask)
+        return self.out(merge_heads(y))
+
+
+class CrossAttention(nn.Module):
+    """Decoder-to-encoder attention; keys/values depend only on the encoder output, so they are
+    projected once per input (``project_kv``) and reused at every decoding step."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.heads = cfg.n_heads
+        self.dropout = cfg.attention_dropout
+        self.q = nn.Linear(cfg.d_model, cfg.d_model)
+        self.kv = nn.Linear(cfg.d_model, 2 * cfg.d_model)
+        self.out = nn.Linear(cfg.d_model, cfg.d_model)
+
+    def project_kv(self, memory: Tensor) -> Tensor:
+        return split_heads(self.kv(memory), 2, self.heads)  # (2, B, H, S, Dh)
+
+    def forward(self, x: Tensor, kv: Tensor, key_mask: Tensor) -> Tensor:
+        q = split_heads(self.q(x), 1, self.heads)[0]  # (B, H, T, Dh)
+        p = self.dropout if self.training else 0.0
+        y = F.scaled_dot_product_attention(q, kv[0], kv[1], attn_mask=key_mask, dropout_p=p)
+        return self.out(merge_heads(y))
+
+
+class FeedForward(nn.Module):
+    """Position-wise FFN(x) = max(0, x W1 + b1) W2 + b2."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(cfg.d_model, cfg.d_ff)
+        self.fc2 = nn.Linear(cfg.d_ff, cfg.d_model)
+        self.dropout = nn.Dropout(cfg.activation_dropout)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.fc2(self.dropout(F.relu(self.fc1(x))))
+
+
+class AddNorm(nn.Module):
+    """Residual connection around a sublayer, with LayerNorm after it (post-LN, the paper) or
+    before it (pre-LN: the residual stream is never normalised, which trains more stably)."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
+        self.dropout = nn.Dropout(cfg.dropout)
+        self.pre_norm = cfg.pre_norm
+
+    def forward(self, x: Tensor, sublayer: Callable[[Tensor], Tensor]) -> Tensor:
+        if self.pre_norm:
+            return x + self.dropout(sublayer(self.norm(x)))
+        return self.norm(x + self.dropout(sublayer(x)))
+
+
+class EncoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.self_attn = SelfAttention(cfg)
+        self.ff = FeedForward(cfg)
+        self.attn_norm = AddNorm(cfg)
+        self.ff_norm = AddNorm(cfg)
+
+    def forward(self, x: Tensor, key_mask: Tensor) -> Tensor:
+        x = self.attn_norm(x, lambda y: self.self_attn(y, key_mask=key_mask))
+        return self.ff_norm(x, self.ff)
+
+
+@dataclass(frozen=True)
+class StepInfo:
+    """What every decoder layer needs to know about one incremental step (computed once per step)."""
+
+    length: int  # cached positions to attend to, after this step's write
+    uniform: bool  # all rows at the same position
+    self_mask: Tensor | None  # (B, 1, 1, length) True on valid keys; None when uniform
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.self_attn = SelfAttention(cfg)
+        self.cross_attn = CrossAttention(cfg)
+        self.ff = FeedForward(cfg)
+        self.self_norm = AddNorm(cfg)
+        self.cross_norm = AddNorm(cfg)
+        self.ff_norm = AddNorm(cfg)
+
+    def forward(self, x: Tensor, cross_kv: Tensor, src_mask: Tensor) -> Tensor:
+        """Whole target prefix at once (training, and the reference for incremental decoding)."""
+        x = self.self_norm(x, lambda y: self.self_attn(y, causal=True))
+        x = self.cross_norm(x, lambda y: self.cross_attn(y, cross_kv, src_mask))
+        return self.ff_norm(x, self.ff)
+
+    def step(
+        self, x: Tensor, self_kv: Tensor, cross_kv: Tensor, src_mask: Tensor, positions: Tensor, step: StepInfo
+    ) -> Tensor:
+        """One position per row, reading and extending this layer's cache."""
+        x = self.self_norm(x, lambda y: self.self_attn.step(y, self_kv, positions, step))
+        x = self.cross_norm(x, lambda y: self.cross_attn(y, cross_kv, src_mask))
+        return self.ff_norm(x, self.ff)

@@ -1,0 +1,77 @@
+"""SentencePiece wrapper with fixed special ids.
+
+The ids are part of the model directory format and never change:
+
+======  ====  ==========================================
+piece   id    use
+======  ====  ==========================================
+<pad>   0     padding (masked out of attention and loss)
+<unk>   1     unknown piece
+<s>     2     begin of sentence: first decoder input
+</s>    3     end of sentence: ends every source and every target
+======  ====  ==========================================
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from pathlib import Path
+
+import sentencepiece as spm
+
+PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
+
+
+class Tokenizer:
+    def __init__(self, path: str | Path) -> None:
+        path = Path(path)
+        if not path.is_file():
+            raise FileNotFoundError(f"SentencePiece model not found: {path}")
+        self.path = path
+        self.sp = spm.SentencePieceProcessor()
+        try:
+            self.sp.Load(str(path))
+        except (OSError, RuntimeError) as e:
+            raise ValueError(f"{path}: not a valid SentencePiece model ({e})") from e
+        got = (self.sp.pad_id(), self.sp.unk_id(), self.sp.bos_id(), self.sp.eos_id())
+        if got != (PAD_ID, UNK_ID, BOS_ID, EOS_ID):
+            raise ValueError(f"{path}: special ids (pad, unk, bos, eos) are {got}, expected (0, 1, 2, 3)")
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.sp.GetPieceSize())
+
+    def encode(self, texts: list[str]) -> list[list[int]]:
+        """Token ids without bos/eos (the model adds those where it needs them)."""
+        return [list(ids) for ids in self.sp.Encode(texts)]
+
+    def decode(self, ids: list[list[int]]) -> list[str]:
+        return [str(s) for s in self.sp.Decode([[i for i in seq if i > EOS_ID] for seq in ids])]
+
+    def pieces(self, ids: list[int]) -> list[str]:
+        return [str(p) for p in self.sp.IdToPiece(ids)]
+
+    @staticmethod
+    def train(texts: Iterable[str], model_prefix: str | Path, vocab_size: int, *, seed_sentences: int = 0) -> Path:
+        """Train a joint unigram SentencePiece model on ``texts``; returns the .model path."""
+        model_prefix = Path(model_prefix)
+        model_prefix.parent.mkdir(parents=True, exist_ok=True)
+        spm.SentencePieceTrainer.Train(
+            sentence_iterator=iter(texts),
+            model_prefix=str(model_prefix),
+            vocab_size=vocab_size,
+            model_type="unigram",
+            character_coverage=1.0,
+            pad_id=PAD_ID,
+            unk_id=UNK_ID,
+            bos_id=BOS_ID,
+            eos_id=EOS_ID,
+            input_sentence_size=seed_sentences,
+            shuffle_input_sentence=True,
+            # Keep the training log quiet: it is thousands of lines on stderr.
+            minloglevel=2,
+            num_threads=2,
+            # Tiny corpora (tests, small custom data) may not support the requested size exactly.
+            hard_vocab_limit=False,
+        )
+        return model_prefix.with_suffix(".model")
