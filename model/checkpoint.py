@@ -1,8 +1,8 @@
 """The model directory: everything needed to translate, and nothing that needs unpickling.
 
-    config.json          {"format": 1, "model": ModelConfig, "source_lang", "target_lang", "training": {...}}
-    model.safetensors    weights (float32 or float16; loaded into the compute dtype)
-    sentencepiece.model  the joint vocabulary (special ids fixed by model.tokenizer)
+config.json          {"format": 1, "model": ModelConfig, "source_lang", "target_lang", "training": {...}}
+model.safetensors    weights (float32 or float16; loaded into the compute dtype)
+sentencepiece.model  the joint vocabulary (special ids fixed by model.tokenizer)
 """
 
 from __future__ import annotations
@@ -94,7 +94,11 @@ def load_tokenizer(path: str | Path) -> Tokenizer:
 
 
 def load_model(
-    path: str | Path, info: ModelInfo, *, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32
+    path: str | Path,
+    info: ModelInfo,
+    *,
+    device: str | torch.device = "cpu",
+    dtype: torch.dtype = torch.float32,
 ) -> Transformer:
     """Build the Transformer of ``info`` and fill it from model.safetensors (never unpickled)."""
     file = Path(path) / WEIGHTS_FILE

@@ -38,7 +38,9 @@ class SinusoidalPositions(nn.Module):
     def __init__(self, max_positions: int, d_model: int) -> None:
         super().__init__()
         pos = torch.arange(max_positions, dtype=torch.float32)[:, None]
-        inv_freq = torch.exp(torch.arange(0, d_model, 2, dtype=torch.float32) * (-math.log(10000.0) / d_model))
+        inv_freq = torch.exp(
+            torch.arange(0, d_model, 2, dtype=torch.float32) * (-math.log(10000.0) / d_model)
+        )
         table = torch.zeros(max_positions, d_model)
         table[:, 0::2] = torch.sin(pos * inv_freq)
         table[:, 1::2] = torch.cos(pos * inv_freq)
@@ -172,7 +174,13 @@ class DecoderLayer(nn.Module):
         return self.ff_norm(x, self.ff)
 
     def step(
-        self, x: Tensor, self_kv: Tensor, cross_kv: Tensor, src_mask: Tensor, positions: Tensor, step: StepInfo
+        self,
+        x: Tensor,
+        self_kv: Tensor,
+        cross_kv: Tensor,
+        src_mask: Tensor,
+        positions: Tensor,
+        step: StepInfo,
     ) -> Tensor:
         """One position per row, reading and extending this layer's cache."""
         x = self.self_norm(x, lambda y: self.self_attn.step(y, self_kv, positions, step))

@@ -111,7 +111,9 @@ def beam_search(
     batch = enc.memory.size(0)
     search = BeamSearch(k)
     # Every input starts as K copies of one row; only the first copy is alive at step 0.
-    cache: KVCache = model.start_cache(enc).index_select(torch.arange(batch, device=device).repeat_interleave(k))
+    cache: KVCache = model.start_cache(enc).index_select(
+        torch.arange(batch, device=device).repeat_interleave(k)
+    )
     scores = torch.zeros(batch, k, device=device)
     scores[:, 1:] = -math.inf
     tokens = torch.full((batch * k,), model.cfg.bos_id, dtype=torch.long, device=device)

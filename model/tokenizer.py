@@ -52,7 +52,9 @@ class Tokenizer:
         return [str(p) for p in self.sp.IdToPiece(ids)]
 
     @staticmethod
-    def train(texts: Iterable[str], model_prefix: str | Path, vocab_size: int, *, seed_sentences: int = 0) -> Path:
+    def train(
+        texts: Iterable[str], model_prefix: str | Path, vocab_size: int, *, seed_sentences: int = 0
+    ) -> Path:
         """Train a joint unigram SentencePiece model on ``texts``; returns the .model path."""
         model_prefix = Path(model_prefix)
         model_prefix.parent.mkdir(parents=True, exist_ok=True)

@@ -31,12 +31,19 @@ class Transformer(nn.Module):
         self.embed_scale = math.sqrt(cfg.d_model)
         # Target embedding; with tie_embeddings it is also the source embedding and the output projection.
         self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model, padding_idx=cfg.pad_id)
-        self.src_embed = None if cfg.tie_embeddings else nn.Embedding(cfg.vocab_size, cfg.d_model, padding_idx=cfg.pad_id)
+        self.src_embed = (
+            None if cfg.tie_embeddings else nn.Embedding(cfg.vocab_size, cfg.d_model, padding_idx=cfg.pad_id)
+        )
         self.out_proj = None if cfg.tie_embeddings else nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         self.positions = SinusoidalPositions(cfg.max_positions, cfg.d_model)
         self.dropout = nn.Dropout(cfg.dropout)
-        self.encoder = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.encoder_layers))
-        self.decoder = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.decoder_layers))
+        # ModuleList registers the layers; the annotation tells type checkers what they hold.
+        self.encoder: list[EncoderLayer] = nn.ModuleList(  # type: ignore[assignment]
+            EncoderLayer(cfg) for _ in range(cfg.encoder_layers)
+        )
+        self.decoder: list[DecoderLayer] = nn.ModuleList(  # type: ignore[assignment]
+            DecoderLayer(cfg) for _ in range(cfg.decoder_layers)
+        )
         # Pre-LN leaves the residual stream unnormalised, so each stack ends with a LayerNorm.
         self.encoder_norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps) if cfg.pre_norm else None
         self.decoder_norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps) if cfg.pre_norm else None

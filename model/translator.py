@@ -41,14 +41,18 @@ class TranslationResult:
 class Translator:
     """A loaded model directory. ``translate_batch`` returns one result per input, in input order."""
 
-    def __init__(self, model: Transformer, tokenizer: Tokenizer, info: ModelInfo, device: torch.device) -> None:
+    def __init__(
+        self, model: Transformer, tokenizer: Tokenizer, info: ModelInfo, device: torch.device
+    ) -> None:
         self.model = model
         self.tokenizer = tokenizer
         self.info = info
         self.device = device
 
     @classmethod
-    def load(cls, model_dir: str | Path, *, device: str = "auto", dtype: str | torch.dtype = "float32") -> Translator:
+    def load(
+        cls, model_dir: str | Path, *, device: str = "auto", dtype: str | torch.dtype = "float32"
+    ) -> Translator:
         """Load config.json, model.safetensors and sentencepiece.model from ``model_dir``.
 
         Raises ``ModelDirError`` naming the file when one is missing or corrupted.

@@ -1,0 +1,246 @@
+"""The training module: data handling, loss, schedule, the loop (loss falls, exact resume,
+checkpoint averaging, export), DDP with two processes, evaluation, and clear errors."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file
+
+from model.checkpoint import read_info
+from model.translator import Translator
+from training import evaluate as evaluate_cli
+from training import train as train_cli
+from training.config import TrainConfig
+from training.data import bucket_batches, encode_pairs, shard
+from training.loss import label_smoothed_nll
+from training.train import TrainResult, average_checkpoints, checkpoint_paths, inverse_sqrt_schedule, train
+
+REPO = Path(__file__).resolve().parents[1]
+TINY = REPO / "training" / "configs" / "tiny.toml"
+
+# A toy language pair: every source word has one target word, in the same order.
+LEXICON = {
+    "ein": "a", "mann": "man", "frau": "woman", "hund": "dog", "kind": "child", "läuft": "runs",
+    "sitzt": "sits", "auf": "on", "der": "the", "straße": "street", "wiese": "meadow", "rot": "red",
+    "blau": "blue", "groß": "big", "klein": "small", "spielt": "plays", "mit": "with", "ball": "ball",
+}  # fmt: skip
+
+
+def write_corpus(path: Path, n_train: int = 400, n_val: int = 30, seed: int = 0) -> Path:
+    rng = random.Random(seed)
+    words = list(LEXICON)
+    for split, n in (("train", n_train), ("val", n_val)):
+        src = [" ".join(rng.choice(words) for _ in range(rng.randint(3, 8))) for _ in range(n)]
+        (path / f"{split}.de").write_text("".join(s.capitalize() + ".\n" for s in src))
+        tgt = [" ".join(LEXICON[w] for w in s.split()) for s in src]
+        (path / f"{split}.en").write_text("".join(t.capitalize() + ".\n" for t in tgt))
+    return path
+
+
+def tiny_config(data_dir: Path, **train_overrides: object) -> TrainConfig:
+    cfg = TrainConfig.load(TINY)
+    cfg.data.dir = str(data_dir)
+    for key, value in train_overrides.items():
+        setattr(cfg.train, key, value)
+    return cfg
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_corpus(tmp_path_factory.mktemp("corpus"))
+
+
+@pytest.fixture(scope="module")
+def trained(corpus: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[TrainResult, Path]:
+    out = tmp_path_factory.mktemp("run")
+    return train(tiny_config(corpus, epochs=3, max_steps=0), out), out
+
+
+# -- data ------------------------------------------------------------------------------------------
+def test_bucket_batches_cover_every_example_once_within_the_token_budget() -> None:
+    rng = random.Random(1)
+    lengths = [(rng.randint(1, 40), rng.randint(1, 40)) for _ in range(500)]
+    batches = bucket_batches(lengths, 300, seed=3, epoch=0)
+    assert sorted(i for b in batches for i in b) == list(range(500))
+    for b in batches:
+        assert max(lengths[i][0] + lengths[i][1] + 2 for i in b) * len(b) <= 300
+    assert batches == bucket_batches(lengths, 300, seed=3, epoch=0)  # deterministic: resume relies on it
+    assert batches != bucket_batches(lengths, 300, seed=3, epoch=1)  # reshuffled every epoch
+    parts = [shard(batches, r, 3) for r in range(3)]
+    assert len({len(p) for p in parts}) == 1 and sum(map(len, parts)) > len(batches) - 3
+
+
+def test_encode_pairs_drops_and_counts_empty_and_long_pairs(corpus: Path) -> None:
+    from model.tokenizer import Tokenizer
+
+    tok = Tokenizer(Tokenizer.train(["ein mann läuft", "a man runs"] * 50, corpus / "spm_t", 40))
+    src = ["ein mann", "", "mann " * 30, "ein"]
+    tgt = ["a man", "a", "man", ""]
+    pairs, stats = encode_pairs(tok, src, tgt, max_tokens=20)
+    assert (stats.kept, stats.empty, stats.too_long) == (1, 2, 1)
+    assert tok.decode([pairs[0][0]]) == ["ein mann"]
+
+
+# -- loss and schedule -----------------------------------------------------------------------------
+def test_label_smoothed_loss_matches_torch_cross_entropy() -> None:
+    torch.manual_seed(0)
+    logits = torch.randn(3, 5, 11)
+    target = torch.randint(1, 11, (3, 5))
+    target[0, 3:] = 0  # padding is ignored
+    for eps in (0.0, 0.1):
+        loss, nll = label_smoothed_nll(logits, target, eps, pad_id=0)
+        ref = F.cross_entropy(
+            logits.view(-1, 11), target.view(-1), ignore_index=0, reduction="sum", label_smoothing=eps
+        )
+        assert torch.allclose(loss, ref, atol=1e-4)
+        plain = F.cross_entropy(logits.view(-1, 11), target.view(-1), ignore_index=0, reduction="sum")
+        assert torch.allclose(nll, plain, atol=1e-4)
+
+
+def test_schedule_warms_up_linearly_then_decays_as_inverse_sqrt() -> None:
+    f = inverse_sqrt_schedule(100)
+    assert f(0) == pytest.approx(0.01) and f(49) == pytest.approx(0.5)
+    assert f(99) == pytest.approx(1.0)
+    assert f(399) == pytest.approx(0.5)  # sqrt(100 / 400)
+
+
+# -- the loop --------------------------------------------------------------------------------------
+def test_training_loss_falls_and_logs(trained: tuple[TrainResult, Path]) -> None:
+    _, out = trained
+    records = [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]
+    losses = [r["loss"] for r in records if r["kind"] == "train"]
+    assert len(losses) >= 4
+    assert losses[-1] < losses[0] - 1.0, losses
+    valid = [r for r in records if r["kind"] == "valid"]
+    assert [r["epoch"] for r in valid] == [1, 2, 3]
+    assert valid[-1]["valid_loss"] < valid[0]["valid_loss"]
+    assert (out / "training_curve.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_export_averages_the_last_checkpoints_and_loads(trained: tuple[TrainResult, Path]) -> None:
+    result, out = trained
+    assert result.model_dir == out / "model"
+    info = read_info(out / "model")
+    assert info.source_lang == "de" and info.target_lang == "en"
+    assert info.training["steps"] == result.state.step
+    averaged = average_checkpoints(checkpoint_paths(out)[-2:])  # tiny.toml: average_last = 2
+    exported = load_file(str(out / "model" / "model.safetensors"))
+    assert all(torch.equal(exported[k], v) for k, v in averaged.items())
+    last = torch.load(checkpoint_paths(out)[-1], weights_only=True)["model"]
+    assert any(not torch.equal(exported[k], last[k]) for k in last)  # really an average, not the last
+    translator = Translator.load(out / "model", device="cpu")
+    assert translator.translate_batch(["Ein Mann läuft."], beam_size=2)[0].hypotheses[0]
+
+
+def test_resume_continues_exactly(corpus: Path, tmp_path: Path) -> None:
+    overrides = {"epochs": 20, "checkpoint_every": 7, "accum_steps": 2}
+    straight = train(tiny_config(corpus, max_steps=24, **overrides), tmp_path / "a")
+    train(tiny_config(corpus, max_steps=11, **overrides), tmp_path / "b")  # "interrupted" mid-epoch
+    resumed = train(tiny_config(corpus, max_steps=24, **overrides), tmp_path / "b", resume=True)
+    assert resumed.state.step == straight.state.step == 24
+    assert resumed.state.epoch == straight.state.epoch
+    a, b = straight.model.state_dict(), resumed.model.state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    log = (tmp_path / "b" / "train_log.jsonl").read_text().splitlines()
+    keys = [(rec["kind"], rec["step"]) for rec in map(json.loads, log)]
+    assert len(keys) == len(set(keys))  # the log holds no duplicate lines from the interrupted run
+
+
+def test_ddp_two_processes_end_with_identical_weights(corpus: Path, tmp_path: Path) -> None:
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+    cmd += [str(REPO / "tests" / "ddp_worker.py"), str(TINY), str(corpus), str(tmp_path)]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    w0, w1 = load_file(str(tmp_path / "rank0.safetensors")), load_file(str(tmp_path / "rank1.safetensors"))
+    assert all(torch.equal(w0[k], w1[k]) for k in w0)
+    assert read_info(tmp_path / "model").training["world_size"] == 2
+    torch.manual_seed(TrainConfig.load(TINY).train.seed)  # the weights moved away from the shared init
+    assert any(
+        not torch.equal(w0[k], v) for k, v in Translator.load(tmp_path / "model").model.state_dict().items()
+    )
+
+
+# -- command lines ---------------------------------------------------------------------------------
+def test_evaluate_cli_prints_bleu_and_chrf_with_signatures(
+    trained: tuple[TrainResult, Path], corpus: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _, out = trained
+    args = ["--model", str(out / "model"), "--src", str(corpus / "val.de"), "--ref", str(corpus / "val.en")]
+    assert evaluate_cli.main([*args, "--beam-size", "2", "--json"]) == 0
+    scores = json.loads(capsys.readouterr().out)
+    assert 0.0 <= scores["bleu"] <= 100.0 and scores["chrf"] > 0.0
+    assert "tok:13a" in scores["bleu_signature"] and "nc:6" in scores["chrf_signature"]
+    assert scores["sentences"] == 30
+
+
+def test_evaluate_cli_rejects_misaligned_files(
+    trained: tuple[TrainResult, Path], corpus: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _, out = trained
+    ref = tmp_path / "short.en"
+    ref.write_text("a man\n")
+    assert (
+        evaluate_cli.main(["--model", str(out / "model"), "--src", str(corpus / "val.de"), "--ref", str(ref)])
+        == 2
+    )
+    assert "30 source lines but 1 reference lines" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("case", "message"),
+    [
+        ("unknown_key", "unknown key(s): learning_rate"),
+        ("bad_toml", "not valid TOML"),
+        ("bad_type", "[train] epochs: expected int"),
+        ("missing_config", "config file not found"),
+        ("missing_data", "train.de[.gz]: file not found"),
+        ("misaligned", "files are not parallel"),
+    ],
+)
+def test_train_cli_bad_input_gives_a_clear_error(
+    case: str, message: str, corpus: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = tmp_path / "c.toml"
+    text = TINY.read_text()
+    data_dir = corpus
+    if case == "unknown_key":
+        text = text.replace("[train]", "[train]\nlearning_rate = 1.0")
+    elif case == "bad_toml":
+        text += "\n[train\n"
+    elif case == "bad_type":
+        text = text.replace("epochs = 1", 'epochs = "one"')
+    elif case == "missing_config":
+        config = tmp_path / "nope.toml"
+    elif case == "missing_data":
+        data_dir = tmp_path / "empty"
+        data_dir.mkdir()
+    elif case == "misaligned":
+        (tmp_path / "bad").mkdir()
+        data_dir = write_corpus(tmp_path / "bad", n_train=20)
+        (data_dir / "train.en").write_text("only one line\n")
+    if case != "missing_config":
+        config.write_text(text)
+    code = train_cli.main(
+        ["--config", str(config), "--data-dir", str(data_dir), "--out", str(tmp_path / "out")]
+    )
+    err = capsys.readouterr().err
+    assert code == 2
+    assert message in err, err
+    assert "Traceback" not in err
+
+
+def test_multi30k_config_is_valid() -> None:
+    cfg = TrainConfig.load(REPO / "training" / "configs" / "multi30k_de_en.toml")
+    assert (cfg.data.source_lang, cfg.data.target_lang) == ("de", "en")
+    assert cfg.model.tie_embeddings and math.isclose(cfg.train.label_smoothing, 0.1)

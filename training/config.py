@@ -1,0 +1,133 @@
+"""Typed training configuration read from TOML: three tables, [data], [model] and [train].
+
+Unknown keys are an error (a typo must not silently fall back to a default).
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, get_type_hints
+
+from model.config import ModelConfig
+
+
+class ConfigError(ValueError):
+    """A training configuration that cannot be used; the message says which file and key."""
+
+
+@dataclass
+class DataConfig:
+    dir: str = "../shared/data/multi30k"  # directory of {split}.{lang}[.gz] files; relative to the CWD
+    source_lang: str = "de"
+    target_lang: str = "en"
+    train_split: str = "train"
+    valid_split: str = "val"
+    vocab_size: int = 8000  # joint SentencePiece vocabulary trained on source + target training text
+    spm_model: str = ""  # reuse this SentencePiece model instead of training one
+    max_tokens_per_sentence: int = 200  # longer pairs are dropped (and counted)
+    max_length_ratio: float = 0.0  # drop pairs whose token lengths differ more than this factor (0: off)
+
+
+@dataclass
+class TrainParams:
+    seed: int = 1
+    max_tokens: int = 4096  # source + target tokens per batch (padding included), per process
+    accum_steps: int = 1  # batches whose gradients are summed before one optimizer step
+    epochs: int = 30
+    max_steps: int = 0  # stop after this many optimizer steps (0: run all epochs)
+    lr: float = 7e-4  # peak learning rate, reached at the end of warmup
+    warmup_steps: int = 4000
+    adam_betas: tuple[float, float] = (0.9, 0.98)
+    adam_eps: float = 1e-9
+    weight_decay: float = 0.0
+    label_smoothing: float = 0.1
+    clip_norm: float = 1.0  # 0 disables gradient clipping
+    amp: str = "auto"  # auto (bf16 on CUDA, none on CPU) | bf16 | fp16 | none
+    device: str = "auto"  # auto | cpu | cuda
+    log_every: int = 50  # steps between JSONL log lines
+    checkpoint_every: int = 1000  # steps between checkpoints (one is always written at the end)
+    keep_checkpoints: int = 5  # older step checkpoints are deleted
+    average_last: int = 5  # the exported model averages the weights of the last K checkpoints
+    epoch_checkpoints: bool = True  # also checkpoint at the end of every epoch
+    valid_max_sentences: int = 0  # validation BLEU on at most this many sentences (0: all)
+    valid_batch_size: int = 128
+    export_dtype: str = "float32"  # float32 | float16 weights in the exported model directory
+
+    def __post_init__(self) -> None:
+        choices = {"amp": ("auto", "bf16", "fp16", "none"), "device": ("auto", "cpu", "cuda")}
+        choices["export_dtype"] = ("float32", "float16")
+        for key, allowed in choices.items():
+            if getattr(self, key) not in allowed:
+                raise ValueError(f"{key} must be one of {', '.join(allowed)}, not {getattr(self, key)!r}")
+        for key in ("max_tokens", "accum_steps", "warmup_steps", "checkpoint_every", "log_every"):
+            if getattr(self, key) < 1:
+                raise ValueError(f"{key} must be >= 1")
+
+
+@dataclass
+class TrainConfig:
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    train: TrainParams = field(default_factory=TrainParams)
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any], source: str = "<dict>") -> TrainConfig:
+        unknown = sorted(set(raw) - {"data", "model", "train"})
+        if unknown:
+            raise ConfigError(f"{source}: unknown table(s): {', '.join(unknown)}")
+        try:
+            return cls(
+                data=_build(DataConfig, raw.get("data", {}), f"{source} [data]"),
+                model=_build(ModelConfig, raw.get("model", {}), f"{source} [model]"),
+                train=_build(TrainParams, raw.get("train", {}), f"{source} [train]"),
+            )
+        except ConfigError:
+            raise
+        except ValueError as e:
+            raise ConfigError(f"{source}: {e}") from e
+
+    @classmethod
+    def load(cls, path: str | Path) -> TrainConfig:
+        path = Path(path)
+        try:
+            raw = tomllib.loads(path.read_text())
+        except FileNotFoundError as e:
+            raise ConfigError(f"{path}: config file not found") from e
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+            raise ConfigError(f"{path}: not valid TOML ({e})") from e
+        return cls.from_dict(raw, str(path))
+
+
+def _build(cls: type, table: Any, where: str) -> Any:
+    """Instantiate a dataclass from a TOML table, checking key names and value types."""
+    if not isinstance(table, dict):
+        raise ConfigError(f"{where}: must be a table")
+    hints = get_type_hints(cls)
+    names = {f.name for f in fields(cls)}
+    unknown = sorted(set(table) - names)
+    if unknown:
+        raise ConfigError(f"{where}: unknown key(s): {', '.join(unknown)}; known: {', '.join(sorted(names))}")
+    values = {}
+    for key, value in table.items():
+        values[key] = _coerce(value, hints[key], f"{where} {key}")
+    return cls(**values)
+
+
+def _coerce(value: Any, hint: Any, where: str) -> Any:
+    if hint is bool:
+        ok = isinstance(value, bool)
+    elif hint is int:
+        ok = isinstance(value, int) and not isinstance(value, bool)
+    elif hint is float:
+        ok = isinstance(value, int | float) and not isinstance(value, bool)
+        value = float(value) if ok else value
+    elif hint is str:
+        ok = isinstance(value, str)
+    else:  # tuple[float, float]
+        ok = isinstance(value, list) and len(value) == 2 and all(isinstance(v, int | float) for v in value)
+        value = tuple(float(v) for v in value) if ok else value
+    if not ok:
+        raise ConfigError(f"{where}: expected {getattr(hint, '__name__', hint)}, got {value!r}")
+    return value

@@ -1,0 +1,477 @@
+"""Train a Transformer on parallel text and export a model directory.
+
+    python -m training.train --config training/configs/multi30k_de_en.toml [--data-dir D] [--out D] [--resume]
+    torchrun --nproc_per_node N -m training.train --config ...      # data parallel (gloo on CPU, NCCL on GPU)
+
+Output directory: sentencepiece.model, train_log.jsonl, training_curve.png, checkpoints/step_*.pt
+(training state: model, optimizer, scheduler, step, data position, RNG), and model/ (the exported
+model directory, weights averaged over the last checkpoints).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import random
+import sys
+import time
+from collections.abc import Callable
+from contextlib import nullcontext
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as torch_dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+from tqdm import tqdm
+
+from model.checkpoint import ModelDirError, ModelInfo, save_model_dir
+from model.tokenizer import PAD_ID, Tokenizer
+from model.transformer import Transformer
+from model.translator import Translator
+from training.config import ConfigError, TrainConfig
+from training.data import Batch, DataError, bucket_batches, encode_pairs, iterate, read_parallel, shard
+from training.evaluate import evaluate
+from training.loss import label_smoothed_nll
+from training.plot import plot_curve
+
+
+# -- processes and devices -------------------------------------------------------------------------
+@dataclass
+class Dist:
+    rank: int = 0
+    world: int = 1
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+
+    @property
+    def main(self) -> bool:
+        return self.rank == 0
+
+    def barrier(self) -> None:
+        if self.world > 1:
+            torch_dist.barrier()
+
+
+def setup_distributed(device: str) -> Dist:
+    """One process per device under torchrun (it sets WORLD_SIZE/RANK/LOCAL_RANK); else a single process."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    rank, local = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
+    use_cuda = device == "cuda" or (device == "auto" and torch.cuda.is_available())
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("train.device is 'cuda' but CUDA is not available")
+    dev = torch.device(f"cuda:{local}") if use_cuda else torch.device("cpu")
+    if use_cuda:
+        torch.cuda.set_device(dev)
+    if world > 1 and not torch_dist.is_initialized():
+        torch_dist.init_process_group("nccl" if use_cuda else "gloo")
+    return Dist(rank, world, dev)
+
+
+# -- data ------------------------------------------------------------------------------------------
+@dataclass
+class Data:
+    tokenizer: Tokenizer
+    spm_path: Path
+    train: list[tuple[list[int], list[int]]]
+    valid: list[tuple[list[int], list[int]]]
+    valid_src: list[str]
+    valid_ref: list[str]
+
+
+def prepare_data(cfg: TrainConfig, out: Path, dist: Dist, log: Callable[[str], None]) -> Data:
+    d = cfg.data
+    src, tgt = read_parallel(d.dir, d.train_split, d.source_lang, d.target_lang)
+    valid_src, valid_ref = read_parallel(d.dir, d.valid_split, d.source_lang, d.target_lang)
+    spm_path = Path(d.spm_model) if d.spm_model else out / "sentencepiece.model"
+    if not d.spm_model and not spm_path.exists():
+        if dist.main:  # one process trains the vocabulary, the others wait and load it
+            log(f"training a {d.vocab_size}-piece SentencePiece model on {len(src) * 2} sentences")
+            tmp = Tokenizer.train((s for s in src + tgt if s.strip()), out / "spm_tmp", d.vocab_size)
+            tmp.replace(spm_path)
+            tmp.with_suffix(".vocab").replace(out / "sentencepiece.vocab")
+        dist.barrier()
+    tokenizer = Tokenizer(spm_path)
+    train, stats = encode_pairs(
+        tokenizer, src, tgt, max_tokens=d.max_tokens_per_sentence, max_ratio=d.max_length_ratio
+    )
+    log(
+        f"train pairs: {stats.kept} kept, {stats.empty} empty, {stats.too_long} longer than "
+        f"{d.max_tokens_per_sentence} tokens, {stats.bad_ratio} over the length ratio (dropped)"
+    )
+    if not train:
+        raise DataError(f"{d.dir}: no usable training pairs in split '{d.train_split}'")
+    valid, _ = encode_pairs(tokenizer, valid_src, valid_ref, max_tokens=10**9)
+    n = cfg.train.valid_max_sentences or len(valid_src)
+    return Data(tokenizer, spm_path, train, valid, valid_src[:n], valid_ref[:n])
+
+
+# -- optimisation ----------------------------------------------------------------------------------
+def inverse_sqrt_schedule(warmup: int) -> Callable[[int], float]:
+    """Linear warmup to the peak, then decay with 1/sqrt(step) (the paper's schedule, peak-normalised)."""
+
+    def factor(step: int) -> float:
+        step += 1
+        return min(step / warmup, math.sqrt(warmup / step))
+
+    return factor
+
+
+@dataclass
+class TrainState:
+    step: int = 0  # optimizer steps taken
+    epoch: int = 0  # current epoch (0-based)
+    batch_in_epoch: int = 0  # batches of the current epoch already consumed (for exact resume)
+    train_time_s: float = 0.0
+
+
+# -- checkpoints -----------------------------------------------------------------------------------
+def checkpoint_paths(out: Path) -> list[Path]:
+    return sorted((out / "checkpoints").glob("step_*.pt"))
+
+
+def save_checkpoint(
+    out: Path,
+    model: nn.Module,
+    opt: torch.optim.Optimizer,
+    sched: Any,
+    state: TrainState,
+    rng: list[Any],
+    keep: int,
+) -> Path:
+    path = out / "checkpoints" / f"step_{state.step:08d}.pt"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    blob = {
+        "model": model.state_dict(),
+        "optimizer": opt.state_dict(),
+        "scheduler": sched.state_dict(),
+        "state": asdict(state),
+        "rng": rng,
+    }
+    tmp = path.with_suffix(".tmp")
+    torch.save(blob, tmp)
+    tmp.replace(path)  # atomic: an interrupted save never leaves a half-written checkpoint
+    for old in checkpoint_paths(out)[:-keep]:
+        old.unlink()
+    return path
+
+
+def load_checkpoint(path: Path) -> dict[str, Any]:
+    # weights_only: tensors and plain containers only, never arbitrary pickled objects.
+    return torch.load(path, map_location="cpu", weights_only=True)  # type: ignore[no-any-return]
+
+
+def rng_state(device: torch.device) -> dict[str, Any]:
+    state: dict[str, Any] = {"torch": torch.get_rng_state(), "python": random.getstate()}
+    if device.type == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state(device)
+    return state
+
+
+def set_rng_state(state: dict[str, Any], device: torch.device) -> None:
+    torch.set_rng_state(state["torch"])
+    random.setstate(state["python"])
+    if device.type == "cuda" and "cuda" in state:
+        torch.cuda.set_rng_state(state["cuda"], device)
+
+
+def average_checkpoints(paths: list[Path]) -> dict[str, torch.Tensor]:
+    """Mean of the model weights of ``paths`` (Vaswani et al. average the last 5 or 20)."""
+    total: dict[str, torch.Tensor] = {}
+    for p in paths:
+        for k, v in load_checkpoint(p)["model"].items():
+            total[k] = total.get(k, torch.zeros_like(v, dtype=torch.float64)) + v.double()
+    return {k: (v / len(paths)).float() for k, v in total.items()}
+
+
+# -- evaluation ------------------------------------------------------------------------------------
+@torch.no_grad()
+def validate(
+    model: Transformer, data: Data, cfg: TrainConfig, info: ModelInfo, device: torch.device
+) -> dict[str, float]:
+    """Validation loss (per target token) and greedy sacreBLEU."""
+    was_training = model.training
+    model.eval()
+    loss_sum, nll_sum, tokens = 0.0, 0.0, 0
+    batches = bucket_batches([(len(s), len(t)) for s, t in data.valid], cfg.train.max_tokens, seed=0, epoch=0)
+    for batch in iterate(data.valid, batches):
+        batch = batch.to(device)
+        logits = model(batch.src, batch.tgt_in)
+        loss, nll = label_smoothed_nll(logits, batch.tgt_out, cfg.train.label_smoothing, PAD_ID)
+        loss_sum, nll_sum, tokens = loss_sum + float(loss), nll_sum + float(nll), tokens + batch.n_tokens
+    translator = Translator(model, data.tokenizer, info, device)
+    scores, _ = evaluate(
+        translator, data.valid_src, data.valid_ref, beam_size=1, batch_size=cfg.train.valid_batch_size
+    )
+    model.train(was_training)
+    return {
+        "valid_loss": loss_sum / tokens,
+        "valid_nll": nll_sum / tokens,
+        "valid_bleu": scores.bleu,
+        "valid_chrf": scores.chrf,
+    }
+
+
+# -- the loop --------------------------------------------------------------------------------------
+@dataclass
+class TrainResult:
+    model: Transformer  # this process's final weights (not averaged)
+    model_dir: Path | None  # the exported model directory (main process only)
+    state: TrainState
+    valid: dict[str, float]
+
+
+def train(cfg: TrainConfig, out: str | Path, *, resume: bool = False) -> TrainResult:
+    out = Path(out)
+    p = cfg.train
+    dist = setup_distributed(p.device)
+    device = dist.device
+
+    def log(msg: str) -> None:
+        if dist.main:
+            tqdm.write(msg, file=sys.stderr)
+
+    if dist.main:
+        out.mkdir(parents=True, exist_ok=True)
+    dist.barrier()
+    data = prepare_data(cfg, out, dist, log)
+    cfg.model.vocab_size = data.tokenizer.vocab_size  # the vocabulary decides the embedding size
+    torch.manual_seed(p.seed)  # the same initial weights in every process...
+    model = Transformer(cfg.model)
+    torch.manual_seed(p.seed + 1000 * (dist.rank + 1))  # ...but different dropout masks
+    random.seed(p.seed + dist.rank)
+    model.to(device)
+    info = ModelInfo(cfg.model, cfg.data.source_lang, cfg.data.target_lang)
+    n_params = sum(t.numel() for t in model.parameters())
+    log(f"model: {n_params / 1e6:.2f}M parameters on {device} x{dist.world}")
+
+    opt = torch.optim.Adam(
+        model.parameters(), lr=p.lr, betas=p.adam_betas, eps=p.adam_eps, weight_decay=p.weight_decay
+    )
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, inverse_sqrt_schedule(p.warmup_steps))
+    state = TrainState()
+    ckpts = checkpoint_paths(out)
+    if resume and ckpts:
+        blob = load_checkpoint(ckpts[-1])
+        model.load_state_dict(blob["model"])
+        opt.load_state_dict(blob["optimizer"])
+        sched.load_state_dict(blob["scheduler"])
+        state = TrainState(**blob["state"])
+        if len(blob["rng"]) == dist.world:
+            set_rng_state(blob["rng"][dist.rank], device)
+        else:
+            log(f"checkpoint was written by {len(blob['rng'])} process(es): RNG streams start afresh")
+        log(f"resumed from {ckpts[-1]} (step {state.step}, epoch {state.epoch + 1})")
+    elif resume:
+        log(f"--resume: no checkpoint in {out / 'checkpoints'}, starting from scratch")
+    log_path = out / "train_log.jsonl"
+    if dist.main:
+        _truncate_log(log_path, state.step)  # drop lines an interrupted run wrote after its last checkpoint
+
+    ddp = DistributedDataParallel(model) if dist.world > 1 else None
+    net: nn.Module = ddp if ddp is not None else model
+    amp = p.amp if p.amp != "auto" else ("bf16" if device.type == "cuda" else "none")
+    if amp != "none" and device.type != "cuda":
+        raise ConfigError(f"train.amp = {amp!r} needs CUDA; use 'none' or 'auto' on CPU")
+    amp_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(amp)
+    scaler = torch.amp.GradScaler("cuda", enabled=amp == "fp16")
+    lengths = [(len(s), len(t)) for s, t in data.train]
+    steps_per_epoch = len(shard(bucket_batches(lengths, p.max_tokens, seed=p.seed, epoch=0), 0, dist.world))
+    total_steps = p.max_steps or p.epochs * math.ceil(steps_per_epoch / p.accum_steps)
+    bar = tqdm(
+        total=total_steps, initial=state.step, disable=not dist.main, mininterval=1.0, dynamic_ncols=True
+    )
+    valid: dict[str, float] = {}
+    last_ckpt_step = state.step if ckpts and resume else -1
+
+    def checkpoint() -> None:
+        nonlocal last_ckpt_step
+        rng = [rng_state(device)]
+        if dist.world > 1:  # every process's RNG, so that each resumes exactly where it was
+            gathered: list[Any] = [None] * dist.world
+            torch_dist.all_gather_object(gathered, rng[0])
+            rng = gathered
+        if dist.main:
+            save_checkpoint(out, model, opt, sched, state, rng, p.keep_checkpoints)
+        last_ckpt_step = state.step
+        dist.barrier()
+
+    window = {"loss": 0.0, "nll": 0.0, "tokens": 0, "time": time.perf_counter()}
+    net.train()
+    while state.epoch < p.epochs and not (p.max_steps and state.step >= p.max_steps):
+        batches = shard(
+            bucket_batches(lengths, p.max_tokens, seed=p.seed, epoch=state.epoch), dist.rank, dist.world
+        )
+        while state.batch_in_epoch < len(batches):
+            if p.max_steps and state.step >= p.max_steps:
+                break
+            group = batches[state.batch_in_epoch : state.batch_in_epoch + p.accum_steps]
+            t0 = time.perf_counter()
+            loss, nll, ntok = _optimizer_step(
+                net, ddp, opt, sched, scaler, list(iterate(data.train, group)), p, amp_dtype, device
+            )
+            state.train_time_s += time.perf_counter() - t0
+            state.batch_in_epoch += len(group)
+            state.step += 1
+            window["loss"], window["nll"] = window["loss"] + loss, window["nll"] + nll
+            window["tokens"] += ntok
+            bar.update(1)
+            if state.step % p.log_every == 0:
+                rec = _log_window(window, state, float(sched.get_last_lr()[0]))
+                bar.set_postfix(
+                    loss=f"{rec['loss']:.3f}", tok_s=f"{rec['tokens_per_s']:.0f}", lr=f"{rec['lr']:.2e}"
+                )
+                if dist.main:
+                    _append_log(log_path, rec)
+            if state.step % p.checkpoint_every == 0:
+                checkpoint()
+        if state.batch_in_epoch >= len(batches):  # the epoch is complete: validate, then move on
+            if dist.main:
+                valid = validate(model, data, cfg, info, device)
+                _append_log(
+                    log_path, {"kind": "valid", "step": state.step, "epoch": state.epoch + 1, **valid}
+                )
+                log(
+                    f"epoch {state.epoch + 1}: step {state.step} valid loss {valid['valid_loss']:.3f} "
+                    f"BLEU {valid['valid_bleu']:.2f}"
+                )
+            state.epoch += 1
+            state.batch_in_epoch = 0
+            window["time"] = time.perf_counter()  # tokens/s measures training, not validation
+            if p.epoch_checkpoints and last_ckpt_step != state.step:
+                checkpoint()
+            dist.barrier()
+    bar.close()
+    if last_ckpt_step != state.step:
+        checkpoint()
+    model_dir = None
+    if dist.main:
+        model_dir = _export(out, model, data, cfg, info, state, valid, dist, log)
+        if log_path.exists():
+            plot_curve(log_path, out / "training_curve.png")
+    dist.barrier()
+    return TrainResult(model=model, model_dir=model_dir, state=state, valid=valid)
+
+
+def _optimizer_step(
+    net: nn.Module,
+    ddp: DistributedDataParallel | None,
+    opt: torch.optim.Optimizer,
+    sched: Any,
+    scaler: torch.amp.GradScaler,
+    batches: list[Batch],
+    p: Any,
+    amp_dtype: torch.dtype | None,
+    device: torch.device,
+) -> tuple[float, float, int]:
+    """Accumulate gradients over ``batches``, then one clipped Adam step. Returns summed loss, NLL, tokens."""
+    ntok = sum(b.n_tokens for b in batches)
+    loss_sum, nll_sum = 0.0, 0.0
+    for i, batch in enumerate(batches):
+        batch = batch.to(device)
+        # Gradients are all-reduced only on the last batch of the group (DDP no_sync on the others).
+        sync = nullcontext() if ddp is None or i == len(batches) - 1 else ddp.no_sync()
+        autocast = torch.autocast("cuda", dtype=amp_dtype) if amp_dtype is not None else nullcontext()
+        with sync, autocast:
+            logits = net(batch.src, batch.tgt_in)
+            loss, nll = label_smoothed_nll(logits, batch.tgt_out, p.label_smoothing, PAD_ID)
+        scaler.scale(loss / ntok).backward()  # mean over the group's tokens
+        loss_sum, nll_sum = loss_sum + float(loss.detach()), nll_sum + float(nll.detach())
+    if p.clip_norm > 0:
+        scaler.unscale_(opt)
+        torch.nn.utils.clip_grad_norm_(net.parameters(), p.clip_norm)
+    scaler.step(opt)
+    scaler.update()
+    opt.zero_grad(set_to_none=True)
+    sched.step()
+    return loss_sum, nll_sum, ntok
+
+
+def _log_window(window: dict[str, float], state: TrainState, lr: float) -> dict[str, Any]:
+    now = time.perf_counter()
+    tokens = max(int(window["tokens"]), 1)
+    rec = {
+        "kind": "train",
+        "step": state.step,
+        "epoch": state.epoch + 1,
+        "loss": window["loss"] / tokens,
+        "nll": window["nll"] / tokens,
+        "ppl": math.exp(min(window["nll"] / tokens, 50.0)),
+        "lr": lr,
+        "tokens_per_s": window["tokens"] / max(now - window["time"], 1e-9),
+    }
+    window.update(loss=0.0, nll=0.0, tokens=0, time=now)
+    return rec
+
+
+def _append_log(path: Path, rec: dict[str, Any]) -> None:
+    with path.open("a") as f:
+        f.write(json.dumps(rec) + "\n")
+
+
+def _truncate_log(path: Path, step: int) -> None:
+    if path.exists():
+        keep = [ln for ln in path.read_text().splitlines() if ln and json.loads(ln)["step"] <= step]
+        path.write_text("".join(ln + "\n" for ln in keep))
+
+
+def _export(
+    out: Path,
+    model: Transformer,
+    data: Data,
+    cfg: TrainConfig,
+    info: ModelInfo,
+    state: TrainState,
+    valid: dict[str, float],
+    dist: Dist,
+    log: Callable[[str], None],
+) -> Path:
+    """Average the last checkpoints' weights into a copy of the model and write the model directory."""
+    paths = checkpoint_paths(out)[-cfg.train.average_last :]
+    export = Transformer(cfg.model)
+    export.load_state_dict(average_checkpoints(paths))
+    info.training = {
+        "steps": state.step,
+        "epochs": state.epoch,
+        "train_pairs": len(data.train),
+        "train_time_s": round(state.train_time_s, 1),
+        "device": str(dist.device),
+        "world_size": dist.world,
+        "averaged_checkpoints": [p.name for p in paths],
+        "data_dir": str(cfg.data.dir),
+        "last_valid": valid,
+        "config": {"data": asdict(cfg.data), "train": asdict(cfg.train)},
+    }
+    dtype = torch.float16 if cfg.train.export_dtype == "float16" else torch.float32
+    path = save_model_dir(out / "model", export, info, data.spm_path, dtype=dtype)
+    log(f"exported {path} (average of {len(paths)} checkpoint(s))")
+    return path
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m training.train", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--config", required=True, help="TOML file with [data], [model] and [train] tables")
+    ap.add_argument("--data-dir", help="directory of {split}.{lang}[.gz] files (overrides data.dir)")
+    ap.add_argument("--out", help="output directory (default: runs/<config name>)")
+    ap.add_argument("--resume", action="store_true", help="continue from the last checkpoint in --out")
+    args = ap.parse_args(argv)
+    try:
+        cfg = TrainConfig.load(args.config)
+        if args.data_dir:
+            cfg.data.dir = args.data_dir
+        out = Path(args.out or Path("runs") / Path(args.config).stem)
+        train(cfg, out, resume=args.resume)
+    except (ConfigError, DataError, ModelDirError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    finally:
+        if torch_dist.is_initialized():
+            torch_dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
