@@ -1,0 +1,145 @@
+"""Shared fixtures: a tiny SentencePiece model, tiny random Transformers and a tiny model directory.
+
+Everything is generated here (synthetic sentences, random weights), so the tests need no dataset,
+no download and no GPU, and run in seconds on a laptop CPU.
+"""
+
+from __future__ import annotations
+
+import random
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+
+from model.checkpoint import ModelInfo, save_model_dir
+from model.config import ModelConfig
+from model.tokenizer import Tokenizer
+from model.transformer import Transformer
+from model.translator import Translator
+
+# The models here are tiny: thread start-up and synchronisation cost more than the arithmetic, and
+# on a shared 2-core CI runner several threads per op make every decoding step 10-30x slower.
+torch.set_num_threads(1)
+
+_DE = (
+    "ein mann eine frau zwei kinder hund katze spielt läuft sitzt steht auf dem der die das im park "
+    "straße wasser ball rot blau grün großen kleinen hält trägt schaut vor einem gebäude mit hut"
+)
+_EN = (
+    "a man woman two children dog cat plays runs sits stands on the in park street water ball red "
+    "blue green big small holds wears looks at front of building with hat"
+)
+
+
+def synthetic_sentences(n: int, seed: int = 0) -> list[str]:
+    """``n`` short German- and English-looking sentences (random word salad is enough for SentencePiece)."""
+    rng = random.Random(seed)
+    vocabularies = _DE.split(), _EN.split()
+    out = []
+    for i in range(n):
+        words = vocabularies[i % 2]
+        sentence = " ".join(rng.choice(words) for _ in range(rng.randint(2, 12)))
+        out.append(sentence[0].upper() + sentence[1:] + rng.choice([".", "", "!"]))
+    return out
+
+
+# Sentences of clearly different token lengths, for batching / padding tests.
+SENTENCES = [
+    "Ein Mann spielt.",
+    "Zwei kleinen Kinder sitzen auf dem roten Ball vor einem großen Gebäude im Park mit Hut.",
+    "Eine Katze",
+    "Der Hund läuft im Wasser und schaut auf die Straße.",
+    "Ein",
+]
+
+
+@pytest.fixture
+def sentences() -> list[str]:
+    """``SENTENCES``: inputs of clearly different token lengths, for batching and padding tests."""
+    return list(SENTENCES)
+
+
+@pytest.fixture(scope="session")
+def spm_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A joint unigram SentencePiece model trained on 400 synthetic sentences (well under a second)."""
+    prefix = tmp_path_factory.mktemp("spm") / "spm"
+    return Tokenizer.train(synthetic_sentences(400), prefix, vocab_size=120)
+
+
+@pytest.fixture(scope="session")
+def tokenizer(spm_model: Path) -> Tokenizer:
+    return Tokenizer(spm_model)
+
+
+def tiny_config(**overrides: object) -> ModelConfig:
+    """A Transformer small enough to decode hundreds of steps per second on one CPU core."""
+    base: dict[str, object] = {
+        "vocab_size": 64,
+        "d_model": 32,
+        "n_heads": 4,
+        "encoder_layers": 2,
+        "decoder_layers": 2,
+        "d_ff": 64,
+        "dropout": 0.1,  # non-zero so that a test forgetting eval() would see random outputs
+        "max_positions": 128,
+    }
+    base.update(overrides)
+    return ModelConfig(**base)  # type: ignore[arg-type]
+
+
+def random_model(
+    seed: int = 0, *, sharpen: float = 1.0, eos_boost: float = 1.0, **overrides: object
+) -> Transformer:
+    """A random-weight Transformer (``tiny_config(**overrides)``) in eval mode.
+
+    ``sharpen`` scales the output projection so next-token distributions are peaked rather than
+    near-uniform: the argmax then has wide margins, so that batched and unbatched decoding (whose
+    float rounding differs by ~1e-6) are very unlikely to meet a near-tie and pick different tokens.
+    ``eos_boost`` scales eos's row of it so that some outputs end before their length limit.
+    """
+    torch.manual_seed(seed)
+    model = Transformer(tiny_config(**overrides))
+    proj = model.out_proj.weight if model.out_proj is not None else model.embed.weight
+    with torch.no_grad():
+        proj.mul_(sharpen)
+        proj[model.cfg.eos_id].mul_(eos_boost)
+    return model.eval()
+
+
+@pytest.fixture
+def make_model() -> Callable[..., Transformer]:
+    """Factory fixture: ``make_model(seed=0, pre_norm=True, ...)`` builds a tiny random Transformer."""
+    return random_model
+
+
+@pytest.fixture(scope="session")
+def model_dir(tmp_path_factory: pytest.TempPathFactory, spm_model: Path, tokenizer: Tokenizer) -> Path:
+    """A complete model directory with random weights (read-only for tests: copy it to modify it)."""
+    # Untied output projection, sharpened, eos boosted: with these weights (seed 1) outputs are
+    # non-degenerate and some end with eos while others run to their length limit.
+    model = random_model(
+        seed=1,
+        sharpen=2.0,
+        eos_boost=1.5,
+        vocab_size=tokenizer.vocab_size,
+        pre_norm=True,
+        tie_embeddings=False,
+    )
+    info = ModelInfo(
+        config=model.cfg, source_lang="de", target_lang="en", training={"note": "random weights"}
+    )
+    return save_model_dir(tmp_path_factory.mktemp("model") / "tiny-de-en", model, info, spm_model)
+
+
+@pytest.fixture
+def model_dir_copy(model_dir: Path, tmp_path: Path) -> Path:
+    """A private copy of ``model_dir`` that a test may damage."""
+    return Path(shutil.copytree(model_dir, tmp_path / "model"))
+
+
+@pytest.fixture(scope="session")
+def translator(model_dir: Path) -> Translator:
+    return Translator.load(model_dir, device="cpu")

@@ -1,0 +1,211 @@
+"""The Transformer's incremental decoder and its KV cache against the whole-prefix reference.
+
+``decode`` (teacher forcing over the whole prefix, as in training) is the definition of the model;
+``start_cache`` + ``decode_step`` must compute the same next-token logits one token at a time,
+whatever the batch does around a row: padding, growth of the cache, reordering, dropping and
+duplicating rows (beam search), and rows at different lengths (continuous batching).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+import torch
+from torch import Tensor
+
+from model.cache import KVCache
+from model.tokenizer import BOS_ID, EOS_ID, PAD_ID
+from model.transformer import Transformer
+
+TOL = 1e-4  # float32; observed differences are ~1e-6
+VOCAB = 64  # tiny_config's vocab_size
+
+MakeModel = Callable[..., Transformer]
+
+
+def sources(lengths: list[int], seed: int = 0) -> Tensor:
+    """Right-padded (B, S) source ids, each row ``n`` tokens long including its final eos."""
+    g = torch.Generator().manual_seed(seed)
+    src = torch.full((len(lengths), max(lengths)), PAD_ID, dtype=torch.long)
+    for i, n in enumerate(lengths):
+        src[i, : n - 1] = torch.randint(4, VOCAB, (n - 1,), generator=g)
+        src[i, n - 1] = EOS_ID
+    return src
+
+
+def targets(batch: int, length: int, seed: int = 1) -> Tensor:
+    """(B, T) decoder inputs: bos, then random non-special tokens."""
+    g = torch.Generator().manual_seed(seed)
+    tgt = torch.randint(4, VOCAB, (batch, length), generator=g)
+    tgt[:, 0] = BOS_ID
+    return tgt
+
+
+def max_diff(a: Tensor, b: Tensor) -> float:
+    return float((a.float() - b.float()).abs().max())
+
+
+@pytest.mark.parametrize("capacity", [32, 1], ids=["preallocated", "growing"])
+@pytest.mark.parametrize("pre_norm", [False, True], ids=["post-ln", "pre-ln"])
+def test_cached_decoding_matches_full_decode(make_model: MakeModel, pre_norm: bool, capacity: int) -> None:
+    model = make_model(seed=0, pre_norm=pre_norm)
+    src = sources([7, 3, 5])  # padded batch: rows of different source lengths
+    tgt = targets(3, 9)
+    with torch.inference_mode():
+        enc = model.encode(src)
+        full = model.decode(tgt, enc)  # (B, T, V)
+        cache = model.start_cache(enc, capacity=capacity)
+        for t in range(tgt.size(1)):
+            logits, cache = model.decode_step(tgt[:, t], cache)
+            assert max_diff(logits, full[:, t]) <= TOL, f"step {t}"
+    assert cache.lengths.tolist() == [9, 9, 9] and cache.max_length == 9 and cache.uniform
+    assert cache.capacity >= 9
+
+
+@pytest.mark.parametrize("tie_embeddings", [True, False], ids=["tied", "untied"])
+def test_cached_decoding_matches_full_decode_untied(make_model: MakeModel, tie_embeddings: bool) -> None:
+    model = make_model(seed=5, tie_embeddings=tie_embeddings, pre_norm=True)
+    src, tgt = sources([4, 6]), targets(2, 6)
+    with torch.inference_mode():
+        enc = model.encode(src)
+        full = model.decode(tgt, enc)
+        cache = model.start_cache(enc, capacity=2)
+        steps = [model.decode_step(tgt[:, t], cache)[0] for t in range(tgt.size(1))]
+    assert max_diff(torch.stack(steps, dim=1), full) <= TOL
+
+
+@pytest.mark.parametrize("steps_a, steps_b", [(4, 1), (0, 3), (2, 2)])
+@pytest.mark.parametrize("pre_norm", [False, True], ids=["post-ln", "pre-ln"])
+def test_concat_rows_at_different_lengths(
+    make_model: MakeModel, pre_norm: bool, steps_a: int, steps_b: int
+) -> None:
+    """Continuous batching: a row that has decoded more steps is joined by one that has decoded fewer
+    (or none: a new arrival); each row must go on exactly as if it were decoded alone."""
+    model = make_model(seed=2, pre_norm=pre_norm)
+    src_a, src_b = sources([4], seed=3), sources([9], seed=4)  # different source lengths too
+    tgt_a, tgt_b = targets(1, 10, seed=5), targets(1, 10, seed=6)
+    with torch.inference_mode():
+        enc_a, enc_b = model.encode(src_a), model.encode(src_b)
+        full_a, full_b = model.decode(tgt_a, enc_a)[0], model.decode(tgt_b, enc_b)[0]  # (T, V)
+        cache_a = model.start_cache(enc_a, capacity=8)
+        for t in range(steps_a):
+            model.decode_step(tgt_a[:, t], cache_a)
+        cache_b = model.start_cache(enc_b, capacity=1)  # smaller: concat pads it, decoding grows it
+        for t in range(steps_b):
+            model.decode_step(tgt_b[:, t], cache_b)
+
+        cache = KVCache.concat([cache_a, cache_b])
+        assert cache.batch_size == 2
+        assert cache.uniform == (steps_a == steps_b)
+        assert cache.lengths.tolist() == [steps_a, steps_b] and cache.max_length == max(steps_a, steps_b)
+        pos = [steps_a, steps_b]
+        for _ in range(4):
+            tokens = torch.stack([tgt_a[0, pos[0]], tgt_b[0, pos[1]]])
+            logits, cache = model.decode_step(tokens, cache)
+            assert max_diff(logits[0], full_a[pos[0]]) <= TOL, f"row a at position {pos[0]}"
+            assert max_diff(logits[1], full_b[pos[1]]) <= TOL, f"row b at position {pos[1]}"
+            pos = [pos[0] + 1, pos[1] + 1]
+        assert cache.lengths.tolist() == pos
+
+        # Row a finishes and leaves: row b goes on alone, however far behind it was.
+        cache = cache.index_select(torch.tensor([1]))
+        assert cache.max_length == pos[1]
+        for _ in range(2):
+            logits, cache = model.decode_step(tgt_b[:, pos[1]], cache)
+            assert max_diff(logits[0], full_b[pos[1]]) <= TOL, f"row b alone at position {pos[1]}"
+            pos[1] += 1
+
+
+def test_index_select_reorders_drops_and_duplicates_rows(make_model: MakeModel) -> None:
+    """What beam search does every step: rows in a new order, some dropped, some copied; copies
+    then diverge and must not write into each other's cache."""
+    model = make_model(seed=3, pre_norm=True)
+    src = sources([5, 3, 8])  # row 2 is the longest, so it is unpadded
+    tgt = targets(3, 8)
+    alt = tgt[2].clone()
+    alt[3:] = torch.tensor([5, 6, 7, 8, 9])  # row 2 with a different continuation after 3 steps
+    with torch.inference_mode():
+        enc = model.encode(src)
+        full = model.decode(tgt, enc)
+        full_alt = model.decode(alt[None], model.encode(src[2:3]))[0]
+        cache = model.start_cache(enc)
+        for t in range(3):
+            model.decode_step(tgt[:, t], cache)
+
+        index = torch.tensor([2, 0, 2])  # reorder, drop row 1, duplicate row 2
+        cache = cache.index_select(index)
+        assert cache.batch_size == 3 and cache.lengths.tolist() == [3, 3, 3]
+        expected = [full[2], full[0], full_alt]
+        inputs = torch.stack([tgt[2], tgt[0], alt])
+        for t in range(3, 8):
+            logits, cache = model.decode_step(inputs[:, t], cache)
+            for row in range(3):
+                assert max_diff(logits[row], expected[row][t]) <= TOL, f"row {row}, step {t}"
+    # The copies really diverged: otherwise the test above would not check independence.
+    assert max_diff(full[2, 4:], full_alt[4:]) > 1e-2
+
+
+def test_index_select_to_empty_batch(make_model: MakeModel) -> None:
+    model = make_model(seed=3)
+    with torch.inference_mode():
+        cache = model.start_cache(model.encode(sources([3, 4])))
+        model.decode_step(torch.full((2,), BOS_ID), cache)
+        empty = cache.index_select(torch.tensor([], dtype=torch.long))
+    assert empty.batch_size == 0
+    # Concatenating with an empty cache gives the other one back unchanged.
+    assert KVCache.concat([empty, cache]).batch_size == 2
+
+
+@pytest.mark.parametrize("pre_norm", [False, True], ids=["post-ln", "pre-ln"])
+def test_padding_does_not_change_real_positions(make_model: MakeModel, pre_norm: bool) -> None:
+    model = make_model(seed=4, pre_norm=pre_norm)
+    batch = sources([4, 9])
+    alone = batch[:1, :4]  # the same sentence without padding
+    tgt = targets(1, 6)
+    with torch.inference_mode():
+        enc_alone = model.encode(alone)
+        enc_batch = model.encode(batch)
+        assert enc_batch.src_mask[0].tolist() == [True] * 4 + [False] * 5
+        assert max_diff(enc_batch.memory[0, :4], enc_alone.memory[0]) <= 1e-5
+        # ...and the decoder's cross-attention ignores the padded positions.
+        logits_alone = model.decode(tgt, enc_alone)[0]
+        logits_batch = model.decode(tgt.expand(2, -1), enc_batch)[0]
+    assert max_diff(logits_batch, logits_alone) <= TOL
+
+
+def test_eval_mode_is_deterministic_and_train_mode_is_not(make_model: MakeModel) -> None:
+    """Guards the tests above: they run in eval mode, where dropout (0.1 in tiny_config) is off."""
+    model = make_model(seed=6)
+    src, tgt = sources([5, 3]), targets(2, 4)
+    with torch.no_grad():
+        assert torch.equal(model(src, tgt), model(src, tgt))
+        model.train()
+        assert not torch.equal(model(src, tgt), model(src, tgt))
+
+
+@pytest.mark.parametrize("pre_norm", [False, True], ids=["post-ln", "pre-ln"])
+def test_add_norm_places_the_layer_norm(pre_norm: bool) -> None:
+    """Post-LN: LayerNorm(x + sublayer(x)) (the paper); pre-LN: x + sublayer(LayerNorm(x)).
+
+    The cache tests compare two code paths through the same blocks, so they cannot see a wrong
+    formula here; this pins it down."""
+    from model.config import ModelConfig
+    from model.layers import AddNorm
+
+    cfg = ModelConfig(vocab_size=8, d_model=8, n_heads=2, pre_norm=pre_norm, dropout=0.0)
+    block = AddNorm(cfg).eval()
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, 8) * 3 + 1
+    weight = torch.randn(8, 8)
+
+    def sublayer(y: Tensor) -> Tensor:
+        return y @ weight
+
+    ln = torch.nn.functional.layer_norm
+    with torch.no_grad():
+        got = block(x, sublayer)
+        expected = (
+            x + sublayer(ln(x, (8,), eps=cfg.layer_norm_eps)) if pre_norm else ln(x + sublayer(x), (8,))
+        )
+    assert max_diff(got, expected) <= 1e-5
