@@ -49,15 +49,23 @@ class KVCache:
         grown[..., : self.capacity, :] = self.self_kv
         self.self_kv = grown
 
-    def index_select(self, index: Tensor) -> KVCache:
-        """Rows ``index`` of the batch, in that order: beam reordering and dropping finished rows."""
+    def index_select(self, index: Tensor, *, same_sources: bool = False) -> KVCache:
+        """Rows ``index`` of the batch, in that order: beam reordering and dropping finished rows.
+
+        ``same_sources``: every new row has the same source as the row it replaces (beams of one
+        sentence reordered among themselves), so the cross-attention K/V and source mask, the
+        larger part of the cache, are kept as they are instead of being copied.
+        """
         lengths = self.lengths.index_select(0, index)
+        max_length = self.max_length  # uniform rows: unchanged, and no device sync needed
+        if not self.uniform:
+            max_length = int(lengths.max().item()) if len(index) else 0
         return KVCache(
             self_kv=self.self_kv.index_select(2, index),
-            cross_kv=self.cross_kv.index_select(2, index),
-            src_mask=self.src_mask.index_select(0, index),
+            cross_kv=self.cross_kv if same_sources else self.cross_kv.index_select(2, index),
+            src_mask=self.src_mask if same_sources else self.src_mask.index_select(0, index),
             lengths=lengths,
-            max_length=self.max_length if self.uniform else int(lengths.max().item()) if len(index) else 0,
+            max_length=max_length,
             uniform=self.uniform,
         )
 

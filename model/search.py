@@ -34,6 +34,12 @@ def max_lengths(src_lengths: Tensor, a: float, b: int, limit: int) -> Tensor:
     return (src_lengths.float() * a + b).floor().long().clamp(1, limit)
 
 
+def initial_capacity(limits: Tensor, most: int = 64) -> int:
+    """Cache positions to preallocate: enough for the longest allowed output, so that the cache
+    never grows mid-search, up to ``most`` (longer outputs are rare; the cache grows for them)."""
+    return min(int(limits.max()), most)
+
+
 class BeamSearch:
     """One step of beam search: the best 2K extensions of K beams, for every sentence at once.
 
@@ -62,7 +68,7 @@ def greedy_search(
     """Argmax decoding; ``limits`` (B,) is each input's maximum length in tokens, eos included."""
     eos = model.cfg.eos_id
     batch = enc.memory.size(0)
-    cache = model.start_cache(enc)
+    cache = model.start_cache(enc, capacity=initial_capacity(limits))
     tokens = torch.full((batch,), model.cfg.bos_id, dtype=torch.long, device=enc.memory.device)
     active = torch.arange(batch, device=tokens.device)  # original row of every active row
     out = torch.full((batch, int(limits.max())), eos, dtype=torch.long, device=tokens.device)
@@ -111,7 +117,7 @@ def beam_search(
     batch = enc.memory.size(0)
     search = BeamSearch(k)
     # Every input starts as K copies of one row; only the first copy is alive at step 0.
-    cache: KVCache = model.start_cache(enc).index_select(
+    cache: KVCache = model.start_cache(enc, capacity=initial_capacity(limits)).index_select(
         torch.arange(batch, device=device).repeat_interleave(k)
     )
     scores = torch.zeros(batch, k, device=device)
@@ -148,11 +154,13 @@ def beam_search(
         done = at_limit | torch.tensor([len(finished[int(i)]) >= k for i in active.tolist()], device=device)
         if bool(done.all()):
             break
-        if bool(done.any()):  # drop finished sentences in the same index_select that reorders beams
+        dropped = bool(done.any())
+        if dropped:  # drop finished sentences in the same index_select that reorders beams
             keep = (~done).nonzero().squeeze(1)
             rows = rows.view(-1, k)[keep].view(-1)
             active, scores, next_tokens = active[keep], scores[keep], next_tokens[keep]
         history = torch.cat([history[rows], next_tokens.view(-1, 1)], dim=1)
         tokens = next_tokens.view(-1)
-        cache = cache.index_select(rows)
+        # Beams only move within their sentence: the source side of the cache changes only on a drop.
+        cache = cache.index_select(rows, same_sources=not dropped)
     return [sorted(hyps, key=lambda h: h.score, reverse=True)[:n_best] for hyps in finished]

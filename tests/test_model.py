@@ -146,6 +146,26 @@ def test_index_select_reorders_drops_and_duplicates_rows(make_model: MakeModel) 
     assert max_diff(full[2, 4:], full_alt[4:]) > 1e-2
 
 
+def test_index_select_same_sources_keeps_the_source_side(make_model: MakeModel) -> None:
+    """Beams of one sentence reordered among themselves: the cross-attention K/V are not copied
+    and decoding goes on exactly as with a full copy."""
+    model = make_model(seed=4)
+    src = sources([6, 4]).repeat_interleave(2, dim=0)  # two sentences x two beams
+    tgt = targets(4, 6)
+    with torch.inference_mode():
+        cache = model.start_cache(model.encode(src))
+        for t in range(2):
+            model.decode_step(tgt[:, t], cache)
+        index = torch.tensor([1, 1, 3, 2])  # beams move only within their sentence
+        same = cache.index_select(index, same_sources=True)
+        copied = cache.index_select(index)
+        assert same.cross_kv is cache.cross_kv and same.src_mask is cache.src_mask
+        for t in range(2, 6):
+            a, same = model.decode_step(tgt[index, t], same)
+            b, copied = model.decode_step(tgt[index, t], copied)
+            assert max_diff(a, b) == 0.0
+
+
 def test_index_select_to_empty_batch(make_model: MakeModel) -> None:
     model = make_model(seed=3)
     with torch.inference_mode():

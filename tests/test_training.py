@@ -7,6 +7,7 @@ import json
 import math
 import os
 import random
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -160,8 +161,16 @@ def test_ddp_two_processes_end_with_identical_weights(corpus: Path, tmp_path: Pa
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
     cmd += [str(REPO / "tests" / "ddp_worker.py"), str(TINY), str(corpus), str(tmp_path)]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    # A session of its own, so that on a hang the workers die with the launcher.
+    proc = subprocess.Popen(
+        cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
+    try:
+        _, stderr = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 0, stderr[-3000:]
     w0, w1 = load_file(str(tmp_path / "rank0.safetensors")), load_file(str(tmp_path / "rank1.safetensors"))
     assert all(torch.equal(w0[k], w1[k]) for k in w0)
     assert read_info(tmp_path / "model").training["world_size"] == 2
