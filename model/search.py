@@ -1,14 +1,17 @@
 """Greedy and beam search over the cached decoder, apart from the model.
 
 The model says what a step computes (``decode_step``); this module decides which tokens to keep.
-Rows whose sentence is finished leave the batch (and the cache) at once, so later steps only compute
-the rows still decoding.
+Each input's search state is a ``Beam`` (greedy is a beam of one); ``search_step`` advances a list
+of them by one token, whatever their beam sizes and however many steps each has already taken, so
+the same code serves a batch decoded from start to end (``search``) and the serving engine's
+running batch that inputs join and leave at any step. Rows whose input is finished leave the batch
+(and the cache) at once, so later steps only compute the rows still decoding.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
@@ -61,43 +64,147 @@ class BeamSearch:
         return cand_scores, flat % v, flat // v
 
 
+@dataclass
+class Beam:
+    """The search state of one input: its K live beams (K consecutive cache rows) and the
+    hypotheses that have ended."""
+
+    k: int  # beam size; 1 is greedy search
+    limit: int  # maximum output length in tokens, eos included
+    scores: list[float]  # cumulative log-probs of the live beams, best first
+    history: list[list[int]]  # tokens of each live beam
+    finished: list[Hypothesis] = field(default_factory=list)
+    done: bool = False
+
+    @classmethod
+    def start(cls, k: int, limit: int) -> Beam:
+        # K copies of the first row; only the first copy is alive, so step 0 expands one beam.
+        return cls(k, limit, [0.0] + [-math.inf] * (k - 1), [[] for _ in range(k)])
+
+    @property
+    def steps(self) -> int:
+        return len(self.history[0])
+
+    def best(self, n_best: int = 1) -> list[Hypothesis]:
+        return sorted(self.finished, key=lambda h: h.score, reverse=True)[:n_best]
+
+    def advance(
+        self, cand_scores: list[float], cand_tokens: list[int], cand_beams: list[int], eos: int, alpha: float
+    ) -> list[int]:
+        """Take one step's candidates (best first); returns the parent beam of each new beam.
+
+        eos among the K best candidates ends a hypothesis; the K best others continue. The input is
+        done once it has K finished hypotheses (fairseq's stopping rule) or reaches its limit.
+        """
+        length = self.steps + 1  # tokens of a hypothesis ending now, eos included
+        scores: list[float] = []
+        history: list[list[int]] = []
+        parents: list[int] = []
+        for rank, (score, token, beam) in enumerate(zip(cand_scores, cand_tokens, cand_beams, strict=True)):
+            if score == -math.inf or len(parents) == self.k:
+                break
+            if token == eos:
+                if rank < self.k and len(self.finished) < self.k:
+                    hyp = Hypothesis(self.history[beam], length_normalized(score, length, alpha), score)
+                    self.finished.append(hyp)
+            else:
+                parents.append(beam)
+                scores.append(score)
+                history.append(self.history[beam] + [token])
+        self.done = len(self.finished) >= self.k or length >= self.limit or not parents
+        if not self.done:
+            while len(parents) < self.k:  # keep K rows per input: dead copies of the first beam
+                parents.append(parents[0])
+                scores.append(-math.inf)
+                history.append(history[0])
+            self.scores, self.history = scores, history
+        return parents
+
+
+def search_step(
+    beams: list[Beam], lprobs: Tensor, *, eos: int, length_penalty: float = 1.0
+) -> tuple[Tensor | None, Tensor]:
+    """Advance every beam by one token.
+
+    ``lprobs`` (R, V): next-token log-probs of the cache rows, ``beams[0].k`` rows for the first
+    beam, then the next beam's, and so on. Returns the rows to keep for the beams still not done,
+    in that order (``None`` when that is every row in place: nothing to reorder), and their next
+    tokens (R',).
+    """
+    offsets = [0]
+    for b in beams:
+        offsets.append(offsets[-1] + b.k)
+    parents: dict[int, list[int]] = {}
+    by_k: dict[int, list[int]] = {}
+    for i, b in enumerate(beams):
+        by_k.setdefault(b.k, []).append(i)
+    for k, members in by_k.items():  # one batched top-k per beam size
+        if len(members) == len(beams):  # one beam size in the batch: rows are already grouped
+            lp = lprobs.view(len(members), k, -1)  # (A, K, V)
+        else:
+            rows = torch.tensor([offsets[i] + j for i in members for j in range(k)], device=lprobs.device)
+            lp = lprobs.index_select(0, rows).view(len(members), k, -1)
+        limited = [beams[i].steps + 1 >= beams[i].limit for i in members]
+        if any(limited):  # the last allowed token must be eos (with its own probability)
+            at_limit = torch.tensor(limited, device=lp.device)
+            eos_lp = lp[:, :, eos].clone()
+            lp = lp.masked_fill(at_limit[:, None, None], -math.inf)
+            lp[:, :, eos] = torch.where(at_limit[:, None], eos_lp, lp[:, :, eos])
+        scores = torch.tensor([beams[i].scores for i in members], device=lp.device)
+        cand = BeamSearch(k).step(lp, scores)
+        for i, s, t, b in zip(members, *(c.tolist() for c in cand), strict=True):
+            parents[i] = beams[i].advance(s, t, b, eos, length_penalty)
+    keep: list[int] = []
+    tokens: list[int] = []
+    for i, b in enumerate(beams):
+        if not b.done:
+            keep += [offsets[i] + p for p in parents[i]]
+            tokens += [h[-1] for h in b.history]
+    token_tensor = torch.tensor(tokens, dtype=torch.long, device=lprobs.device)
+    if keep == list(range(offsets[-1])):
+        return None, token_tensor
+    return torch.tensor(keep, dtype=torch.long, device=lprobs.device), token_tensor
+
+
 @torch.inference_mode()
+def search(
+    model: Transformer,
+    enc: EncoderOutput,
+    limits: Tensor,
+    *,
+    beam_size: int = 5,
+    length_penalty: float = 1.0,
+    n_best: int = 1,
+) -> list[list[Hypothesis]]:
+    """Decode a batch from start to end; returns the ``n_best`` hypotheses of every input, best first.
+
+    ``limits`` (B,) is each input's maximum output length in tokens, eos included.
+    """
+    beams = [Beam.start(beam_size, limit) for limit in limits.tolist()]
+    device = enc.memory.device
+    rows = torch.arange(len(beams), device=device).repeat_interleave(beam_size)
+    cache: KVCache = model.start_cache(enc, capacity=initial_capacity(limits)).index_select(rows)
+    tokens = torch.full((len(rows),), model.cfg.bos_id, dtype=torch.long, device=device)
+    live = beams
+    while live:
+        logits, cache = model.decode_step(tokens, cache)
+        lprobs = torch.log_softmax(logits.float(), dim=-1)
+        keep, tokens = search_step(live, lprobs, eos=model.cfg.eos_id, length_penalty=length_penalty)
+        still = [b for b in live if not b.done]
+        if keep is not None and still:
+            # Beams only move within their input: the source side changes only when inputs leave.
+            cache = cache.index_select(keep, same_sources=len(still) == len(live))
+        live = still
+    return [b.best(n_best) for b in beams]
+
+
 def greedy_search(
     model: Transformer, enc: EncoderOutput, limits: Tensor, *, length_penalty: float = 1.0
 ) -> list[list[Hypothesis]]:
-    """Argmax decoding; ``limits`` (B,) is each input's maximum length in tokens, eos included."""
-    eos = model.cfg.eos_id
-    batch = enc.memory.size(0)
-    cache = model.start_cache(enc, capacity=initial_capacity(limits))
-    tokens = torch.full((batch,), model.cfg.bos_id, dtype=torch.long, device=enc.memory.device)
-    active = torch.arange(batch, device=tokens.device)  # original row of every active row
-    out = torch.full((batch, int(limits.max())), eos, dtype=torch.long, device=tokens.device)
-    log_probs = torch.zeros(batch, device=tokens.device)
-    lengths = limits.clone()
-    for t in range(out.size(1)):
-        logits, cache = model.decode_step(tokens, cache)
-        lprobs = torch.log_softmax(logits.float(), dim=-1)  # (A, V)
-        best, tokens = lprobs.max(dim=-1)  # (A,)
-        # At its length limit a row is made to end: eos with its own probability (as beam search does).
-        forced = limits[active] <= t + 1
-        tokens = torch.where(forced, eos, tokens)
-        best = torch.where(forced, lprobs[:, eos], best)
-        out[active, t] = tokens
-        log_probs[active] += best
-        done = tokens == eos
-        if bool(done.any()):
-            lengths[active[done]] = t + 1
-            keep = (~done).nonzero().squeeze(1)
-            if keep.numel() == 0:
-                break
-            active, tokens, cache = active[keep], tokens[keep], cache.index_select(keep)
-    results = []
-    for row, n, lp in zip(out.tolist(), lengths.tolist(), log_probs.tolist(), strict=True):
-        results.append([Hypothesis(row[: n - 1], length_normalized(lp, n, length_penalty), lp)])
-    return results
+    """Argmax decoding: beam search with a beam of one."""
+    return search(model, enc, limits, beam_size=1, length_penalty=length_penalty)
 
 
-@torch.inference_mode()
 def beam_search(
     model: Transformer,
     enc: EncoderOutput,
@@ -107,60 +214,4 @@ def beam_search(
     length_penalty: float = 1.0,
     n_best: int = 1,
 ) -> list[list[Hypothesis]]:
-    """Beam search; returns the ``n_best`` hypotheses of every input, best first.
-
-    A sentence is done once it has ``beam_size`` finished hypotheses (or reaches its length limit,
-    where eos is forced); its K rows then leave the batch and the cache.
-    """
-    k, eos = beam_size, model.cfg.eos_id
-    device = enc.memory.device
-    batch = enc.memory.size(0)
-    search = BeamSearch(k)
-    # Every input starts as K copies of one row; only the first copy is alive at step 0.
-    cache: KVCache = model.start_cache(enc, capacity=initial_capacity(limits)).index_select(
-        torch.arange(batch, device=device).repeat_interleave(k)
-    )
-    scores = torch.zeros(batch, k, device=device)
-    scores[:, 1:] = -math.inf
-    tokens = torch.full((batch * k,), model.cfg.bos_id, dtype=torch.long, device=device)
-    history = torch.empty(batch * k, 0, dtype=torch.long, device=device)  # (A*K, t)
-    active = torch.arange(batch, device=device)  # original index of every active sentence
-    finished: list[list[Hypothesis]] = [[] for _ in range(batch)]
-    offsets = torch.arange(batch, device=device)[:, None] * k  # (A, 1): first row of each sentence
-    ranks = torch.arange(2 * k, device=device)
-    for t in range(int(limits.max())):
-        logits, cache = model.decode_step(tokens, cache)
-        lprobs = torch.log_softmax(logits.float(), dim=-1).view(len(active), k, -1)  # (A, K, V)
-        at_limit = limits[active] <= t + 1  # (A,)
-        if bool(at_limit.any()):  # force eos, keeping its probability
-            eos_lp = lprobs[at_limit, :, eos]
-            lprobs[at_limit] = -math.inf
-            lprobs[at_limit, :, eos] = eos_lp
-        cand_scores, cand_tokens, cand_beams = search.step(lprobs, scores)  # (A, 2K)
-        is_eos = cand_tokens == eos
-        # Finished hypotheses: eos among the K best candidates.
-        ended = is_eos[:, :k] & (cand_scores[:, :k] > -math.inf)
-        for a, r in ended.nonzero().tolist():
-            hyps = finished[int(active[a])]
-            if len(hyps) < k:
-                lp = float(cand_scores[a, r])
-                prefix = history[a * k + int(cand_beams[a, r])].tolist()
-                hyps.append(Hypothesis(prefix, length_normalized(lp, t + 1, length_penalty), lp))
-        # The next beams: the K best candidates that do not end in eos.
-        order = (is_eos.long() * 2 * k + ranks).argsort(dim=1)[:, :k]  # (A, K)
-        scores = cand_scores.gather(1, order)
-        next_tokens = cand_tokens.gather(1, order)
-        rows = (offsets[: len(active)] + cand_beams.gather(1, order)).view(-1)  # (A*K,) parent rows
-        done = at_limit | torch.tensor([len(finished[int(i)]) >= k for i in active.tolist()], device=device)
-        if bool(done.all()):
-            break
-        dropped = bool(done.any())
-        if dropped:  # drop finished sentences in the same index_select that reorders beams
-            keep = (~done).nonzero().squeeze(1)
-            rows = rows.view(-1, k)[keep].view(-1)
-            active, scores, next_tokens = active[keep], scores[keep], next_tokens[keep]
-        history = torch.cat([history[rows], next_tokens.view(-1, 1)], dim=1)
-        tokens = next_tokens.view(-1)
-        # Beams only move within their sentence: the source side of the cache changes only on a drop.
-        cache = cache.index_select(rows, same_sources=not dropped)
-    return [sorted(hyps, key=lambda h: h.score, reverse=True)[:n_best] for hyps in finished]
+    return search(model, enc, limits, beam_size=beam_size, length_penalty=length_penalty, n_best=n_best)

@@ -1,0 +1,390 @@
+"""The batching engine: one queue of sentences from every client, one running batch on a worker.
+
+Continuous (iteration-level) batching for the encoder-decoder: before every decoding step, waiting
+sentences are encoded and join the running batch (their KV cache rows are concatenated to it), and
+after every step, sentences that finished leave it (their rows are filtered out) and their requests
+resolve at once. ``mode="dynamic"`` instead collects sentences for up to ``max_wait_ms`` into a batch
+and runs it to the end before taking more (kept to measure the difference).
+
+The engine owns scheduling (what runs in the next step); the model owns arithmetic (``encode``,
+``decode_step``); ``model.search`` owns token choice (``Beam``, ``search_step``); the ``KVCache`` is
+the data passed between them. The event loop never runs the model: ``translate`` enqueues and
+awaits futures that the worker thread resolves.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Literal
+
+import torch
+
+from app.metrics import Metrics
+from model.cache import KVCache
+from model.search import Beam, initial_capacity, max_lengths, search_step
+from model.translator import Translator
+
+log = logging.getLogger(__name__)
+
+
+class EngineError(Exception):
+    """A sentence the engine could not translate."""
+
+
+class QueueFull(EngineError):
+    """More sentences are waiting than ``max_queue``: the client should retry later."""
+
+
+class DeadlineExceeded(EngineError):
+    """The request's deadline passed before all its sentences were translated."""
+
+
+class EngineStopped(EngineError):
+    """The engine is not running (starting up, shutting down, or its worker failed)."""
+
+
+@dataclass
+class SentenceResult:
+    hypotheses: list[str]  # n_best translations, best first
+    scores: list[float]  # their length-normalised log-probabilities
+
+
+@dataclass(eq=False)
+class Job:
+    """One sentence of one request, from the queue to the end of its search."""
+
+    src: list[int]  # source ids, eos included
+    beam_size: int
+    n_best: int
+    future: asyncio.Future[SentenceResult]
+    loop: asyncio.AbstractEventLoop
+    deadline: float | None  # time.monotonic() after which nobody waits for it
+    enqueued: float = field(default_factory=time.monotonic)
+    cancelled: bool = False  # set from the event loop when the client is gone
+
+    def expired(self, now: float) -> bool:
+        return self.cancelled or (self.deadline is not None and now > self.deadline)
+
+    def resolve(self, result: SentenceResult | BaseException) -> None:
+        """Hand the outcome to the event loop (the future is not thread-safe)."""
+
+        def settle() -> None:
+            if self.future.done():
+                return
+            if isinstance(result, BaseException):
+                self.future.set_exception(result)
+            else:
+                self.future.set_result(result)
+
+        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody is waiting
+            self.loop.call_soon_threadsafe(settle)
+
+
+@dataclass
+class Running:
+    """The running batch: jobs, their search states, and the cache rows they own (in order)."""
+
+    jobs: list[Job] = field(default_factory=list)
+    beams: list[Beam] = field(default_factory=list)
+    cache: KVCache | None = None
+    tokens: torch.Tensor | None = None  # (R,) the next token of every row
+
+    @property
+    def rows(self) -> int:
+        return sum(b.k for b in self.beams)
+
+    def row_index(self, keep: list[int]) -> list[int]:
+        """Cache rows of the jobs at positions ``keep``."""
+        offsets = [0]
+        for b in self.beams:
+            offsets.append(offsets[-1] + b.k)
+        return [r for i in keep for r in range(offsets[i], offsets[i + 1])]
+
+
+class Engine:
+    def __init__(
+        self,
+        translator: Translator,
+        *,
+        max_batch_size: int = 64,
+        max_batch_tokens: int = 8192,
+        max_queue: int = 1024,
+        mode: Literal["continuous", "dynamic"] = "continuous",
+        max_wait_ms: float = 5.0,
+        max_input_tokens: int = 250,
+        length_penalty: float = 1.0,
+        max_length_a: float = 1.5,
+        max_length_b: int = 10,
+        metrics: Metrics | None = None,
+    ) -> None:
+        """
+        Args:
+            max_batch_size: rows (sequences, each beam counted) in the running batch.
+            max_batch_tokens: source tokens x rows in the running batch (bounds the cache memory).
+            max_queue: sentences waiting to join; more are refused with ``QueueFull``.
+            mode: ``continuous`` joins and leaves at every step; ``dynamic`` runs batch by batch.
+            max_wait_ms: ``dynamic`` only: how long to collect sentences before starting a batch.
+            max_input_tokens: longer sources are truncated (the model's positions are finite).
+        """
+        self.translator = translator
+        self.model = translator.model
+        self.max_batch_size = max_batch_size
+        self.max_batch_tokens = max_batch_tokens
+        self.max_queue = max_queue
+        self.mode = mode
+        self.max_wait_s = max_wait_ms / 1000.0
+        self.max_input_tokens = min(max_input_tokens, translator.max_input_tokens)
+        self.length_penalty = length_penalty
+        self.max_length_a, self.max_length_b = max_length_a, max_length_b
+        self.metrics = metrics or Metrics()
+        self._queue: deque[Job] = deque()
+        self._cond = threading.Condition()
+        self._running = Running()
+        self._thread: threading.Thread | None = None
+        self._stop = False
+        self.failed: BaseException | None = None  # set if the worker loop itself died
+
+    # -- the event-loop side -----------------------------------------------------------------------
+    @property
+    def queue_depth(self) -> int:
+        return len(self._queue)
+
+    @property
+    def active_sequences(self) -> int:
+        return len(self._running.jobs)
+
+    @property
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive() and not self._stop
+
+    def start(self) -> None:
+        if self._thread is not None:
+            return
+        self._stop = False
+        self._thread = threading.Thread(target=self._work, name="nmt-engine", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        with self._cond:
+            self._stop = True
+            self._cond.notify_all()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+            self._thread = None
+
+    async def translate(
+        self, sentences: list[str], *, beam_size: int = 5, n_best: int = 1, timeout_s: float | None = None
+    ) -> list[SentenceResult]:
+        """Translate ``sentences`` (one result each, in order) in the shared batch.
+
+        Blank sentences give "" without model work. Raises ``QueueFull``, ``DeadlineExceeded`` or
+        ``EngineStopped``. If the awaiting task is cancelled (the client went away), its sentences
+        are dropped from the queue and from the running batch.
+        """
+        if not 1 <= n_best <= beam_size:
+            raise ValueError(f"n_best must be between 1 and beam_size ({beam_size}), got {n_best}")
+        results: list[SentenceResult | None] = [None] * len(sentences)
+        todo = [i for i, s in enumerate(sentences) if s.strip()]
+        for i in set(range(len(sentences))) - set(todo):
+            results[i] = SentenceResult([""] * n_best, [0.0] * n_best)
+        if todo:
+            loop = asyncio.get_running_loop()
+            deadline = time.monotonic() + timeout_s if timeout_s is not None else None
+            ids = self.translator.tokenizer.encode([sentences[i] for i in todo])
+            jobs = [
+                Job(
+                    s[: self.max_input_tokens] + [self.model.cfg.eos_id],
+                    beam_size,
+                    n_best,
+                    loop.create_future(),
+                    loop,
+                    deadline,
+                )
+                for s in ids
+            ]
+            self._submit(jobs)
+            try:
+                done = await asyncio.wait_for(asyncio.gather(*(j.future for j in jobs)), timeout_s)
+            except TimeoutError as e:
+                self._withdraw(jobs)
+                raise DeadlineExceeded(f"not translated within {timeout_s:g} s") from e
+            except BaseException:  # cancelled (client gone) or failed: free the model for others
+                self._withdraw(jobs)
+                raise
+            for i, r in zip(todo, done, strict=True):
+                results[i] = r
+        return [r for r in results if r is not None]
+
+    def _submit(self, jobs: list[Job]) -> None:
+        with self._cond:
+            if not self.alive:
+                raise EngineStopped("the translation engine is not running")
+            if len(self._queue) + len(jobs) > self.max_queue:
+                raise QueueFull(f"{len(self._queue)} sentences are waiting (limit {self.max_queue})")
+            self._queue.extend(jobs)
+            self.metrics.queue_depth.set(len(self._queue))
+            self._cond.notify()
+
+    def _withdraw(self, jobs: list[Job]) -> None:
+        """Mark ``jobs`` as abandoned: the worker drops them at its next step."""
+        for j in jobs:
+            j.cancelled = True
+        with self._cond:
+            self._cond.notify()
+
+    # -- the worker side ---------------------------------------------------------------------------
+    def _work(self) -> None:
+        try:
+            with torch.inference_mode():
+                while True:
+                    with self._cond:
+                        while not self._stop and not self._queue and not self._running.jobs:
+                            self._cond.wait()
+                        if self._stop:
+                            break
+                    try:
+                        self._iteration()
+                    except Exception as e:  # a failed step must not take the other requests down with it
+                        log.exception("decoding step failed; failing the running batch")
+                        for job in self._running.jobs:
+                            job.resolve(EngineError(f"translation failed: {e}"))
+                        self._running = Running()
+        except BaseException as e:  # pragma: no cover - the loop itself broke
+            self.failed = e
+            log.exception("engine worker died")
+        finally:
+            stopped = EngineStopped("the translation engine stopped")
+            for job in [*self._running.jobs, *self._queue]:
+                job.resolve(stopped)
+            self._running = Running()
+            self._queue.clear()
+
+    def _iteration(self) -> None:
+        """Admit, drop what nobody waits for, one decoding step, retire what finished."""
+        run = self._running
+        if self.mode == "continuous" or not run.jobs:
+            if self.mode == "dynamic" and not run.jobs:
+                self._collect()
+            self._admit(self._take())
+        self._drop_expired()
+        if not run.jobs:
+            return
+        assert run.cache is not None and run.tokens is not None
+        self.metrics.batch_size.observe(run.tokens.numel())
+        self.metrics.decode_steps.inc()
+        logits, run.cache = self.model.decode_step(run.tokens, run.cache)
+        lprobs = torch.log_softmax(logits.float(), dim=-1)
+        keep, run.tokens = search_step(
+            run.beams, lprobs, eos=self.model.cfg.eos_id, length_penalty=self.length_penalty
+        )
+        alive = [i for i, b in enumerate(run.beams) if not b.done]
+        for job, beam in zip(run.jobs, run.beams, strict=True):
+            if beam.done:
+                self._finish(job, beam)
+        if keep is not None and alive:
+            run.cache = run.cache.index_select(keep, same_sources=len(alive) == len(run.beams))
+        run.jobs = [run.jobs[i] for i in alive]
+        run.beams = [run.beams[i] for i in alive]
+        if not alive:
+            self._running = Running()
+        self.metrics.active_sequences.set(len(self._running.jobs))
+
+    def _collect(self) -> None:
+        """Dynamic batching: wait up to ``max_wait_s`` for the queue to fill a batch."""
+        end = time.monotonic() + self.max_wait_s
+        with self._cond:
+            while not self._stop and sum(j.beam_size for j in self._queue) < self.max_batch_size:
+                left = end - time.monotonic()
+                if left <= 0:
+                    break
+                self._cond.wait(left)
+
+    def _take(self) -> list[Job]:
+        """Jobs from the head of the queue that fit beside the running batch (FIFO: a job that does
+        not fit stops admission, so large requests are not starved by small ones)."""
+        run = self._running
+        rows = run.rows
+        src_len = run.cache.cross_kv.size(4) if run.cache is not None else 0
+        taken: list[Job] = []
+        now = time.monotonic()
+        with self._cond:
+            while self._queue:
+                job = self._queue[0]
+                if job.expired(now):
+                    self._queue.popleft()
+                    self.metrics.sentences.labels("abandoned").inc()
+                    continue
+                new_len = max(src_len, len(job.src))
+                fits_rows = rows + job.beam_size <= self.max_batch_size
+                fits_tokens = (rows + job.beam_size) * new_len <= self.max_batch_tokens
+                if (taken or rows) and not (fits_rows and fits_tokens):
+                    break
+                self._queue.popleft()
+                taken.append(job)
+                rows, src_len = rows + job.beam_size, new_len
+            self.metrics.queue_depth.set(len(self._queue))
+        return taken
+
+    def _admit(self, jobs: list[Job]) -> None:
+        """Encode ``jobs`` as one padded batch and append their rows to the running batch."""
+        if not jobs:
+            return
+        now = time.monotonic()
+        for job in jobs:
+            self.metrics.queue_wait.observe(now - job.enqueued)
+            self.metrics.input_tokens.inc(len(job.src))
+        src = self.translator.batch([j.src for j in jobs])
+        enc = self.model.encode(src)
+        limits = max_lengths(
+            (src != self.model.cfg.pad_id).sum(1),
+            self.max_length_a,
+            self.max_length_b,
+            self.model.cfg.max_positions,
+        )
+        ks = torch.tensor([j.beam_size for j in jobs], device=src.device)
+        rows = torch.arange(len(jobs), device=src.device).repeat_interleave(ks)
+        cache = self.model.start_cache(enc, capacity=initial_capacity(limits)).index_select(rows)
+        run = self._running
+        run.cache = cache if run.cache is None else KVCache.concat([run.cache, cache])
+        bos = torch.full((len(rows),), self.model.cfg.bos_id, dtype=torch.long, device=src.device)
+        run.tokens = bos if run.tokens is None else torch.cat([run.tokens, bos])
+        run.jobs += jobs
+        run.beams += [
+            Beam.start(j.beam_size, int(limit)) for j, limit in zip(jobs, limits.tolist(), strict=True)
+        ]
+
+    def _drop_expired(self) -> None:
+        """Remove jobs whose client is gone or whose deadline passed from the running batch."""
+        run = self._running
+        now = time.monotonic()
+        keep = [i for i, j in enumerate(run.jobs) if not j.expired(now)]
+        if len(keep) == len(run.jobs):
+            return
+        for job in run.jobs:
+            if job.expired(now):
+                job.resolve(
+                    DeadlineExceeded("deadline passed") if not job.cancelled else EngineError("cancelled")
+                )
+                self.metrics.sentences.labels("abandoned").inc()
+        if not keep:
+            self._running = Running()
+            return
+        assert run.cache is not None and run.tokens is not None
+        rows = torch.tensor(run.row_index(keep), device=run.tokens.device)
+        run.cache = run.cache.index_select(rows)
+        run.tokens = run.tokens.index_select(0, rows)
+        run.jobs = [run.jobs[i] for i in keep]
+        run.beams = [run.beams[i] for i in keep]
+
+    def _finish(self, job: Job, beam: Beam) -> None:
+        hyps = beam.best(job.n_best)
+        self.metrics.generated_tokens.inc(len(hyps[0].tokens) + 1 if hyps else 0)
+        self.metrics.sentences.labels("translated").inc()
+        texts = self.translator.tokenizer.decode([h.tokens for h in hyps])
+        job.resolve(SentenceResult(texts, [h.score for h in hyps]))
