@@ -210,7 +210,8 @@ class Engine:
             ]
             self._submit(jobs)
             try:
-                done = await asyncio.wait_for(asyncio.gather(*(j.future for j in jobs)), timeout_s)
+                async with asyncio.timeout(timeout_s):
+                    done = [await j.future for j in jobs]
             except TimeoutError as e:
                 self._withdraw(jobs)
                 raise DeadlineExceeded(f"not translated within {timeout_s:g} s") from e
@@ -235,6 +236,10 @@ class Engine:
         """Mark ``jobs`` as abandoned: the worker drops them at its next step."""
         for j in jobs:
             j.cancelled = True
+            if not j.future.done():
+                j.future.cancel()  # the worker's late answer, if any, is then ignored
+            elif not j.future.cancelled():
+                j.future.exception()  # mark an error nobody will await as seen (no asyncio warning)
         with self._cond:
             self._cond.notify()
 

@@ -1,0 +1,143 @@
+"""Read and parse a /translate body: JSON, urlencoded or multipart form, as LibreTranslate accepts.
+
+The body is read by hand rather than by FastAPI's parameter machinery because (1) its size must be
+capped while it streams in, not after, (2) one endpoint takes three content types, and (3) text
+that is not valid UTF-8 must be a 400, not silently decoded as Latin-1 (what Starlette's form
+parser falls back to) or replaced by U+FFFD.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+from urllib.parse import parse_qsl
+
+from fastapi import HTTPException, Request
+from fastapi.exceptions import RequestValidationError
+from pydantic import ValidationError
+from starlette.types import Message
+
+from app.schemas import TranslateRequest
+
+URLENCODED = "application/x-www-form-urlencoded"
+MULTIPART = "multipart/form-data"
+LIST_FIELDS = frozenset({"q"})  # form fields that become a list when repeated (q=a&q=b)
+
+
+def too_large(limit: int) -> HTTPException:
+    return HTTPException(413, f"request body is larger than {limit} bytes")
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The whole body, or 413 as soon as it is known to exceed ``limit`` bytes.
+
+    Content-Length is checked first (no byte is read for an announced oversized body), then the
+    bytes actually received, which covers chunked bodies and lying headers.
+    """
+    declared = request.headers.get("content-length")
+    if declared is not None:
+        if not declared.strip().isdigit():
+            raise HTTPException(400, "invalid Content-Length header")
+        if int(declared) > limit:
+            raise too_large(limit)
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise too_large(limit)
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def media_type(request: Request) -> str:
+    return request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
+
+
+def decode_utf8(body: bytes) -> str:
+    try:
+        return body.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise HTTPException(400, f"request body is not valid UTF-8 (invalid byte at offset {e.start})") from e
+
+
+def json_error(position: int, reason: str) -> RequestValidationError:
+    """The error FastAPI itself raises for a malformed JSON body (type ``json_invalid``)."""
+    error = {"type": "json_invalid", "loc": ("body", position), "msg": "JSON decode error"}
+    return RequestValidationError([{**error, "ctx": {"error": reason}}])
+
+
+def parse_json(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise json_error(e.pos, e.msg) from e
+    except RecursionError as e:  # "[[[[...": legal JSON, but nested beyond what the parser handles
+        raise json_error(0, "nested too deeply") from e
+
+
+def group_fields(pairs: list[tuple[str, str]]) -> dict[str, Any]:
+    """Form pairs to a request dict: repeated ``q`` becomes a list; other fields keep their first
+    value (as LibreTranslate's ``request.values.get`` does)."""
+    data: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in LIST_FIELDS and key in data:
+            previous = data[key]
+            data[key] = [*previous, value] if isinstance(previous, list) else [previous, value]
+        else:
+            data.setdefault(key, value)
+    if data.get("api_key") == "":  # HTML forms send empty fields; an empty key means "no key"
+        del data["api_key"]
+    return data
+
+
+def parse_urlencoded(text: str) -> dict[str, Any]:
+    try:
+        pairs = parse_qsl(text, keep_blank_values=True, encoding="utf-8", errors="strict")
+    except UnicodeDecodeError as e:  # a %-escape that decodes to invalid UTF-8
+        raise HTTPException(400, "form field is not valid UTF-8") from e
+    return group_fields(pairs)
+
+
+async def parse_multipart(request: Request, body: bytes, limit: int) -> dict[str, Any]:
+    """Parse with Starlette's multipart parser, replaying the body that was already read.
+
+    The whole body was checked to be UTF-8 before, so every field decodes as UTF-8 (boundaries
+    and headers are ASCII). File parts are refused: /translate takes text fields only.
+    """
+    sent = False
+
+    async def replay() -> Message:
+        nonlocal sent
+        if sent:
+            return {"type": "http.disconnect"}
+        sent = True
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    form_request = Request(request.scope, replay)
+    # Field count is bounded by the body size already; MAX_TEXTS is checked (413) on the result.
+    async with form_request.form(max_files=0, max_fields=limit, max_part_size=limit) as form:
+        pairs = [(key, value) for key, value in form.multi_items() if isinstance(value, str)]
+    return group_fields(pairs)
+
+
+def validate_request(data: Any) -> TranslateRequest:
+    try:
+        return TranslateRequest.model_validate(data)
+    except ValidationError as e:
+        errors = [{**err, "loc": ("body", *err["loc"])} for err in e.errors(include_url=False)]
+        raise RequestValidationError(errors) from e
+
+
+async def parse_translate_request(request: Request, limit: int) -> TranslateRequest:
+    """Read, decode and validate the body of a /translate request (4xx on any problem)."""
+    body = await read_body(request, limit)
+    text = decode_utf8(body)
+    kind = media_type(request)
+    if kind == URLENCODED:
+        data = parse_urlencoded(text)
+    elif kind == MULTIPART:
+        data = await parse_multipart(request, body, limit)
+    else:  # JSON, also when the client forgot the Content-Type header
+        data = parse_json(text)
+    return validate_request(data)

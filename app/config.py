@@ -1,0 +1,105 @@
+"""Service settings, read from ``NMT_*`` environment variables (pydantic-settings).
+
+Every value is validated when ``Settings()`` is built, so a typo in the environment stops the
+service at start with a message naming the variable instead of failing on the first request.
+"""
+
+from __future__ import annotations
+
+import re
+from importlib.metadata import PackageNotFoundError
+from importlib.metadata import version as _dist_version
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+ENV_PREFIX = "NMT_"
+
+PositiveInt = Annotated[int, Field(gt=0)]
+
+
+def service_version() -> str:
+    """The installed package's version (one source of truth: pyproject.toml)."""
+    try:
+        return _dist_version("nmt-service")
+    except PackageNotFoundError:  # running from a source tree that was never pip-installed
+        return "0+unknown"
+
+
+class Settings(BaseSettings):
+    """All knobs of the service; each field ``x`` is read from the environment variable ``NMT_X``."""
+
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="ignore", frozen=True)
+
+    model_dir: Path = Path("artifacts/multi30k-de-en")
+    device: str = "auto"  # auto | cpu | cuda | cuda:N
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+
+    # Engine (batching) limits.
+    max_batch_size: PositiveInt = 64  # rows in the running batch (each beam counts: sentences x beam)
+    max_batch_tokens: PositiveInt = 8192  # padded source length x rows (bounds cache memory)
+    max_queue: PositiveInt = 1024  # sentences waiting; beyond this requests get 503
+    batching: Literal["continuous", "dynamic"] = "continuous"
+    max_wait_ms: Annotated[float, Field(ge=0)] = 5.0  # dynamic batching: wait this long to fill a batch
+    request_timeout_s: Annotated[float, Field(gt=0)] = 30.0
+
+    # Request limits.
+    max_chars: PositiveInt = 5000  # summed over all texts of one request
+    max_texts: PositiveInt = 128  # items in a q list
+    max_body_bytes: PositiveInt = 1024 * 1024
+    # Comma-separated in the environment ("k1,k2"); empty means no authentication.
+    api_keys: Annotated[tuple[str, ...], NoDecode] = ()
+
+    # Search.
+    default_beam_size: PositiveInt = 5
+    max_beam_size: PositiveInt = 8
+    max_alternatives: Annotated[int, Field(ge=0)] = 3
+
+    threads: Annotated[int, Field(ge=0)] = 0  # torch intra-op threads; 0 keeps torch's default
+    warmup: bool = True
+
+    @field_validator("device")
+    @classmethod
+    def _check_device(cls, value: str) -> str:
+        if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", value):
+            raise ValueError("must be auto, cpu, cuda or cuda:N")
+        return value
+
+    @field_validator("api_keys", mode="before")
+    @classmethod
+    def _split_api_keys(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            value = value.split(",")
+        if isinstance(value, list | tuple | set | frozenset):
+            return tuple(k.strip() for k in value if isinstance(k, str) and k.strip())
+        return value
+
+    @model_validator(mode="after")
+    def _check_beams(self) -> Settings:
+        # Every request must be servable: alternatives need n_best = alternatives + 1 <= beam size.
+        if self.default_beam_size > self.max_beam_size:
+            raise ValueError(
+                f"NMT_DEFAULT_BEAM_SIZE ({self.default_beam_size}) exceeds NMT_MAX_BEAM_SIZE "
+                f"({self.max_beam_size})"
+            )
+        if self.max_alternatives + 1 > self.max_beam_size:
+            raise ValueError(
+                f"NMT_MAX_ALTERNATIVES + 1 ({self.max_alternatives + 1}) exceeds NMT_MAX_BEAM_SIZE "
+                f"({self.max_beam_size})"
+            )
+        return self
+
+
+def describe_settings_error(error: ValidationError) -> str:
+    """One line naming each bad environment variable, e.g. ``NMT_MAX_QUEUE: Input should be > 0``."""
+    parts = []
+    for err in error.errors(include_url=False):
+        loc = ".".join(str(p) for p in err["loc"])
+        name = f"{ENV_PREFIX}{loc.upper()}" if loc else "settings"
+        got = err.get("input")
+        # Echo short scalar inputs to make typos obvious, but never the API keys.
+        shown = f" (got {got!r})" if loc and loc != "api_keys" and isinstance(got, str | int | float) else ""
+        parts.append(f"{name}: {err['msg']}{shown}")
+    return "invalid configuration: " + "; ".join(parts)

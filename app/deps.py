@@ -1,0 +1,51 @@
+"""FastAPI dependencies: the service's state lives on ``app.state`` and reaches routes through these.
+
+``app.state`` holds ``settings``, ``metrics``, ``translator``, ``engine`` and ``ready``; the
+lifespan (app.main) fills them. Routes that need the model depend on ``TranslatorDep`` or
+``EngineDep``, which answer 503 until the model is loaded and warmed up.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import Depends, HTTPException, Request
+
+from app.config import Settings
+from app.engine import Engine
+from app.metrics import Metrics
+from model.translator import Translator
+
+NOT_READY = "the model is not loaded yet (or the service is shutting down)"
+
+
+def get_settings(request: Request) -> Settings:
+    settings: Settings | None = request.app.state.settings
+    if settings is None:  # only before the lifespan has read the environment
+        raise HTTPException(503, NOT_READY)
+    return settings
+
+
+def get_metrics(request: Request) -> Metrics:
+    metrics: Metrics = request.app.state.metrics
+    return metrics
+
+
+def get_translator(request: Request) -> Translator:
+    translator: Translator | None = request.app.state.translator
+    if translator is None:
+        raise HTTPException(503, NOT_READY)
+    return translator
+
+
+def get_engine(request: Request) -> Engine:
+    engine: Engine | None = request.app.state.engine
+    if engine is None or not request.app.state.ready:
+        raise HTTPException(503, NOT_READY)
+    return engine
+
+
+SettingsDep = Annotated[Settings, Depends(get_settings)]
+MetricsDep = Annotated[Metrics, Depends(get_metrics)]
+TranslatorDep = Annotated[Translator, Depends(get_translator)]
+EngineDep = Annotated[Engine, Depends(get_engine)]

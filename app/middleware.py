@@ -1,0 +1,49 @@
+"""Request metrics: a count per (endpoint, status) and a latency histogram per endpoint.
+
+A plain ASGI middleware rather than ``@app.middleware("http")``: Starlette's BaseHTTPMiddleware
+wraps ``receive``, which gets in the way of the disconnect polling of /translate.
+"""
+
+from __future__ import annotations
+
+import time
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from app.metrics import Metrics
+
+UNKNOWN_ENDPOINT = "other"
+
+
+def endpoint_label(scope: Scope) -> str:
+    """The matched route's path template ("/translate"), never the raw URL: the label set stays
+    bounded whatever paths clients send. Unmatched paths (404s) share ``UNKNOWN_ENDPOINT``."""
+    path = getattr(scope.get("route"), "path", None)
+    return path if isinstance(path, str) else UNKNOWN_ENDPOINT
+
+
+class RequestMetricsMiddleware:
+    def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = time.perf_counter()
+        status = 500  # what the client gets if the app raises before answering
+
+        async def send_and_record_status(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = int(message["status"])
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_and_record_status)
+        finally:
+            # The router has written the matched route into ``scope`` by now.
+            endpoint = endpoint_label(scope)
+            self.metrics.requests.labels(endpoint=endpoint, status=str(status)).inc()
+            self.metrics.request_latency.labels(endpoint=endpoint).observe(time.perf_counter() - started)

@@ -1,0 +1,1 @@
+"""HTTP routes, one APIRouter per concern; app.main includes them all."""

@@ -1,0 +1,50 @@
+"""Health checks: /health/live (the process answers), /health/ready and /health (it can translate).
+
+Orchestrators restart on a failing liveness probe and stop routing on a failing readiness probe,
+so liveness never depends on the model, and readiness turns 503 while loading, while shutting
+down, and when the engine's worker thread is gone (requests would only get errors).
+"""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
+
+from app.engine import Engine
+from app.schemas import HealthResponse
+
+router = APIRouter(tags=["health"])
+
+
+def engine_running(engine: Engine) -> bool:
+    """False once the worker thread has stopped or died (``Engine.alive``)."""
+    return engine.alive
+
+
+def readiness(request: Request) -> JSONResponse:
+    state = request.app.state
+    if not state.ready or state.engine is None or state.translator is None:
+        return JSONResponse({"status": "loading", "error": "the model is not ready"}, status_code=503)
+    if not engine_running(state.engine):
+        return JSONResponse(
+            {"status": "error", "error": "the translation engine is not running"}, status_code=503
+        )
+    body = HealthResponse(
+        status="ok", model=state.settings.model_dir.name, device=str(state.translator.device)
+    )
+    return JSONResponse(body.model_dump())
+
+
+@router.get("/health", response_model=HealthResponse, summary="Ready to translate (200) or not (503)")
+async def health(request: Request) -> JSONResponse:
+    return readiness(request)
+
+
+@router.get("/health/ready", response_model=HealthResponse, summary="Readiness probe")
+async def ready(request: Request) -> JSONResponse:
+    return readiness(request)
+
+
+@router.get("/health/live", summary="Liveness probe: 200 while the process serves requests")
+async def live() -> dict[str, str]:
+    return {"status": "alive"}

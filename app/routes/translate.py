@@ -1,0 +1,238 @@
+"""POST /translate, LibreTranslate-compatible.
+
+Each text is split into sentences (app.text); all sentences of one request go to the engine in a
+single call, so they share batches with each other and with other requests, and their
+translations are put back into each text's layout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+from collections.abc import Awaitable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol, TypeVar
+
+from fastapi import APIRouter, HTTPException, Request, Response
+
+from app.body import parse_translate_request
+from app.config import Settings
+from app.deps import EngineDep, SettingsDep, TranslatorDep
+from app.engine import DeadlineExceeded, EngineError, EngineStopped, QueueFull, SentenceResult
+from app.languages import supported_pairs
+from app.schemas import DetectedLanguage, ErrorResponse, TranslateRequest, TranslateResponse
+from app.text import SplitText, split_text
+from model.checkpoint import ModelInfo
+
+T = TypeVar("T")
+
+router = APIRouter(tags=["translate"])
+
+CLIENT_CLOSED_REQUEST = 499  # nginx's status for "the client went away before the answer"
+DISCONNECT_POLL_S = 0.05
+RETRY_AFTER_S = "1"
+AUTO = "auto"
+
+_BODY_SCHEMA = {"schema": TranslateRequest.model_json_schema()}
+_ERRORS: dict[int | str, dict[str, Any]] = {
+    code: {"model": ErrorResponse, "description": text}
+    for code, text in {
+        400: "Unsupported language pair, format, beam size or alternatives; invalid UTF-8",
+        403: "Missing or invalid api_key (when the server requires keys)",
+        413: "Too many texts, too many characters or too large a body",
+        503: "Queue full (see Retry-After), engine stopped, or model not loaded yet",
+        504: "The translation did not finish within the request timeout",
+    }.items()
+}
+# The body is parsed by app.body (three content types), so its schema is declared here for /docs.
+_OPENAPI_BODY = {
+    "requestBody": {
+        "required": True,
+        "content": {
+            "application/json": _BODY_SCHEMA,
+            "application/x-www-form-urlencoded": _BODY_SCHEMA,
+            "multipart/form-data": _BODY_SCHEMA,
+        },
+    }
+}
+
+
+class ClientConnection(Protocol):
+    """What ``run_until_disconnect`` needs of a request (a Starlette ``Request`` has it)."""
+
+    async def is_disconnected(self) -> bool: ...
+
+
+@dataclass(frozen=True)
+class SearchPlan:
+    beam_size: int
+    n_best: int  # alternatives + 1
+
+
+def shorten(value: str, limit: int = 32) -> str:
+    """A user-supplied value quoted for an error message, cut so that messages stay small."""
+    return repr(value if len(value) <= limit else value[:limit] + "...")
+
+
+def check_limits(texts: Sequence[str], settings: Settings) -> None:
+    if len(texts) > settings.max_texts:
+        raise HTTPException(413, f"too many texts: {len(texts)} (at most {settings.max_texts} per request)")
+    chars = sum(map(len, texts))
+    if chars > settings.max_chars:
+        raise HTTPException(
+            413, f"too much text: {chars} characters (at most {settings.max_chars} per request)"
+        )
+
+
+def is_utf8(value: str) -> bool:
+    """False for strings with lone surrogates: JSON can carry them ("\\ud800") but UTF-8 cannot."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def check_encodable(req: TranslateRequest) -> None:
+    fields = [*req.texts, req.source, req.target, req.api_key or ""]
+    if not all(map(is_utf8, fields)):
+        raise HTTPException(400, "invalid text: unpaired surrogate (not representable in UTF-8)")
+
+
+def check_api_key(api_key: str | None, keys: Sequence[str]) -> None:
+    """403 unless ``api_key`` is one of ``keys``; no keys configured means no authentication."""
+    if not keys:
+        return
+    if not api_key:
+        raise HTTPException(403, "an api_key is required")
+    given = api_key.encode("utf-8")
+    # Compare with every key in constant time, so timing does not reveal a matching prefix.
+    if not any([hmac.compare_digest(given, key.encode("utf-8")) for key in keys]):
+        raise HTTPException(403, "invalid api_key")
+
+
+def check_languages(req: TranslateRequest, info: ModelInfo) -> None:
+    supported = f"supported pairs: {supported_pairs(info)} (source may be {AUTO!r})"
+    if req.source.lower() not in (AUTO, info.source_lang.lower()):
+        raise HTTPException(400, f"source language {shorten(req.source)} is not supported; {supported}")
+    if req.target.lower() != info.target_lang.lower():
+        raise HTTPException(400, f"target language {shorten(req.target)} is not supported; {supported}")
+
+
+def search_plan(req: TranslateRequest, settings: Settings) -> SearchPlan:
+    if req.format != "text":
+        raise HTTPException(400, "only format 'text' is supported")
+    if req.alternatives > settings.max_alternatives:
+        raise HTTPException(400, f"alternatives must be at most {settings.max_alternatives}")
+    n_best = req.alternatives + 1
+    # The beam must hold every hypothesis asked for, so alternatives can raise the beam size.
+    beam_size = max(req.beam_size or settings.default_beam_size, n_best)
+    if beam_size > settings.max_beam_size:
+        raise HTTPException(400, f"beam_size must be at most {settings.max_beam_size}")
+    return SearchPlan(beam_size=beam_size, n_best=n_best)
+
+
+def engine_error(exc: EngineError) -> HTTPException:
+    if isinstance(exc, QueueFull):
+        return HTTPException(503, "server busy: translation queue is full", {"Retry-After": RETRY_AFTER_S})
+    if isinstance(exc, DeadlineExceeded):
+        return HTTPException(504, "translation timed out")
+    if isinstance(exc, EngineStopped):
+        return HTTPException(503, "translation engine is not running")
+    return HTTPException(503, f"translation engine error: {exc}")
+
+
+async def run_until_disconnect(
+    request: ClientConnection, work: Awaitable[T], poll_s: float = DISCONNECT_POLL_S
+) -> tuple[bool, T | None]:
+    """Await ``work`` as a task, cancelling it if the client disconnects meanwhile.
+
+    Returns ``(True, result)``, or ``(False, None)`` after a disconnect. Cancelling makes the
+    engine drop the request's queued and running sentences, so an abandoned request stops
+    costing model time. The task is also cancelled if this coroutine itself is.
+    """
+    task = asyncio.ensure_future(work)
+    try:
+        while True:
+            done, _ = await asyncio.wait({task}, timeout=poll_s)
+            if done:
+                return True, task.result()
+            if await request.is_disconnected():
+                return False, None
+    finally:
+        if not task.done():
+            task.cancel()
+            # Collect its outcome so that nothing is reported as "exception never retrieved".
+            task.add_done_callback(lambda t: t.cancelled() or t.exception())
+
+
+def hypothesis(result: SentenceResult, k: int) -> str:
+    """The k-th best translation, or the best when the search found fewer distinct ones."""
+    return result.hypotheses[k] if k < len(result.hypotheses) else result.hypotheses[0]
+
+
+def assemble(layouts: Sequence[SplitText], results: Sequence[SentenceResult], n_best: int) -> list[list[str]]:
+    """For each text, its ``n_best`` translations (best first), each in the text's layout."""
+    outputs = []
+    start = 0
+    for layout in layouts:
+        own = results[start : start + len(layout.sentences)]
+        start += len(layout.sentences)
+        outputs.append([layout.join([hypothesis(r, k) for r in own]) for k in range(n_best)])
+    if start != len(results):
+        raise RuntimeError(f"engine returned {len(results)} results for {start} sentences")
+    return outputs
+
+
+def build_response(req: TranslateRequest, outputs: list[list[str]], source_lang: str) -> TranslateResponse:
+    best = [texts[0] for texts in outputs]
+    alternatives = [texts[1:] for texts in outputs] if req.alternatives else None
+    auto = req.source.lower() == AUTO
+    detected = DetectedLanguage(confidence=100.0, language=source_lang) if auto else None
+    if req.is_batch:
+        return TranslateResponse(
+            translatedText=best,
+            alternatives=alternatives,
+            detectedLanguage=[detected] * len(best) if detected else None,
+        )
+    return TranslateResponse(
+        translatedText=best[0],
+        alternatives=alternatives[0] if alternatives else None,
+        detectedLanguage=detected,
+    )
+
+
+@router.post(
+    "/translate",
+    response_model=TranslateResponse,
+    response_model_exclude_none=True,
+    responses=_ERRORS,
+    openapi_extra=_OPENAPI_BODY,
+    summary="Translate text (LibreTranslate-compatible)",
+)
+async def translate(
+    request: Request, settings: SettingsDep, translator: TranslatorDep, engine: EngineDep
+) -> TranslateResponse | Response:
+    req = await parse_translate_request(request, settings.max_body_bytes)
+    texts = req.texts
+    check_limits(texts, settings)
+    check_encodable(req)
+    check_api_key(req.api_key, settings.api_keys)
+    check_languages(req, translator.info)
+    plan = search_plan(req, settings)
+
+    layouts = [split_text(text, translator.info.source_lang) for text in texts]
+    sentences = [s for layout in layouts for s in layout.sentences]
+    results: list[SentenceResult] = []
+    if sentences:  # blank texts need no model work
+        work = engine.translate(
+            sentences, beam_size=plan.beam_size, n_best=plan.n_best, timeout_s=settings.request_timeout_s
+        )
+        try:
+            finished, answer = await run_until_disconnect(request, work)
+        except EngineError as e:
+            raise engine_error(e) from e
+        if not finished or answer is None:
+            return Response(status_code=CLIENT_CLOSED_REQUEST)
+        results = answer
+    return build_response(req, assemble(layouts, results, plan.n_best), translator.info.source_lang)

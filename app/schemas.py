@@ -1,0 +1,65 @@
+"""Request and response bodies, compatible with LibreTranslate's ``/translate`` and ``/languages``.
+
+LibreTranslate clients (browser extensions, CAT tools, bots) work unchanged: same field names, same
+response shapes, errors as ``{"error": "message"}``. ``beam_size`` is our own optional extension.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class TranslateRequest(BaseModel):
+    # Unknown fields are ignored, as LibreTranslate does (clients send extras such as "model").
+    model_config = ConfigDict(extra="ignore")
+
+    q: str | list[str] = Field(description="Text, or list of texts, to translate")
+    source: str = Field("auto", description='Source language code, or "auto"')
+    target: str = Field(description="Target language code")
+    format: Literal["text", "html"] = "text"
+    alternatives: int = Field(0, ge=0, description="Number of alternative translations to return")
+    api_key: str | None = None
+    beam_size: int | None = Field(None, ge=1, description="Beam size (extension; default from settings)")
+
+    @property
+    def texts(self) -> list[str]:
+        """``q`` as a list, whatever its shape."""
+        return [self.q] if isinstance(self.q, str) else list(self.q)
+
+    @property
+    def is_batch(self) -> bool:
+        return isinstance(self.q, list)
+
+
+class DetectedLanguage(BaseModel):
+    confidence: float
+    language: str
+
+
+class TranslateResponse(BaseModel):
+    """Mirrors the shape of ``q``: a string in, strings out; a list in, lists out."""
+
+    translatedText: str | list[str]  # LibreTranslate's camelCase field names
+    alternatives: list[str] | list[list[str]] | None = None  # present only when asked for
+    detectedLanguage: DetectedLanguage | list[DetectedLanguage] | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return self.model_dump(exclude_none=True)
+
+
+class Language(BaseModel):
+    code: str
+    name: str
+    targets: list[str]
+
+
+class ErrorResponse(BaseModel):
+    error: str
+
+
+class HealthResponse(BaseModel):
+    status: str
+    model: str | None = None
+    device: str | None = None

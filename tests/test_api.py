@@ -1,0 +1,523 @@
+"""The HTTP API through FastAPI's TestClient: the real app, the real engine, a tiny random model.
+
+Expected translations come from ``Translator.translate_batch`` on the same model directory, so a
+test fails if the service translates other sentences than it should, mixes up their order, loses
+the layout, or searches with another beam than requested.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+from unittest import mock
+
+import pytest
+from fastapi.testclient import TestClient
+
+from app.config import Settings
+from app.engine import DeadlineExceeded, Engine, EngineStopped, QueueFull
+from app.main import create_app
+from app.metrics import Metrics
+from app.routes.translate import run_until_disconnect
+from model.translator import Translator
+
+JSON = dict[str, Any]
+
+
+def make_settings(model_dir: Path, **overrides: Any) -> Settings:
+    """Settings for a test: defaults plus ``overrides``, whatever NMT_* the shell has set."""
+    clean_env = {k: v for k, v in os.environ.items() if not k.startswith("NMT_")}
+    with mock.patch.dict(os.environ, clean_env, clear=True):
+        return Settings(model_dir=model_dir, device="cpu", **overrides)
+
+
+@contextmanager
+def serve(settings: Settings) -> Iterator[TestClient]:
+    """A client of a started app (the lifespan loads the model and starts the engine)."""
+    with TestClient(create_app(settings)) as client:
+        yield client
+
+
+@pytest.fixture(scope="module")
+def client(model_dir: Path) -> Iterator[TestClient]:
+    with serve(make_settings(model_dir)) as c:
+        yield c
+
+
+def translate(client: TestClient, **body: Any) -> Any:
+    return client.post("/translate", json={"source": "de", "target": "en", **body})
+
+
+def best(translator: Translator, sentences: list[str], beam_size: int = 5) -> list[str]:
+    return [r.hypotheses[0] for r in translator.translate_batch(sentences, beam_size=beam_size)]
+
+
+def multipart(fields: list[tuple[str, str]], boundary: str = "nmt-test-boundary") -> tuple[bytes, str]:
+    """A multipart/form-data body of text fields only (httpx would send urlencoded for these)."""
+    parts = [
+        f'--{boundary}\r\nContent-Disposition: form-data; name="{name}"\r\n\r\n{value}\r\n'
+        for name, value in fields
+    ]
+    return ("".join(parts) + f"--{boundary}--\r\n").encode(), f"multipart/form-data; boundary={boundary}"
+
+
+def assert_error(response: Any, status: int, *fragments: str) -> JSON:
+    """``response`` has ``status`` and a LibreTranslate error body mentioning every fragment."""
+    assert response.status_code == status, response.text
+    body: JSON = response.json()
+    assert isinstance(body.get("error"), str) and body["error"], body
+    for fragment in fragments:
+        assert fragment in body["error"], body
+    return body
+
+
+# --- LibreTranslate request and response shapes -------------------------------------------------
+
+
+def test_string_q_gives_string_translation(client: TestClient, translator: Translator) -> None:
+    response = translate(client, q="Ein Mann spielt.")
+    assert response.status_code == 200
+    assert response.json() == {"translatedText": best(translator, ["Ein Mann spielt."])[0]}
+
+
+def test_list_q_gives_list_in_order(client: TestClient, translator: Translator, sentences: list[str]) -> None:
+    response = translate(client, q=sentences)
+    assert response.status_code == 200
+    assert response.json() == {"translatedText": best(translator, sentences)}
+
+
+def test_auto_source_reports_the_model_source_language(client: TestClient) -> None:
+    one = translate(client, q="Ein Hund.", source="auto").json()
+    assert one["detectedLanguage"] == {"confidence": 100.0, "language": "de"}
+    many = translate(client, q=["Ein Hund.", "Eine Katze."], source="auto").json()
+    assert many["detectedLanguage"] == [{"confidence": 100.0, "language": "de"}] * 2
+    assert "detectedLanguage" not in translate(client, q="Ein Hund.").json()
+
+
+def test_sentences_of_a_text_are_translated_separately(client: TestClient, translator: Translator) -> None:
+    text = "Ein Mann spielt.   Der Hund läuft im Wasser!"
+    expected = " ".join(best(translator, ["Ein Mann spielt.", "Der Hund läuft im Wasser!"]))
+    assert translate(client, q=text).json()["translatedText"] == expected
+
+
+def test_newlines_and_paragraphs_are_preserved(client: TestClient, translator: Translator) -> None:
+    text = "Ein Mann spielt.\n\nEine Katze\r\n  Der Hund läuft.\n"
+    one, two, three = best(translator, ["Ein Mann spielt.", "Eine Katze", "Der Hund läuft."])
+    assert translate(client, q=text).json()["translatedText"] == f"{one}\n\n{two}\r\n  {three}\n"
+
+
+def test_beam_size_is_the_one_requested(client: TestClient, translator: Translator) -> None:
+    sentences = ["Zwei kleinen Kinder sitzen auf dem Ball.", "Der Hund schaut auf die Straße."]
+    for beam in (1, 3):
+        got = translate(client, q=sentences, beam_size=beam).json()["translatedText"]
+        assert got == best(translator, sentences, beam_size=beam)
+
+
+def test_alternatives_are_the_next_best_hypotheses(client: TestClient, translator: Translator) -> None:
+    sentence = "Zwei kleinen Kinder sitzen auf dem roten Ball."
+    [result] = translator.translate_batch([sentence], beam_size=5, n_best=3)
+    body = translate(client, q=sentence, alternatives=2).json()
+    assert body == {"translatedText": result.hypotheses[0], "alternatives": result.hypotheses[1:3]}
+    batch = translate(client, q=[sentence, ""], alternatives=2).json()
+    assert batch == {
+        "translatedText": [result.hypotheses[0], ""],
+        "alternatives": [result.hypotheses[1:3], ["", ""]],
+    }
+
+
+def test_alternatives_raise_a_small_beam_to_n_best(client: TestClient, translator: Translator) -> None:
+    [result] = translator.translate_batch(["Ein Mann spielt."], beam_size=3, n_best=3)
+    body = translate(client, q="Ein Mann spielt.", alternatives=2, beam_size=1).json()
+    assert body["alternatives"] == result.hypotheses[1:3]
+
+
+def test_form_urlencoded_single_and_repeated_q(client: TestClient, translator: Translator) -> None:
+    form = {"source": "de", "target": "en"}
+    single = client.post("/translate", data={**form, "q": "Ein Mann spielt."})
+    assert single.json() == {"translatedText": best(translator, ["Ein Mann spielt."])[0]}
+    repeated = client.post("/translate", data={**form, "q": ["Ein Mann spielt.", "Eine Katze"]})
+    assert repeated.json() == {"translatedText": best(translator, ["Ein Mann spielt.", "Eine Katze"])}
+
+
+def test_form_urlencoded_with_raw_utf8_and_alternatives(client: TestClient, translator: Translator) -> None:
+    # curl -d 'q=Größe' sends the UTF-8 bytes unescaped; they must not be read as Latin-1.
+    body = "q=Die Straße ist groß.&source=de&target=en&alternatives=1".encode()
+    response = client.post(
+        "/translate", content=body, headers={"content-type": "application/x-www-form-urlencoded"}
+    )
+    [result] = translator.translate_batch(["Die Straße ist groß."], beam_size=5, n_best=2)
+    assert response.json() == {"translatedText": result.hypotheses[0], "alternatives": result.hypotheses[1:2]}
+
+
+def test_multipart_form(client: TestClient, translator: Translator) -> None:
+    body, content_type = multipart(
+        [("q", "Ein Mann spielt."), ("q", "Große Katze"), ("source", "de"), ("target", "en")]
+    )
+    response = client.post("/translate", content=body, headers={"content-type": content_type})
+    assert response.json() == {"translatedText": best(translator, ["Ein Mann spielt.", "Große Katze"])}
+
+
+def test_unknown_fields_are_ignored(client: TestClient, translator: Translator) -> None:
+    response = translate(client, q="Ein Mann spielt.", model="whatever", extra={"x": [1]})
+    assert response.json() == {"translatedText": best(translator, ["Ein Mann spielt."])[0]}
+
+
+def test_empty_texts_translate_to_empty_without_model_work(
+    client: TestClient, translator: Translator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    engine = client.app.state.engine  # type: ignore[attr-defined]
+    calls: list[list[str]] = []
+    real = engine.translate
+
+    async def spy(sentences: list[str], **kwargs: Any) -> Any:
+        calls.append(list(sentences))
+        return await real(sentences, **kwargs)
+
+    monkeypatch.setattr(engine, "translate", spy)
+    assert translate(client, q="").json() == {"translatedText": ""}
+    assert translate(client, q=["", "  \n ", "\n"]).json() == {"translatedText": ["", "", ""]}
+    assert translate(client, q=[]).json() == {"translatedText": []}
+    assert calls == []
+    mixed = translate(client, q=["", "Ein Mann spielt.", " "]).json()
+    assert mixed == {"translatedText": ["", best(translator, ["Ein Mann spielt."])[0], ""]}
+    assert calls == [["Ein Mann spielt."]]  # one engine call; blank texts are not sent
+
+
+# --- Bad input: a 4xx with an "error" message, never a 500 --------------------------------------
+
+
+def test_too_many_texts_is_413(client: TestClient) -> None:
+    assert_error(translate(client, q=["Ein Hund."] * 129), 413, "too many texts", "128")
+
+
+def test_too_many_characters_is_413(client: TestClient) -> None:
+    assert_error(translate(client, q="a" * 5001), 413, "5001", "5000")
+    assert_error(translate(client, q=["a" * 2500, "b" * 2501]), 413, "5001")  # summed over q
+    assert translate(client, q=["a " * 1250, "b " * 1250]).status_code == 200  # exactly at the limit
+
+
+def test_malformed_json_is_422_with_position(client: TestClient) -> None:
+    response = client.post("/translate", content=b'{"q": "Hallo", "target": "en",', headers=_JSON_TYPE)
+    body = assert_error(response, 422, "invalid JSON")
+    assert body["detail"][0]["type"] == "json_invalid"
+    assert body["detail"][0]["loc"][0] == "body"
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({"q": 123, "target": "en"}, "q"),
+        ({"q": ["ok", 5], "target": "en"}, "q"),
+        ({"q": "Hallo", "target": 5}, "target"),
+        ({"q": "Hallo", "target": "en", "alternatives": "many"}, "alternatives"),
+        ({"q": "Hallo", "target": "en", "alternatives": -1}, "alternatives"),
+        ({"q": "Hallo", "target": "en", "beam_size": 0}, "beam_size"),
+        ({"q": "Hallo", "target": "en", "format": "pdf"}, "format"),
+        ({"target": "en"}, "q"),
+        ({"q": "Hallo"}, "target"),
+    ],
+)
+def test_wrong_types_are_422_naming_the_field(client: TestClient, body: JSON, field: str) -> None:
+    response = client.post("/translate", json=body)
+    result = assert_error(response, 422, field)
+    assert any(err["loc"][:2] == ["body", field] for err in result["detail"]), result
+
+
+def test_unsupported_pair_is_400_naming_supported_pairs(client: TestClient) -> None:
+    assert_error(translate(client, q="Hallo", target="fr"), 400, "'fr'", "de->en")
+    assert_error(translate(client, q="Hallo", source="en"), 400, "'en'", "de->en")
+
+
+def test_html_format_is_400(client: TestClient) -> None:
+    assert_error(translate(client, q="<p>Hallo</p>", format="html"), 400, "text")
+
+
+def test_invalid_utf8_is_400(client: TestClient) -> None:
+    raw = b'{"q": "Gr\xfc\xdfe", "source": "de", "target": "en"}'  # Latin-1, not UTF-8
+    assert_error(client.post("/translate", content=raw, headers=_JSON_TYPE), 400, "UTF-8")
+    form = b"q=Gr%FC%DFe&source=de&target=en"
+    assert_error(client.post("/translate", content=form, headers=_FORM_TYPE), 400, "UTF-8")
+    surrogate = b'{"q": "\\ud800", "source": "de", "target": "en"}'  # valid JSON, not encodable
+    assert_error(client.post("/translate", content=surrogate, headers=_JSON_TYPE), 400, "UTF-8")
+
+
+def test_body_over_the_limit_is_413(model_dir: Path) -> None:
+    with serve(make_settings(model_dir, max_body_bytes=1000, warmup=False)) as small:
+        announced = small.post("/translate", json={"q": "a" * 2000, "target": "en"})
+        assert_error(announced, 413, "1000 bytes")
+
+        def chunks() -> Iterator[bytes]:  # no Content-Length: only the bytes received count
+            yield b'{"q": "'
+            yield b"a" * 2000
+            yield b'", "target": "en"}'
+
+        streamed = small.post("/translate", content=chunks(), headers=_JSON_TYPE)
+        assert "content-length" not in streamed.request.headers
+        assert_error(streamed, 413, "1000 bytes")
+        assert small.post("/translate", json={"q": "Hallo", "target": "en"}).status_code == 200
+
+
+def test_api_keys_are_required_when_configured(model_dir: Path) -> None:
+    with serve(make_settings(model_dir, api_keys="k1,k2", warmup=False)) as keyed:
+        assert_error(keyed.post("/translate", json={"q": "Hallo", "target": "en"}), 403, "api_key")
+        wrong = keyed.post("/translate", json={"q": "Hallo", "target": "en", "api_key": "k3"})
+        assert_error(wrong, 403, "invalid api_key")
+        non_ascii = keyed.post("/translate", json={"q": "Hallo", "target": "en", "api_key": "ключ"})
+        assert_error(non_ascii, 403)
+        ok = keyed.post("/translate", json={"q": "Hallo", "target": "en", "api_key": "k2"})
+        assert ok.status_code == 200
+        form_ok = keyed.post("/translate", data={"q": "Hallo", "target": "en", "api_key": "k1"})
+        assert form_ok.status_code == 200
+        assert keyed.get("/languages").status_code == 200  # only /translate needs a key
+
+
+def test_beam_size_above_the_maximum_is_400(client: TestClient) -> None:
+    assert_error(translate(client, q="Hallo", beam_size=9), 400, "beam_size", "8")
+    assert translate(client, q="Hallo", beam_size=8).status_code == 200
+
+
+def test_too_many_alternatives_is_400(client: TestClient) -> None:
+    assert_error(translate(client, q="Hallo", alternatives=4), 400, "alternatives", "3")
+
+
+_JSON_TYPE = {"content-type": "application/json"}
+_FORM_TYPE = {"content-type": "application/x-www-form-urlencoded"}
+
+
+@pytest.mark.parametrize(
+    ("content", "headers", "status"),
+    [
+        (b"", _JSON_TYPE, 422),
+        (b"null", _JSON_TYPE, 422),
+        (b"[]", _JSON_TYPE, 422),
+        (b'"just a string"', _JSON_TYPE, 422),
+        (b"[" * 100_000, _JSON_TYPE, 422),  # nested beyond the JSON parser's recursion limit
+        (b'{"q": [["nested"]], "target": "en"}', _JSON_TYPE, 422),
+        (b'{"q": "a", "target": "en", "alternatives": 1e999}', _JSON_TYPE, 422),
+        (b'{"q": "a", "target": "en", "alternatives": 1.5}', _JSON_TYPE, 422),
+        (b'{"q": "a", "target": "en", "api_key": 5}', _JSON_TYPE, 422),
+        (b'{"q": "a", "target": "\\udfff"}', _JSON_TYPE, 400),
+        (b'{"q": "a", "target": "en"}', {"content-type": "text/plain"}, 200),  # forgiving: JSON
+        (b"q=a&target=en&beam_size=", _FORM_TYPE, 422),
+        (b"q=a&target=en&alternatives=x", _FORM_TYPE, 422),
+        (b"no equals sign at all", _FORM_TYPE, 422),
+        (b"--x\r\n", {"content-type": "multipart/form-data"}, 400),  # no boundary
+        (
+            b'--b\r\nContent-Disposition: form-data; name="q"; filename="a.txt"\r\n\r\nHallo\r\n--b--\r\n',
+            {"content-type": "multipart/form-data; boundary=b"},
+            400,  # files are not accepted
+        ),
+    ],
+)
+def test_odd_bodies_never_give_500(client: TestClient, content: bytes, headers: JSON, status: int) -> None:
+    response = client.post("/translate", content=content, headers=headers)
+    assert response.status_code == status, response.text
+    if status != 200:
+        assert_error(response, status)
+
+
+# --- Engine errors, disconnects and real bugs ---------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("error", "status", "retry_after"),
+    [
+        (QueueFull("full"), 503, "1"),
+        (DeadlineExceeded("late"), 504, None),
+        (EngineStopped("gone"), 503, None),
+    ],
+)
+def test_engine_errors_map_to_status_codes(
+    client: TestClient,
+    monkeypatch: pytest.MonkeyPatch,
+    error: Exception,
+    status: int,
+    retry_after: str | None,
+) -> None:
+    async def failing(sentences: list[str], **kwargs: Any) -> Any:
+        raise error
+
+    monkeypatch.setattr(client.app.state.engine, "translate", failing)  # type: ignore[attr-defined]
+    response = translate(client, q="Hallo Welt.")
+    assert_error(response, status)
+    assert response.headers.get("retry-after") == retry_after
+
+
+def test_real_queue_limit_and_deadline(model_dir: Path) -> None:
+    settings = make_settings(model_dir, max_queue=1, request_timeout_s=1e-6, warmup=False)
+    with serve(settings) as strict:
+        full = strict.post("/translate", json={"q": ["Ein Hund.", "Eine Katze."], "target": "en"})
+        assert_error(full, 503, "queue")
+        assert full.headers["retry-after"] == "1"
+        late = strict.post("/translate", json={"q": "Der Hund läuft im Wasser.", "target": "en"})
+        assert_error(late, 504, "timed out")
+
+
+def test_a_bug_is_a_500_with_an_error_body(client: TestClient, monkeypatch: pytest.MonkeyPatch) -> None:
+    async def broken(sentences: list[str], **kwargs: Any) -> Any:
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(client.app.state.engine, "translate", broken)  # type: ignore[attr-defined]
+    lenient = TestClient(client.app, raise_server_exceptions=False)  # same app, already started
+    assert lenient.post("/translate", json={"q": "Hallo", "target": "en"}).json() == {
+        "error": "internal server error"
+    }
+
+
+def test_a_disconnected_client_cancels_the_engine_call() -> None:
+    class GoneClient:
+        async def is_disconnected(self) -> bool:
+            return True
+
+    cancelled = asyncio.Event()
+
+    async def slow_translation() -> str:
+        try:
+            await asyncio.sleep(60)
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+        return "never"
+
+    async def scenario() -> tuple[bool, object]:
+        outcome = await run_until_disconnect(GoneClient(), slow_translation(), poll_s=0.01)
+        await asyncio.wait_for(cancelled.wait(), 1)
+        return outcome
+
+    assert asyncio.run(scenario()) == (False, None)
+
+
+def test_a_connected_client_gets_the_result() -> None:
+    class Client:
+        polls = 0
+
+        async def is_disconnected(self) -> bool:
+            self.polls += 1
+            return False
+
+    async def translation() -> str:
+        await asyncio.sleep(0.05)
+        return "done"
+
+    client = Client()
+    assert asyncio.run(run_until_disconnect(client, translation(), poll_s=0.01)) == (True, "done")
+    assert client.polls >= 1  # it did poll while waiting
+
+
+# --- The other endpoints ------------------------------------------------------------------------
+
+
+def test_languages(client: TestClient) -> None:
+    assert client.get("/languages").json() == [
+        {"code": "de", "name": "German", "targets": ["en"]},
+        {"code": "en", "name": "English", "targets": []},
+    ]
+
+
+def test_health_when_ready(client: TestClient) -> None:
+    for path in ("/health", "/health/ready"):
+        response = client.get(path)
+        assert response.status_code == 200
+        assert response.json() == {"status": "ok", "model": "tiny-de-en", "device": "cpu"}
+    assert client.get("/health/live").json() == {"status": "alive"}
+
+
+def test_not_ready_before_the_model_is_loaded(model_dir: Path) -> None:
+    idle = TestClient(create_app(make_settings(model_dir)))  # no "with": the lifespan never runs
+    assert idle.get("/health/live").status_code == 200
+    for path in ("/health", "/health/ready", "/languages", "/info"):
+        assert_error(idle.get(path), 503)
+    assert_error(idle.post("/translate", json={"q": "Hallo", "target": "en"}), 503)
+
+
+def test_not_ready_when_the_engine_has_stopped(model_dir: Path) -> None:
+    with serve(make_settings(model_dir, warmup=False)) as stopping:
+        stopping.app.state.engine.stop()  # type: ignore[attr-defined]
+        assert_error(stopping.get("/health"), 503, "engine")
+        assert stopping.get("/health/live").status_code == 200
+        assert_error(stopping.post("/translate", json={"q": "Hallo", "target": "en"}), 503)
+
+
+def test_info(client: TestClient, translator: Translator) -> None:
+    info = client.get("/info").json()
+    assert info["model"]["config"] == translator.info.config.to_dict()
+    assert (info["model"]["source"], info["model"]["target"]) == ("de", "en")
+    assert info["languages"][0]["targets"] == ["en"]
+    assert (info["device"], info["dtype"]) == ("cpu", "float32")
+    assert info["batching"]["mode"] == "continuous"
+    assert info["batching"]["max_batch_size"] == 64
+    assert info["limits"]["max_chars"] == 5000
+    assert info["version"]
+
+
+def test_metrics(client: TestClient) -> None:
+    registry = client.app.state.metrics.registry  # type: ignore[attr-defined]
+
+    def requests(endpoint: str, status: str) -> float:
+        return (
+            registry.get_sample_value("nmt_requests_total", {"endpoint": endpoint, "status": status}) or 0.0
+        )
+
+    before_ok, before_other = requests("/translate", "200"), requests("other", "404")
+    assert translate(client, q="Hallo Welt.").status_code == 200
+    assert client.get("/no/such/path/123").status_code == 404
+    response = client.get("/metrics")
+    assert response.status_code == 200
+    assert response.headers["content-type"].startswith("text/plain")
+    text = response.text
+    assert requests("/translate", "200") == before_ok + 1
+    assert requests("other", "404") == before_other + 1
+    assert "/no/such/path" not in text  # raw URLs never become labels
+    assert 'nmt_request_duration_seconds_count{endpoint="/translate"}' in text
+    assert "nmt_queue_depth_sentences 0.0" in text
+    assert "nmt_active_sequences 0.0" in text
+    assert 'nmt_model_info{device="cpu",dtype="float32",model="tiny-de-en"' in text
+    assert (registry.get_sample_value("nmt_model_load_seconds") or 0.0) > 0.0
+
+
+def test_a_disconnect_drops_the_request_from_the_real_engine(translator: Translator) -> None:
+    """End to end with the engine: after the client is gone, the request's sentences leave the
+    queue and the running batch instead of being translated for nobody."""
+
+    class GoneClient:
+        async def is_disconnected(self) -> bool:
+            return True
+
+    metrics = Metrics()
+    total = 60
+
+    async def scenario() -> tuple[tuple[bool, object], int, int]:
+        engine = Engine(translator, max_batch_size=8, metrics=metrics)  # two beams of 4 at a time
+        engine.start()
+        try:
+            work = engine.translate(
+                ["Der Hund läuft im Wasser und schaut auf die Straße."] * total, beam_size=4
+            )
+            outcome = await run_until_disconnect(GoneClient(), work, poll_s=0.01)
+            for _ in range(500):  # the worker drops abandoned jobs at its next step
+                if engine.queue_depth == 0 and engine.active_sequences == 0:
+                    break
+                await asyncio.sleep(0.01)
+            return outcome, engine.queue_depth, engine.active_sequences
+        finally:
+            engine.stop()
+
+    outcome, queued, active = asyncio.run(scenario())
+    assert outcome == (False, None)
+    assert (queued, active) == (0, 0)
+    registry = metrics.registry
+    abandoned = registry.get_sample_value("nmt_sentences_total", {"outcome": "abandoned"}) or 0.0
+    translated = registry.get_sample_value("nmt_sentences_total", {"outcome": "translated"}) or 0.0
+    assert abandoned > 0
+    assert abandoned + translated == total
+
+
+def test_openapi_documents_the_translate_body(client: TestClient) -> None:
+    schema = client.get("/openapi.json").json()
+    body = schema["paths"]["/translate"]["post"]["requestBody"]["content"]
+    assert set(body) == {"application/json", "application/x-www-form-urlencoded", "multipart/form-data"}
+    assert "q" in body["application/json"]["schema"]["properties"]

@@ -1,0 +1,174 @@
+"""The service as deployed: ``uvicorn app.main:app`` in a subprocess, configured by NMT_* variables,
+talked to over real HTTP (httpx)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+
+from model.translator import Translator
+
+REPO = Path(__file__).resolve().parents[1]
+START_TIMEOUT_S = 90.0
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class Server:
+    process: subprocess.Popen[bytes]
+    url: str
+    log: Path
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+
+def start_server(log: Path, **env: str) -> Server:
+    """``uvicorn app.main:app`` with only the given NMT_* variables (plus cpu, one thread)."""
+    port = free_port()
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("NMT_")}
+    full_env = {**clean, "NMT_DEVICE": "cpu", "NMT_THREADS": "1", **env}
+    with log.open("wb") as out:  # a file, not a pipe: a full pipe would block the server
+        process = subprocess.Popen(
+            [sys.executable, "-m", "uvicorn", "app.main:app", "--host", "127.0.0.1", "--port", str(port)],
+            cwd=REPO,
+            env=full_env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    return Server(process, f"http://127.0.0.1:{port}", log)
+
+
+def wait_ready(server: Server) -> None:
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if server.process.poll() is not None:
+            pytest.fail(f"server exited with {server.process.returncode}:\n{server.output()}")
+        try:
+            if httpx.get(f"{server.url}/health/ready", timeout=1).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass  # not listening yet
+        time.sleep(0.2)
+    pytest.fail(f"server not ready after {START_TIMEOUT_S} s:\n{server.output()}")
+
+
+def stop(server: Server) -> int:
+    if server.process.poll() is None:
+        server.process.send_signal(signal.SIGTERM)
+    try:
+        return server.process.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        server.process.kill()
+        server.process.wait()
+        raise
+
+
+@pytest.fixture(scope="module")
+def server(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    # One sentence in the running batch at a time, so that the disconnect test's request takes long
+    # enough to be abandoned mid-way; a higher character limit for the same reason.
+    log = tmp_path_factory.mktemp("server") / "uvicorn.log"
+    srv = start_server(log, NMT_MODEL_DIR=str(model_dir), NMT_MAX_BATCH_SIZE="1", NMT_MAX_CHARS="20000")
+    try:
+        wait_ready(srv)
+        yield srv
+    finally:
+        code = stop(srv)
+    # A graceful shutdown (lifespan finished, engine stopped); uvicorn then re-raises SIGTERM.
+    assert code in (0, -signal.SIGTERM), srv.output()
+    assert "Application shutdown complete" in srv.output()
+
+
+def metric(text: str, sample: str) -> float:
+    """The value of the sample line starting with ``sample`` (name and labels), or 0."""
+    for line in text.splitlines():
+        if line.startswith(sample + " "):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+def test_translate_over_http(server: Server, translator: Translator) -> None:
+    text = "Ein Mann spielt.\n\nDer Hund läuft im Wasser."
+    one, two = (
+        r.hypotheses[0] for r in translator.translate_batch(["Ein Mann spielt.", "Der Hund läuft im Wasser."])
+    )
+    response = httpx.post(
+        f"{server.url}/translate", json={"q": text, "source": "de", "target": "en"}, timeout=30
+    )
+    assert response.status_code == 200, response.text
+    assert response.json() == {"translatedText": f"{one}\n\n{two}"}
+    form = httpx.post(
+        f"{server.url}/translate",
+        data={"q": ["Ein Mann spielt.", ""], "source": "de", "target": "en"},
+        timeout=30,
+    )
+    assert form.json() == {"translatedText": [one, ""]}
+    bad = httpx.post(f"{server.url}/translate", json={"q": "Hallo", "target": "fr"}, timeout=30)
+    assert bad.status_code == 400 and "de->en" in bad.json()["error"]
+
+
+def test_metrics_over_http(server: Server) -> None:
+    httpx.get(f"{server.url}/languages", timeout=10).raise_for_status()
+    response = httpx.get(f"{server.url}/metrics", timeout=10)
+    assert response.status_code == 200
+    assert response.headers["content-type"].startswith("text/plain")
+    assert metric(response.text, 'nmt_requests_total{endpoint="/languages",status="200"}') >= 1
+    assert metric(response.text, "nmt_model_load_seconds") > 0
+    assert "nmt_queue_depth_sentences" in response.text
+
+
+def test_client_disconnect_abandons_the_translation(server: Server) -> None:
+    texts = ["Zwei kleinen Kinder sitzen auf dem roten Ball vor einem großen Gebäude im Park mit Hut."] * 100
+    body = {"q": texts, "source": "de", "target": "en", "beam_size": 8}
+    with pytest.raises(httpx.ReadTimeout):  # the client gives up and closes the connection
+        httpx.post(f"{server.url}/translate", json=body, timeout=httpx.Timeout(10, read=0.5))
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        text = httpx.get(f"{server.url}/metrics", timeout=10).text
+        if metric(text, 'nmt_requests_total{endpoint="/translate",status="499"}') >= 1:
+            break
+        time.sleep(0.1)
+    else:
+        pytest.fail("the abandoned request was never recorded as 499")
+    abandoned = metric(text, 'nmt_sentences_total{outcome="abandoned"}')
+    assert abandoned > 0, text  # dropped from the engine, not translated for nobody
+    assert metric(text, "nmt_queue_depth_sentences") == 0
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        (
+            {"NMT_MODEL_DIR": "{tmp}/no-such-model"},
+            "cannot load model: {tmp}/no-such-model/config.json: missing",
+        ),
+        ({"NMT_MODEL_DIR": "{tmp}", "NMT_MAX_QUEUE": "0"}, "invalid configuration: NMT_MAX_QUEUE"),
+        ({"NMT_MODEL_DIR": "{tmp}", "NMT_BATCHING": "sometimes"}, "invalid configuration: NMT_BATCHING"),
+    ],
+)
+def test_bad_start_exits_nonzero_with_a_clear_message(
+    tmp_path: Path, env: dict[str, str], message: str
+) -> None:
+    server = start_server(tmp_path / "uvicorn.log", **{k: v.format(tmp=tmp_path) for k, v in env.items()})
+    try:
+        code = server.process.wait(timeout=START_TIMEOUT_S)
+    finally:
+        stop(server)
+    assert code != 0
+    assert message.format(tmp=tmp_path) in server.output()
