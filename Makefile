@@ -3,8 +3,9 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 TORCH_VERSION ?= 2.13.0
 CONFIG ?= training/configs/multi30k_de_en.toml
+PORT ?= 8000
 
-.PHONY: install test lint train clean
+.PHONY: install test lint train serve clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -22,6 +23,12 @@ lint:
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
+
+serve: $(BIN)/uvicorn
+	$(BIN)/uvicorn app.main:app --host 0.0.0.0 --port $(PORT)
+
+$(BIN)/uvicorn:
+	$(MAKE) install
 
 train:
 	$(BIN)/python -m training.train --config $(CONFIG)

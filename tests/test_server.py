@@ -3,6 +3,7 @@ talked to over real HTTP (httpx)."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import socket
@@ -15,7 +16,9 @@ from pathlib import Path
 
 import httpx
 import pytest
+from conftest import synthetic_sentences
 
+from app.text import split_text
 from model.translator import Translator
 
 REPO = Path(__file__).resolve().parents[1]
@@ -172,3 +175,42 @@ def test_bad_start_exits_nonzero_with_a_clear_message(
         stop(server)
     assert code != 0
     assert message.format(tmp=tmp_path) in server.output()
+
+
+def test_64_concurrent_requests_share_model_batches(
+    model_dir: Path, tmp_path: Path, translator: Translator
+) -> None:
+    """64 clients at once: /metrics shows decoding steps over more than one sequence, and every
+    answer equals its text translated alone."""
+    texts = synthetic_sentences(128, seed=11)[::2][:64]  # the German-looking ones
+    beams = [1 if i % 2 else 3 for i in range(len(texts))]
+    expected = []
+    for text, beam in zip(texts, beams, strict=True):
+        layout = split_text(text, "de")
+        alone = [translator.translate_batch([s], beam_size=beam)[0].hypotheses[0] for s in layout.sentences]
+        expected.append(layout.join(alone))
+    srv = start_server(tmp_path / "uvicorn.log", NMT_MODEL_DIR=str(model_dir))
+    try:
+        wait_ready(srv)
+
+        async def clients() -> list[httpx.Response]:
+            async with httpx.AsyncClient(base_url=srv.url, timeout=60) as client:
+                return await asyncio.gather(
+                    *(
+                        client.post(
+                            "/translate", json={"q": t, "source": "de", "target": "en", "beam_size": b}
+                        )
+                        for t, b in zip(texts, beams, strict=True)
+                    )
+                )
+
+        responses = asyncio.run(clients())
+        scrape = httpx.get(f"{srv.url}/metrics", timeout=10).text
+    finally:
+        stop(srv)
+    assert [r.status_code for r in responses] == [200] * 64
+    assert [r.json()["translatedText"] for r in responses] == expected
+    steps = metric(scrape, "nmt_batch_size_sequences_count")
+    rows = metric(scrape, "nmt_batch_size_sequences_sum")
+    assert steps > 0 and rows / steps > 1.0, (rows, steps)  # shared batches, not one sentence at a time
+    assert metric(scrape, 'nmt_requests_total{endpoint="/translate",status="200"}') == 64
