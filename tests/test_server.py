@@ -9,6 +9,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -152,6 +153,25 @@ def test_client_disconnect_abandons_the_translation(server: Server) -> None:
     abandoned = metric(text, 'nmt_sentences_total{outcome="abandoned"}')
     assert abandoned > 0, text  # dropped from the engine, not translated for nobody
     assert metric(text, "nmt_queue_depth_sentences") == 0
+
+
+def test_health_and_metrics_answer_while_the_model_is_busy(server: Server) -> None:
+    """The model runs on the engine's worker thread, never on the event loop."""
+    texts = ["Zwei kleinen Kinder sitzen auf dem roten Ball vor einem großen Gebäude im Park mit Hut."] * 20
+    body = {"q": texts, "source": "de", "target": "en", "beam_size": 8}
+    busy = threading.Thread(target=lambda: httpx.post(f"{server.url}/translate", json=body, timeout=120))
+    busy.start()
+    try:
+        deadline = time.monotonic() + 20
+        while metric(httpx.get(f"{server.url}/metrics", timeout=5).text, "nmt_active_sequences") < 1:
+            assert time.monotonic() < deadline, "the long request never started decoding"
+            time.sleep(0.02)
+        for _ in range(3):
+            assert httpx.get(f"{server.url}/health", timeout=2).status_code == 200
+            assert httpx.get(f"{server.url}/metrics", timeout=2).status_code == 200
+        assert busy.is_alive()  # they were answered while the translation was still running
+    finally:
+        busy.join(timeout=120)
 
 
 @pytest.mark.parametrize(
