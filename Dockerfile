@@ -1,0 +1,39 @@
+# syntax=docker/dockerfile:1
+# The translation service. CPU PyTorch by default; the CUDA build with
+#   docker build --build-arg TORCH_INDEX=https://download.pytorch.org/whl/cu128 -t nmt-service:cuda .
+# (the CUDA wheels bundle their CUDA libraries; the host needs the NVIDIA driver and container toolkit).
+ARG PYTHON_VERSION=3.11
+
+FROM python:${PYTHON_VERSION}-slim AS build
+ARG TORCH_INDEX=https://download.pytorch.org/whl/cpu
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends make \
+    && rm -rf /var/lib/apt/lists/*
+WORKDIR /app
+COPY Makefile pyproject.toml README.md ./
+COPY model/ model/
+COPY training/ training/
+COPY app/ app/
+# The same install steps CI runs (`make install`): torch==2.13.0 first, then the project
+# (without the dev extras here).
+RUN make install VENV=/opt/venv EXTRAS= TORCH_INDEX=${TORCH_INDEX} \
+    && find /opt/venv -name '__pycache__' -prune -exec rm -rf {} +
+
+FROM python:${PYTHON_VERSION}-slim AS runtime
+RUN useradd --create-home --uid 10001 nmt
+WORKDIR /app
+COPY --from=build /opt/venv /opt/venv
+COPY --from=build /app /app
+# The shipped model is part of the image; mount another model directory and set NMT_MODEL_DIR to
+# serve your own.
+COPY artifacts/multi30k-de-en/ /app/artifacts/multi30k-de-en/
+ENV PATH=/opt/venv/bin:$PATH \
+    PYTHONUNBUFFERED=1 \
+    NMT_MODEL_DIR=/app/artifacts/multi30k-de-en
+USER nmt
+EXPOSE 8000
+HEALTHCHECK --interval=10s --timeout=3s --start-period=120s --retries=3 \
+    CMD ["python", "-c", "import sys, urllib.request; sys.exit(urllib.request.urlopen('http://127.0.0.1:8000/health/ready', timeout=2).status != 200)"]
+# One worker per container: the batching engine (queue + running batch) lives in one process;
+# scale out with more containers (docker compose up --scale translator=N).
+CMD ["uvicorn", "app.main:app", "--host", "0.0.0.0", "--port", "8000", "--workers", "1"]
