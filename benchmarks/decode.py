@@ -17,15 +17,14 @@ Throughput is generated tokens per second of search time (the encoder runs once 
 timed region: it is identical for both methods). Generated tokens are counted on the best hypothesis
 of each input, eos included (= decoder steps that produced it): batch * steps when nothing ends early.
 
-    .venv/bin/python benchmarks/decode.py                      # defaults: batch 1 and 64, greedy and beam 5
-    .venv/bin/python benchmarks/decode.py --model models/de-en --device cuda --json decode.json
+    .venv/bin/python -m benchmarks.decode                      # defaults: batch 1 and 64, greedy and beam 5
+    .venv/bin/python -m benchmarks.decode --model models/de-en --device cuda --json decode.json
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import platform
 import statistics
 import sys
@@ -39,6 +38,7 @@ from typing import Any, cast
 import torch
 from torch import Tensor
 
+from benchmarks.common import OtherLoad, cpu_name
 from model.config import ModelConfig
 from model.search import Hypothesis, beam_search, greedy_search, max_lengths
 from model.tokenizer import BOS_ID, EOS_ID, PAD_ID
@@ -223,16 +223,6 @@ def run_config(
 
 
 # -- reporting --------------------------------------------------------------------------------------
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def environment(model: Transformer, device: torch.device) -> dict[str, Any]:
     env: dict[str, Any] = {
         "cpu": cpu_name(),
@@ -282,36 +272,6 @@ def summary(env: dict[str, Any], args: argparse.Namespace) -> str:
         f"{other_load(env)}. "
         "Speedup = cached tokens/s / recompute tokens/s (medians)."
     )
-
-
-def cpu_busy_seconds() -> float | None:
-    """CPU-seconds spent busy by the whole machine since boot (Linux /proc/stat), or None elsewhere."""
-    try:
-        fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-    except (OSError, ValueError):
-        return None
-    idle = fields[3] + fields[4]  # idle + iowait
-    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
-
-
-class OtherLoad:
-    """CPU time that other processes took during the benchmark: on a shared machine they slow it
-    down, and the load average cannot tell them from this process. Reported with the results."""
-
-    def __enter__(self) -> OtherLoad:
-        self.start_busy, self.start_own, self.start_wall = cpu_busy_seconds(), os.times(), time.perf_counter()
-        self.cpu_seconds: float | None = None
-        self.fraction: float | None = None  # of the machine's CPU capacity over the run
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        end_busy, end_own = cpu_busy_seconds(), os.times()
-        if self.start_busy is None or end_busy is None:
-            return
-        own = (end_own.user + end_own.system) - (self.start_own.user + self.start_own.system)
-        self.cpu_seconds = max(0.0, end_busy - self.start_busy - own)
-        capacity = (time.perf_counter() - self.start_wall) * (os.cpu_count() or 1)
-        self.fraction = self.cpu_seconds / capacity
 
 
 # -- command line -----------------------------------------------------------------------------------

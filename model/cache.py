@@ -61,13 +61,25 @@ class KVCache:
         if not self.uniform:
             max_length = int(lengths.max().item()) if len(index) else 0
         return KVCache(
-            self_kv=self.self_kv.index_select(2, index),
+            self_kv=self._select_prefix(index),
             cross_kv=self.cross_kv if same_sources else self.cross_kv.index_select(2, index),
             src_mask=self.src_mask if same_sources else self.src_mask.index_select(0, index),
             lengths=lengths,
             max_length=max_length,
             uniform=self.uniform,
         )
+
+    def _select_prefix(self, index: Tensor) -> Tensor:
+        """Rows ``index`` of ``self_kv`` with the same capacity, copying only the written positions:
+        early in a search most of the preallocated buffer is still empty, and copying it all made
+        dropping finished rows cost as much as a decoding step."""
+        used = self.max_length
+        shape = list(self.self_kv.shape)
+        shape[2] = len(index)
+        out = self.self_kv.new_empty(shape)
+        out[..., :used, :] = self.self_kv[..., :used, :].index_select(2, index)
+        out[..., used:, :].zero_()  # never garbage: masked keys are still multiplied by 0
+        return out
 
     @staticmethod
     def concat(caches: list[KVCache]) -> KVCache:

@@ -120,6 +120,20 @@ class Beam:
             self.scores, self.history = scores, history
         return parents
 
+    def extend(self, lprob: float, token: int, eos: int, alpha: float) -> list[int]:
+        """``advance`` for a beam of one (greedy), given the best next token and its log-prob."""
+        score = self.scores[0] + lprob
+        history = self.history[0]
+        length = len(history) + 1  # tokens of the hypothesis if it ends now, eos included
+        # At the limit only eos is allowed (search_step masks the rest), so greedy always ends in eos.
+        if token == eos or length >= self.limit:
+            self.finished.append(Hypothesis(history, length_normalized(score, length, alpha), score))
+            self.done = True
+            return []
+        history.append(token)  # greedy histories are never shared, so in place
+        self.scores[0] = score
+        return [0]
+
 
 def search_step(
     beams: list[Beam], lprobs: Tensor, *, eos: int, length_penalty: float = 1.0
@@ -150,6 +164,11 @@ def search_step(
             eos_lp = lp[:, :, eos].clone()
             lp = lp.masked_fill(at_limit[:, None, None], -math.inf)
             lp[:, :, eos] = torch.where(at_limit[:, None], eos_lp, lp[:, :, eos])
+        if k == 1:  # greedy: an argmax, and no candidate lists to build per input
+            best, token = lp[:, 0].max(dim=-1)  # (A,)
+            for i, score, tok in zip(members, best.tolist(), token.tolist(), strict=True):
+                parents[i] = beams[i].extend(score, tok, eos, length_penalty)
+            continue
         scores = torch.tensor([beams[i].scores for i in members], device=lp.device)
         cand = BeamSearch(k).step(lp, scores)
         for i, s, t, b in zip(members, *(c.tolist() for c in cand), strict=True):

@@ -35,6 +35,8 @@ class Transformer(nn.Module):
             None if cfg.tie_embeddings else nn.Embedding(cfg.vocab_size, cfg.d_model, padding_idx=cfg.pad_id)
         )
         self.out_proj = None if cfg.tie_embeddings else nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        # Set by model.prepack for CPU inference: the tied projection with its weight pre-packed.
+        self.logits_proj: nn.Module | None = None
         self.positions = SinusoidalPositions(cfg.max_positions, cfg.d_model)
         self.dropout = nn.Dropout(cfg.dropout)
         # ModuleList registers the layers; the annotation tells type checkers what they hold.
@@ -70,6 +72,8 @@ class Transformer(nn.Module):
     def _logits(self, x: Tensor) -> Tensor:
         if self.decoder_norm is not None:
             x = self.decoder_norm(x)
+        if self.logits_proj is not None:
+            return self.logits_proj(x)
         return self.out_proj(x) if self.out_proj is not None else F.linear(x, self.embed.weight)
 
     # -- encoder ----------------------------------------------------------------------------------

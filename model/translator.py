@@ -8,6 +8,7 @@ from pathlib import Path
 import torch
 
 from model.checkpoint import ModelDirError, ModelInfo, load_model, load_tokenizer, read_info
+from model.prepack import prepack as prepack_linears
 from model.search import Hypothesis, beam_search, greedy_search, max_lengths
 from model.tokenizer import EOS_ID, PAD_ID, Tokenizer
 from model.transformer import Transformer
@@ -51,10 +52,17 @@ class Translator:
 
     @classmethod
     def load(
-        cls, model_dir: str | Path, *, device: str = "auto", dtype: str | torch.dtype = "float32"
+        cls,
+        model_dir: str | Path,
+        *,
+        device: str = "auto",
+        dtype: str | torch.dtype = "float32",
+        prepack: bool = True,
     ) -> Translator:
         """Load config.json, model.safetensors and sentencepiece.model from ``model_dir``.
 
+        ``prepack``: on CPU in float32, pre-pack the linear layers' weights for oneDNN
+        (``model.prepack``; faster decoding, same results up to float rounding).
         Raises ``ModelDirError`` naming the file when one is missing or corrupted.
         """
         dev = resolve_device(device)
@@ -66,6 +74,8 @@ class Translator:
                 f"config.json says vocab_size={info.config.vocab_size}"
             )
         model = load_model(model_dir, info, device=dev, dtype=resolve_dtype(dtype))
+        if prepack:
+            prepack_linears(model)
         return cls(model, tokenizer, info, dev)
 
     @property

@@ -155,6 +155,39 @@ def test_beam_size_1_equals_greedy_on_transformer(
     assert_same_hypotheses(greedy, beam)
 
 
+def test_greedy_equals_argmax_over_the_whole_prefix(make_model: Callable[..., Transformer]) -> None:
+    """The greedy path (``Beam.extend``) against the definition: per input, no cache, no batch,
+    append the argmax of ``decode`` over the whole prefix until eos or the length limit."""
+    model = make_model(seed=1, sharpen=2.0, eos_boost=1.5, tie_embeddings=False, pre_norm=True)
+    g = torch.Generator().manual_seed(3)
+    lengths = [3, 9, 5, 12, 2, 7]
+    src = torch.full((len(lengths), max(lengths)), PAD_ID, dtype=torch.long)
+    for i, n in enumerate(lengths):
+        src[i, : n - 1] = torch.randint(4, model.cfg.vocab_size, (n - 1,), generator=g)
+        src[i, n - 1] = EOS_ID
+    limits = max_lengths(src_lengths(src), 1.5, 5, 64)
+    got = greedy_search(model, model.encode(src), limits)
+    ended = 0
+    with torch.no_grad():
+        for i, n in enumerate(lengths):
+            enc = model.encode(src[i : i + 1, :n])
+            prefix, log_prob = [BOS_ID], 0.0
+            while True:
+                lprobs = torch.log_softmax(model.decode(torch.tensor([prefix]), enc)[0, -1], dim=-1)
+                if len(prefix) == int(limits[i]):  # the last allowed token is eos
+                    token = EOS_ID
+                else:
+                    token = int(lprobs.argmax())
+                log_prob += float(lprobs[token])
+                if token == EOS_ID:
+                    break
+                prefix.append(token)
+            ended += len(prefix) < int(limits[i])
+            assert got[i][0].tokens == prefix[1:], f"input {i}"
+            assert got[i][0].log_prob == pytest.approx(log_prob, abs=1e-4), f"input {i}"
+    assert 0 < ended < len(lengths)  # both ways of ending are covered: eos, and the length limit
+
+
 def test_beam_size_1_equals_greedy_on_scripted_model() -> None:
     words = [[7, 8, 9], [10], [11, 12, 13, 14, 15, 4], [A]]
     src = scripted_sources(words)

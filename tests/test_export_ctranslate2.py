@@ -1,0 +1,74 @@
+"""model.export_ctranslate2: the converted model translates exactly as ours does."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import ctranslate2
+import pytest
+
+from model.checkpoint import ModelInfo, save_model_dir
+from model.export_ctranslate2 import export, main
+from model.tokenizer import Tokenizer
+from model.translator import Translator
+from tests.conftest import SENTENCES, random_model
+
+ROOT = Path(__file__).resolve().parents[1]
+SHIPPED = ROOT / "artifacts" / "multi30k-de-en"
+
+
+def _compare(model_dir: Path, out: Path, texts: list[str], beam_size: int) -> None:
+    ours = Translator.load(model_dir, device="cpu")
+    export(model_dir, out)
+    assert (out / "model.bin").is_file() and (out / "sentencepiece.model").is_file()
+    ct2 = ctranslate2.Translator(str(out), device="cpu", intra_threads=1)
+    pieces = ours.tokenizer.sp.encode(texts, out_type=str)
+    theirs = ct2.translate_batch(pieces, beam_size=beam_size, max_decoding_length=40)
+    # Our length budget counts the eos, CTranslate2's does not: 41 here is its 40.
+    expected = ours.translate_batch(texts, beam_size=beam_size, max_length_a=0, max_length_b=41)
+    for text, mine, other in zip(texts, expected, theirs, strict=True):
+        # Compare token ids, not text: SentencePiece decoding could hide a differing piece.
+        assert ours.tokenizer.sp.piece_to_id(other.hypotheses[0]) == mine.tokens[0], text
+
+
+@pytest.mark.parametrize(
+    ("pre_norm", "tie_embeddings", "beam_size"), [(False, True, 1), (False, True, 4), (True, False, 1)]
+)
+def test_random_model_translates_the_same(
+    spm_model: Path,
+    tokenizer: Tokenizer,
+    tmp_path: Path,
+    pre_norm: bool,
+    tie_embeddings: bool,
+    beam_size: int,
+) -> None:
+    # Post-LN with tied embeddings is the shipped architecture; pre-LN adds the final LayerNorms and
+    # an untied output projection. (No eos boost: CTranslate2 never ends at step 0, ours may.)
+    model = random_model(
+        seed=3, sharpen=2.0, vocab_size=tokenizer.vocab_size, pre_norm=pre_norm, tie_embeddings=tie_embeddings
+    )
+    model_dir = save_model_dir(tmp_path / "model", model, ModelInfo(model.cfg, "de", "en"), spm_model)
+    _compare(model_dir, tmp_path / "ct2", SENTENCES, beam_size)
+
+
+def test_shipped_model_translates_the_same(tmp_path: Path) -> None:
+    texts = SENTENCES + [
+        "Zwei junge Männer spielen Fußball auf einer Wiese.",
+        "Eine Frau mit rotem Hut sitzt auf einer Bank und liest ein Buch.",
+        "Kinder spielen im Schnee.",
+    ]
+    _compare(SHIPPED, tmp_path / "ct2", texts, beam_size=1)
+
+
+def test_cli_refuses_a_non_empty_output_and_a_bad_model(
+    model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "ct2"
+    out.mkdir()
+    (out / "keep.txt").write_text("mine")
+    assert main(["--model", str(model_dir), "--out", str(out)]) == 2
+    assert "not empty" in capsys.readouterr().err and (out / "keep.txt").read_text() == "mine"
+    assert main(["--model", str(tmp_path / "nowhere"), "--out", str(tmp_path / "x")]) == 2
+    assert "config.json" in capsys.readouterr().err
+    assert main(["--model", str(model_dir), "--out", str(out), "--force"]) == 0
+    assert (out / "model.bin").is_file()
