@@ -88,7 +88,12 @@ class Job:
 
 @dataclass
 class Running:
-    """The running batch: jobs, their search states, and the cache rows they own (in order)."""
+    """The running batch: jobs, their search states, and the cache rows they own (in order).
+
+    A job whose search is done may stay in the batch for a few steps, its rows decoding unused
+    tokens ("retired"): removing rows copies the whole cache, so retired rows are removed together
+    with the next admission, or once enough of them pile up (``Engine._compact``).
+    """
 
     jobs: list[Job] = field(default_factory=list)
     beams: list[Beam] = field(default_factory=list)
@@ -98,6 +103,15 @@ class Running:
     @property
     def rows(self) -> int:
         return sum(b.k for b in self.beams)
+
+    @property
+    def live(self) -> list[int]:
+        """Positions of the jobs still searching."""
+        return [i for i, b in enumerate(self.beams) if not b.done]
+
+    @property
+    def live_rows(self) -> int:
+        return sum(b.k for b in self.beams if not b.done)
 
     def row_index(self, keep: list[int]) -> list[int]:
         """Cache rows of the jobs at positions ``keep``."""
@@ -143,6 +157,9 @@ class Engine:
         self.length_penalty = length_penalty
         self.max_length_a, self.max_length_b = max_length_a, max_length_b
         self.metrics = metrics or Metrics()
+        # Rows that join or leave together: removing or adding rows copies the whole cache, so
+        # continuous batching does it once per this many rows rather than at every step.
+        self.compact_rows = max(1, max_batch_size // 4)
         self._queue: deque[Job] = deque()
         self._cond = threading.Condition()
         self._running = Running()
@@ -157,7 +174,7 @@ class Engine:
 
     @property
     def active_sequences(self) -> int:
-        return len(self._running.jobs)
+        return len(self._running.live)
 
     @property
     def alive(self) -> bool:
@@ -273,32 +290,80 @@ class Engine:
     def _iteration(self) -> None:
         """Admit, drop what nobody waits for, one decoding step, retire what finished."""
         run = self._running
-        if self.mode == "continuous" or not run.jobs:
-            if self.mode == "dynamic" and not run.jobs:
+        if self.mode == "continuous" or not run.live:
+            if self.mode == "dynamic" and not run.live:
                 self._collect()
             self._admit(self._take())
         self._drop_expired()
-        if not run.jobs:
+        run = self._running
+        live = run.live
+        if not live:
+            self._running = Running()
             return
         assert run.cache is not None and run.tokens is not None
-        self.metrics.batch_size.observe(run.tokens.numel())
+        self.metrics.batch_size.observe(run.live_rows)
         self.metrics.decode_steps.inc()
         logits, run.cache = self.model.decode_step(run.tokens, run.cache)
+        rows = run.row_index(live)
+        if len(rows) < len(run.tokens):  # retired rows decoded too: their logits are not searched
+            logits = logits.index_select(0, torch.tensor(rows, device=logits.device))
         lprobs = torch.log_softmax(logits.float(), dim=-1)
-        keep, run.tokens = search_step(
-            run.beams, lprobs, eos=self.model.cfg.eos_id, length_penalty=self.length_penalty
+        beams = [run.beams[i] for i in live]
+        keep, tokens = search_step(
+            beams, lprobs, eos=self.model.cfg.eos_id, length_penalty=self.length_penalty
         )
-        alive = [i for i, b in enumerate(run.beams) if not b.done]
-        for job, beam in zip(run.jobs, run.beams, strict=True):
-            if beam.done:
-                self._finish(job, beam)
-        if keep is not None and alive:
-            run.cache = run.cache.index_select(keep, same_sources=len(alive) == len(run.beams))
-        run.jobs = [run.jobs[i] for i in alive]
-        run.beams = [run.beams[i] for i in alive]
-        if not alive:
+        self._place(live, rows, keep, tokens)
+        for i in live:
+            if run.beams[i].done:
+                self._finish(run.jobs[i], run.beams[i])
+        retired = run.rows - run.live_rows
+        if retired and (
+            retired >= self.compact_rows
+            or not run.live
+            or run.cache.max_length + 1 >= self.model.cfg.max_positions  # retired rows' positions grow too
+        ):
+            self._compact()
+        self.metrics.active_sequences.set(len(self._running.live))
+
+    def _place(
+        self, live: list[int], rows: list[int], keep: torch.Tensor | None, tokens: torch.Tensor
+    ) -> None:
+        """Put ``search_step``'s result (``keep``/``tokens`` index the rows of the ``live`` jobs, in
+        order) back into the running batch: beams reordered within their job, finished jobs' rows
+        left where they are (retired)."""
+        run = self._running
+        assert run.cache is not None and run.tokens is not None
+        if keep is None:  # nothing finished or moved: every live row takes its new token in place
+            if len(rows) == len(run.tokens):
+                run.tokens = tokens
+            else:
+                run.tokens[torch.tensor(rows, device=tokens.device)] = tokens
+            return
+        index = list(range(run.rows))  # new row r reads old row index[r]
+        still = [rows[r] for r in keep.tolist()]  # old rows feeding the live jobs' new rows, in order
+        targets = run.row_index([i for i in live if not run.beams[i].done])
+        for target, source in zip(targets, still, strict=True):
+            index[target] = source
+        if targets:
+            run.tokens[torch.tensor(targets, device=tokens.device)] = tokens
+        if index != list(range(run.rows)):  # beams moved: one copy of the self-attention cache
+            run.cache = run.cache.index_select(torch.tensor(index, device=tokens.device), same_sources=True)
+
+    def _compact(self) -> None:
+        """Remove retired rows from the running batch (one copy of the cache)."""
+        run = self._running
+        live = run.live
+        if len(live) == len(run.jobs):
+            return
+        if not live:
             self._running = Running()
-        self.metrics.active_sequences.set(len(self._running.jobs))
+            return
+        assert run.cache is not None and run.tokens is not None
+        rows = torch.tensor(run.row_index(live), device=run.tokens.device)
+        run.cache = run.cache.index_select(rows)
+        run.tokens = run.tokens.index_select(0, rows)
+        run.jobs = [run.jobs[i] for i in live]
+        run.beams = [run.beams[i] for i in live]
 
     def _collect(self) -> None:
         """Dynamic batching: wait up to ``max_wait_s`` for the queue to fill a batch."""
@@ -314,11 +379,16 @@ class Engine:
         """Jobs from the head of the queue that fit beside the running batch (FIFO: a job that does
         not fit stops admission, so large requests are not starved by small ones)."""
         run = self._running
-        rows = run.rows
+        rows = run.live_rows
         src_len = run.cache.cross_kv.size(4) if run.cache is not None else 0
         taken: list[Job] = []
         now = time.monotonic()
         with self._cond:
+            # Joining copies the whole cache once, so while a batch runs, newcomers wait until a
+            # quarter of it is free and join together, rather than a few at every step (under
+            # load from many clients, that copying took a third of the time).
+            if rows and self.max_batch_size - rows < self.compact_rows:
+                return taken
             while self._queue:
                 job = self._queue[0]
                 if job.expired(now):
@@ -355,6 +425,7 @@ class Engine:
         ks = torch.tensor([j.beam_size for j in jobs], device=src.device)
         rows = torch.arange(len(jobs), device=src.device).repeat_interleave(ks)
         cache = self.model.start_cache(enc, capacity=initial_capacity(limits)).index_select(rows)
+        self._compact()  # retired rows leave as the new ones join
         run = self._running
         run.cache = cache if run.cache is None else KVCache.concat([run.cache, cache])
         bos = torch.full((len(rows),), self.model.cfg.bos_id, dtype=torch.long, device=src.device)
@@ -368,11 +439,16 @@ class Engine:
         """Remove jobs whose client is gone or whose deadline passed from the running batch."""
         run = self._running
         now = time.monotonic()
-        keep = [i for i, j in enumerate(run.jobs) if not j.expired(now)]
+        # Retired jobs were answered already: whatever their client does now changes nothing.
+        keep = [
+            i
+            for i, (j, b) in enumerate(zip(run.jobs, run.beams, strict=True))
+            if b.done or not j.expired(now)
+        ]
         if len(keep) == len(run.jobs):
             return
-        for job in run.jobs:
-            if job.expired(now):
+        for job, beam in zip(run.jobs, run.beams, strict=True):
+            if not beam.done and job.expired(now):
                 job.resolve(
                     DeadlineExceeded("deadline passed") if not job.cancelled else EngineError("cancelled")
                 )

@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 
@@ -91,23 +92,37 @@ class KVCache:
         caches = [c for c in caches if c.batch_size > 0] or caches[:1]
         if len(caches) == 1:
             return caches[0]
-        cap = max(c.capacity for c in caches)
-        src_len = max(c.cross_kv.size(4) for c in caches)
-
-        def pad(t: Tensor, dim: int, size: int) -> Tensor:
-            if t.size(dim) == size:
-                return t
-            shape = list(t.shape)
-            shape[dim] = size - t.size(dim)
-            return torch.cat([t, t.new_zeros(shape)], dim=dim)
-
-        lengths = torch.cat([c.lengths for c in caches])
         first = caches[0]
+        used = max(c.max_length for c in caches)
+        lengths = torch.cat([c.lengths for c in caches])
         return KVCache(
-            self_kv=torch.cat([pad(c.self_kv, 4, cap) for c in caches], dim=2),
-            cross_kv=torch.cat([pad(c.cross_kv, 4, src_len) for c in caches], dim=2),
-            src_mask=torch.cat([pad(c.src_mask, 1, src_len) for c in caches], dim=0),
+            # Only the written positions are copied; the rest of each buffer is zeroed, which is
+            # cheaper than copying it and keeps masked keys finite (they are still multiplied by 0).
+            self_kv=_stack_rows([c.self_kv for c in caches], max(c.capacity for c in caches), used),
+            cross_kv=_stack_rows([c.cross_kv for c in caches], max(c.cross_kv.size(4) for c in caches)),
+            src_mask=torch.cat(
+                [
+                    F.pad(c.src_mask, (0, max(m.src_mask.size(1) for m in caches) - c.src_mask.size(1)))
+                    for c in caches
+                ]
+            ),
             lengths=lengths,
-            max_length=max(c.max_length for c in caches),
+            max_length=used,
             uniform=all(c.uniform and c.max_length == first.max_length for c in caches),
         )
+
+
+def _stack_rows(parts: list[Tensor], size: int, used: int | None = None) -> Tensor:
+    """Concatenate (L, 2, B_i, H, T_i, Dh) tensors along B into one with T = ``size``: positions
+    ``[:used]`` (all of each part by default) copied, the rest zero."""
+    shape = list(parts[0].shape)
+    shape[2], shape[4] = sum(p.size(2) for p in parts), size
+    out = parts[0].new_empty(shape)
+    row = 0
+    for p in parts:
+        n = p.size(4) if used is None else min(used, p.size(4))
+        rows = slice(row, row + p.size(2))
+        out[:, :, rows, :, :n] = p[:, :, :, :, :n]
+        out[:, :, rows, :, n:].zero_()
+        row += p.size(2)
+    return out

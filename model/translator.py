@@ -7,6 +7,7 @@ from pathlib import Path
 
 import torch
 
+from model.allocator import keep_freed_memory
 from model.checkpoint import ModelDirError, ModelInfo, load_model, load_tokenizer, read_info
 from model.prepack import prepack as prepack_linears
 from model.search import Hypothesis, beam_search, greedy_search, max_lengths
@@ -74,6 +75,8 @@ class Translator:
                 f"config.json says vocab_size={info.config.vocab_size}"
             )
         model = load_model(model_dir, info, device=dev, dtype=resolve_dtype(dtype))
+        if dev.type == "cpu":
+            keep_freed_memory()  # CPU decoding allocates and frees large caches at every step
         if prepack:
             prepack_linears(model)
         return cls(model, tokenizer, info, dev)

@@ -22,7 +22,7 @@ from app.config import Settings
 from app.engine import DeadlineExceeded, Engine, EngineStopped, QueueFull
 from app.main import create_app
 from app.metrics import Metrics
-from app.routes.translate import run_until_disconnect
+from app.routes.translate import run_until_disconnect, wait_for_disconnect
 from model.translator import Translator
 
 JSON = dict[str, Any]
@@ -369,10 +369,6 @@ def test_a_bug_is_a_500_with_an_error_body(client: TestClient, monkeypatch: pyte
 
 
 def test_a_disconnected_client_cancels_the_engine_call() -> None:
-    class GoneClient:
-        async def is_disconnected(self) -> bool:
-            return True
-
     cancelled = asyncio.Event()
 
     async def slow_translation() -> str:
@@ -384,7 +380,7 @@ def test_a_disconnected_client_cancels_the_engine_call() -> None:
         return "never"
 
     async def scenario() -> tuple[bool, object]:
-        outcome = await run_until_disconnect(GoneClient(), slow_translation(), poll_s=0.01)
+        outcome = await run_until_disconnect(slow_translation(), asyncio.sleep(0.01))  # gone at 10 ms
         await asyncio.wait_for(cancelled.wait(), 1)
         return outcome
 
@@ -392,23 +388,29 @@ def test_a_disconnected_client_cancels_the_engine_call() -> None:
 
 
 def test_a_connected_client_gets_the_result() -> None:
-    class Client:
-        polls = 0
-
-        async def is_disconnected(self) -> bool:
-            self.polls += 1
-            return False
-
     async def translation() -> str:
         await asyncio.sleep(0.05)
         return "done"
 
-    client = Client()
-    assert asyncio.run(run_until_disconnect(client, translation(), poll_s=0.01)) == (True, "done")
-    assert client.polls >= 1  # it did poll while waiting
+    async def scenario() -> tuple[tuple[bool, object], bool]:
+        connected = asyncio.Event()
+        watcher = connected.wait()  # never set: the client stays
+        return await run_until_disconnect(translation(), watcher), connected.is_set()
+
+    assert asyncio.run(scenario()) == ((True, "done"), False)
 
 
-# --- The other endpoints ------------------------------------------------------------------------
+def test_wait_for_disconnect_returns_on_the_disconnect_message() -> None:
+    messages = [{"type": "http.request", "body": b"", "more_body": False}, {"type": "http.disconnect"}]
+    seen: list[str] = []
+
+    async def receive() -> dict[str, object]:
+        msg = messages.pop(0)
+        seen.append(str(msg["type"]))
+        return msg
+
+    asyncio.run(asyncio.wait_for(wait_for_disconnect(receive), 1))
+    assert seen == ["http.request", "http.disconnect"]
 
 
 def test_languages(client: TestClient) -> None:
@@ -483,10 +485,6 @@ def test_a_disconnect_drops_the_request_from_the_real_engine(translator: Transla
     """End to end with the engine: after the client is gone, the request's sentences leave the
     queue and the running batch instead of being translated for nobody."""
 
-    class GoneClient:
-        async def is_disconnected(self) -> bool:
-            return True
-
     metrics = Metrics()
     total = 60
 
@@ -497,7 +495,7 @@ def test_a_disconnect_drops_the_request_from_the_real_engine(translator: Transla
             work = engine.translate(
                 ["Der Hund läuft im Wasser und schaut auf die Straße."] * total, beam_size=4
             )
-            outcome = await run_until_disconnect(GoneClient(), work, poll_s=0.01)
+            outcome = await run_until_disconnect(work, asyncio.sleep(0.01))  # the client leaves at once
             for _ in range(500):  # the worker drops abandoned jobs at its next step
                 if engine.queue_depth == 0 and engine.active_sequences == 0:
                     break

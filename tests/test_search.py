@@ -174,10 +174,8 @@ def test_greedy_equals_argmax_over_the_whole_prefix(make_model: Callable[..., Tr
             prefix, log_prob = [BOS_ID], 0.0
             while True:
                 lprobs = torch.log_softmax(model.decode(torch.tensor([prefix]), enc)[0, -1], dim=-1)
-                if len(prefix) == int(limits[i]):  # the last allowed token is eos
-                    token = EOS_ID
-                else:
-                    token = int(lprobs.argmax())
+                # The last allowed token is eos; before it, the most probable one.
+                token = EOS_ID if len(prefix) == int(limits[i]) else int(lprobs.argmax())
                 log_prob += float(lprobs[token])
                 if token == EOS_ID:
                     break

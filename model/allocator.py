@@ -1,0 +1,50 @@
+"""Keep freed memory in the process for reuse: decoding on CPU allocates and frees tens of MB per step.
+
+glibc serves large allocations with ``mmap`` and returns them to the OS on ``free``, so every
+decoding step that builds a new cache (rows joining, leaving, beams reordered) pays a page fault per
+4 KiB page of it, again and again. Measured on our 2-core VM: zero-filling a fresh 38 MB tensor took
+19 ms with glibc's defaults and 2.3-3 ms once large blocks are served from the heap and kept; a
+cache row gather went from 23 ms to 5.5 ms (BENCHMARKS.md, "Engine"). The price is that the
+process keeps its peak memory instead of giving it back, which suits a long-running server.
+
+``mallopt`` changes glibc's policy at run time, so nothing has to be set before the process starts;
+with another C library it does nothing.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import logging
+import platform
+
+log = logging.getLogger(__name__)
+
+M_TRIM_THRESHOLD = -1  # glibc's malloc.h: free memory at the heap top beyond this goes back to the OS
+M_MMAP_THRESHOLD = -3  # blocks at least this large are mmap'ed (and unmapped when freed)
+M_ARENA_MAX = -8  # threads other than the main one get their own arenas, whose heaps are at most 64 MiB
+KEEP_BYTES = 1 << 30  # 1 GiB: above any single tensor a translation model of our size allocates
+
+_done = False
+
+
+def keep_freed_memory() -> bool:
+    """Serve large blocks from the heap and keep freed memory for reuse (glibc only; idempotent).
+    Returns whether the policy is in effect."""
+    global _done
+    if _done:
+        return True
+    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
+        return False
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        ok = (
+            libc.mallopt(M_MMAP_THRESHOLD, KEEP_BYTES) == 1
+            and libc.mallopt(M_TRIM_THRESHOLD, KEEP_BYTES) == 1
+        )
+    except (OSError, AttributeError):
+        return False
+    if ok:
+        log.info("malloc: large blocks from the heap, freed memory kept for reuse")
+    _done = ok
+    return ok
