@@ -57,7 +57,10 @@ class Settings(BaseSettings):
     max_beam_size: PositiveInt = 8
     max_alternatives: Annotated[int, Field(ge=0)] = 3
 
-    threads: Annotated[int, Field(ge=0)] = 0  # torch intra-op threads; 0 keeps torch's default
+    # torch intra-op threads of the decoding thread; 0 = 1, measured fastest on 2 cores: OpenMP
+    # parallel regions started from a non-main thread cost more than they gain at small batches,
+    # and the other core serves HTTP and tokenization (BENCHMARKS.md, "Service").
+    threads: Annotated[int, Field(ge=0)] = 0
     warmup: bool = True
 
     @field_validator("device")

@@ -135,6 +135,7 @@ class Engine:
         length_penalty: float = 1.0,
         max_length_a: float = 1.5,
         max_length_b: int = 10,
+        threads: int | None = None,
         metrics: Metrics | None = None,
     ) -> None:
         """
@@ -145,6 +146,7 @@ class Engine:
             mode: ``continuous`` joins and leaves at every step; ``dynamic`` runs batch by batch.
             max_wait_ms: ``dynamic`` only: how long to collect sentences before starting a batch.
             max_input_tokens: longer sources are truncated (the model's positions are finite).
+            threads: torch intra-op threads of the decoding thread (None: torch's setting).
         """
         self.translator = translator
         self.model = translator.model
@@ -156,6 +158,7 @@ class Engine:
         self.max_input_tokens = min(max_input_tokens, translator.max_input_tokens)
         self.length_penalty = length_penalty
         self.max_length_a, self.max_length_b = max_length_a, max_length_b
+        self.threads = threads
         self.metrics = metrics or Metrics()
         # Rows that join or leave together: removing or adding rows copies the whole cache, so
         # continuous batching does it once per this many rows rather than at every step.
@@ -262,6 +265,8 @@ class Engine:
 
     # -- the worker side ---------------------------------------------------------------------------
     def _work(self) -> None:
+        if self.threads:
+            torch.set_num_threads(self.threads)  # OpenMP settings are per thread: set them in this one
         try:
             with torch.inference_mode():
                 while True:

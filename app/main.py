@@ -13,7 +13,6 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import NoReturn
 
-import torch
 from fastapi import FastAPI
 from pydantic import ValidationError
 
@@ -52,8 +51,6 @@ def read_settings(app: FastAPI) -> Settings:
 
 
 def load_translator(settings: Settings) -> Translator:
-    if settings.threads > 0:
-        torch.set_num_threads(settings.threads)
     try:
         return Translator.load(settings.model_dir, device=settings.device, dtype=settings.dtype)
     except ModelDirError as e:  # names the missing or corrupted file
@@ -70,6 +67,7 @@ def build_engine(translator: Translator, settings: Settings, metrics: Metrics) -
         max_queue=settings.max_queue,
         mode=settings.batching,
         max_wait_ms=settings.max_wait_ms,
+        threads=settings.threads or 1,
         metrics=metrics,
     )
 

@@ -257,7 +257,10 @@ def plot(results: list[Result], path: Path, title: str) -> None:
     width = 0.8 / len(engines)
     for i, engine in enumerate(engines):
         values = [
-            next(r.sentences_per_s for r in results if (r.beam, r.batch_size) == c and r.engine == engine)
+            next(
+                (r.sentences_per_s for r in results if (r.beam, r.batch_size) == c and r.engine == engine),
+                0.0,
+            )
             for c in configs
         ]
         xs = [j + (i - (len(engines) - 1) / 2) * width for j in range(len(configs))]

@@ -1,7 +1,7 @@
 """Service load: throughput and latency of the running HTTP service under many concurrent clients.
 
 For each batching mode the script starts its own server (``python -m uvicorn app.main:app`` on a
-free loopback port, CPU, ``--threads`` torch threads, log in ``--log-dir``), waits for
+free loopback port, CPU, ``NMT_THREADS=--server-threads``, log in ``--log-dir``), waits for
 ``/health/ready`` and sends ``POST /translate`` requests with one German sentence each
 (test_2016_flickr, 1,000 sentences by default; ``{"q", "source": "de", "target": "en",
 "beam_size"}``; every line of test_2016 is one sentence for the service's splitter, so requests/s
@@ -915,7 +915,7 @@ def make_plan(args: argparse.Namespace, model: Path, sentences: list[str], log_d
     return Plan(
         model=model,
         bodies=[request_body(s, args.beam) for s in sentences],  # encoded once, not per request
-        threads=args.threads,
+        threads=args.server_threads,
         beam=args.beam,
         clients=args.clients,
         rates=args.rates,
@@ -942,7 +942,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--duration", type=float, default=20.0, help="measured seconds per point")
     p.add_argument("--warmup", type=float, default=3.0, help="uncounted seconds before each point")
     p.add_argument("--drain", type=float, default=60.0, help="open loop: wait this long for late answers")
-    p.add_argument("--threads", type=int, default=2, help="torch threads of the servers; CTranslate2's")
+    p.add_argument("--threads", type=int, default=2, help="CTranslate2's intra_threads (the machine's cores)")
+    p.add_argument(
+        "--server-threads", type=int, default=0, help="NMT_THREADS of the servers (0: the service's default)"
+    )
     p.add_argument("--beam", type=int, default=1, help="beam size of every request (1 = greedy)")
     p.add_argument("--no-ct2", action="store_true", help="skip the CTranslate2 reference")
     p.add_argument("--ct2-batch", type=int, default=64, help="CTranslate2 max_batch_size")

@@ -66,15 +66,21 @@ def available() -> bool:
 
 
 def prepack(model: Transformer) -> bool:
-    """Replace every ``nn.Linear`` of an eval-mode float32 CPU ``model`` (and the tied output
-    projection) by a ``PackedLinear``, in place. Returns whether it did."""
+    """Replace the decoder's per-token ``nn.Linear`` layers and the output projection of an
+    eval-mode float32 CPU ``model`` by ``PackedLinear``, in place. Returns whether it did."""
     weight = model.embed.weight
     if model.training or weight.device.type != "cpu" or weight.dtype != torch.float32 or not available():
         return False
-    for module in list(model.modules()):
-        for name, child in list(module.named_children()):
-            if isinstance(child, nn.Linear):
-                setattr(module, name, PackedLinear(child.weight, child.bias))
+    # Only what runs once per generated token: the encoder and the cross-attention K/V projection
+    # run once per input over all its tokens, and at those sizes MKL's GEMM was as fast or faster
+    # (encoding 64 sentences: 141 ms plain, 173 ms packed).
+    for layer in model.decoder:
+        for module in list(layer.modules()):
+            for name, child in list(module.named_children()):
+                if isinstance(child, nn.Linear) and child is not layer.cross_attn.kv:
+                    setattr(module, name, PackedLinear(child.weight, child.bias))
+    if model.out_proj is not None:
+        model.out_proj = PackedLinear(model.out_proj.weight, None)  # type: ignore[assignment]
     if model.out_proj is None:  # tied: the embedding matrix is also the output projection
         model.logits_proj = PackedLinear(weight, None, keep=False)
     log.info("linear layers pre-packed for oneDNN")
