@@ -120,6 +120,15 @@ class Running:
             offsets.append(offsets[-1] + b.k)
         return [r for i in keep for r in range(offsets[i], offsets[i + 1])]
 
+    def keep_jobs(self, keep: list[int]) -> None:
+        """Only the jobs at positions ``keep`` (and their cache rows) stay: one copy of the cache."""
+        assert self.cache is not None and self.tokens is not None
+        rows = torch.tensor(self.row_index(keep), device=self.tokens.device)
+        self.cache = self.cache.index_select(rows)
+        self.tokens = self.tokens.index_select(0, rows)
+        self.jobs = [self.jobs[i] for i in keep]
+        self.beams = [self.beams[i] for i in keep]
+
 
 class Engine:
     def __init__(
@@ -363,12 +372,7 @@ class Engine:
         if not live:
             self._running = Running()
             return
-        assert run.cache is not None and run.tokens is not None
-        rows = torch.tensor(run.row_index(live), device=run.tokens.device)
-        run.cache = run.cache.index_select(rows)
-        run.tokens = run.tokens.index_select(0, rows)
-        run.jobs = [run.jobs[i] for i in live]
-        run.beams = [run.beams[i] for i in live]
+        run.keep_jobs(live)
 
     def _collect(self) -> None:
         """Dynamic batching: wait up to ``max_wait_s`` for the queue to fill a batch."""
@@ -461,12 +465,7 @@ class Engine:
         if not keep:
             self._running = Running()
             return
-        assert run.cache is not None and run.tokens is not None
-        rows = torch.tensor(run.row_index(keep), device=run.tokens.device)
-        run.cache = run.cache.index_select(rows)
-        run.tokens = run.tokens.index_select(0, rows)
-        run.jobs = [run.jobs[i] for i in keep]
-        run.beams = [run.beams[i] for i in keep]
+        run.keep_jobs(keep)
 
     def _finish(self, job: Job, beam: Beam) -> None:
         hyps = beam.best(job.n_best)

@@ -137,24 +137,6 @@ def assert_same_hypotheses(a: list[list[Hypothesis]], b: list[list[Hypothesis]])
             assert x.score == pytest.approx(y.score, abs=1e-4), f"input {i}"
 
 
-@pytest.mark.parametrize("length_penalty", [1.0, 0.6])
-def test_beam_size_1_equals_greedy_on_transformer(
-    make_model: Callable[..., Transformer], length_penalty: float
-) -> None:
-    model = make_model(seed=1, sharpen=2.0, eos_boost=1.5, tie_embeddings=False, pre_norm=True)
-    g = torch.Generator().manual_seed(0)
-    lengths = [3, 9, 5, 12, 2, 7]
-    src = torch.full((len(lengths), max(lengths)), PAD_ID, dtype=torch.long)
-    for i, n in enumerate(lengths):
-        src[i, : n - 1] = torch.randint(4, model.cfg.vocab_size, (n - 1,), generator=g)
-        src[i, n - 1] = EOS_ID
-    limits = max_lengths(src_lengths(src), 1.5, 5, 64)
-    enc = model.encode(src)
-    greedy = greedy_search(model, enc, limits, length_penalty=length_penalty)
-    beam = beam_search(model, enc, limits, beam_size=1, length_penalty=length_penalty)
-    assert_same_hypotheses(greedy, beam)
-
-
 def test_greedy_equals_argmax_over_the_whole_prefix(make_model: Callable[..., Transformer]) -> None:
     """The greedy path (``Beam.extend``) against the definition: per input, no cache, no batch,
     append the argmax of ``decode`` over the whole prefix until eos or the length limit."""
@@ -183,6 +165,8 @@ def test_greedy_equals_argmax_over_the_whole_prefix(make_model: Callable[..., Tr
             ended += len(prefix) < int(limits[i])
             assert got[i][0].tokens == prefix[1:], f"input {i}"
             assert got[i][0].log_prob == pytest.approx(log_prob, abs=1e-4), f"input {i}"
+            # Length-normalised by the output length with eos (len(prefix): bos + tokens).
+            assert got[i][0].score == pytest.approx(log_prob / len(prefix), abs=1e-4), f"input {i}"
     assert 0 < ended < len(lengths)  # both ways of ending are covered: eos, and the length limit
 
 
