@@ -353,14 +353,15 @@ class Engine:
             else:
                 run.tokens[torch.tensor(rows, device=tokens.device)] = tokens
             return
-        index = list(range(run.rows))  # new row r reads old row index[r]
+        identity = list(range(run.rows))
+        index = identity.copy()  # new row r reads old row index[r]
         still = [rows[r] for r in keep.tolist()]  # old rows feeding the live jobs' new rows, in order
         targets = run.row_index([i for i in live if not run.beams[i].done])
         for target, source in zip(targets, still, strict=True):
             index[target] = source
         if targets:
             run.tokens[torch.tensor(targets, device=tokens.device)] = tokens
-        if index != list(range(run.rows)):  # beams moved: one copy of the self-attention cache
+        if index != identity:  # beams moved: one copy of the self-attention cache
             run.cache = run.cache.index_select(torch.tensor(index, device=tokens.device), same_sources=True)
 
     def _compact(self) -> None:

@@ -7,6 +7,10 @@ import platform
 import time
 from pathlib import Path
 
+REPO = Path(__file__).resolve().parents[1]
+DATA = REPO.parent / "shared" / "data" / "multi30k"  # Multi30k beside the checkout, as CI finds it
+DEFAULT_MODEL = REPO / "artifacts" / "multi30k-de-en"  # the shipped model
+
 
 def cpu_name() -> str:
     try:

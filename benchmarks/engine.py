@@ -19,7 +19,6 @@ default signature) as the check that both engines do the same work.
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 import multiprocessing as mp
 import os
@@ -37,13 +36,11 @@ import ctranslate2
 import sacrebleu
 import torch
 
-from benchmarks.common import OtherLoad, cpu_name
+from benchmarks.common import DATA, DEFAULT_MODEL, OtherLoad, cpu_name
 from model.export_ctranslate2 import export
 from model.tokenizer import Tokenizer
 from model.translator import Translator
-
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "multi30k"
-DEFAULT_MODEL = Path(__file__).resolve().parents[1] / "artifacts" / "multi30k-de-en"
+from training.data import read_lines
 
 
 @dataclass
@@ -72,13 +69,6 @@ class Result:
 
 
 Engine = Callable[[list[str], int, int], Run]  # (texts, beam, batch size) -> Run
-
-
-def read_lines(path: Path, limit: int | None) -> list[str]:
-    opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rt", encoding="utf-8") as f:
-        lines = [line.rstrip("\n") for line in f]
-    return lines[:limit] if limit else lines
 
 
 def ours(translator: Translator, max_length: int) -> Engine:
@@ -304,7 +294,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     threads = args.threads or torch.get_num_threads()
-    texts, refs = read_lines(args.src, args.limit), read_lines(args.ref, args.limit)
+    texts, refs = read_lines(args.src)[: args.limit], read_lines(args.ref)[: args.limit]
     with tempfile.TemporaryDirectory() as tmp:
         ct2_dir = export(args.model, Path(tmp) / "ct2", quantization="float32")
         spec = {

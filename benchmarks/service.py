@@ -49,7 +49,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import gzip
 import json
 import math
 import os
@@ -74,11 +73,8 @@ from importlib.metadata import version as dist_version
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import OtherLoad, cpu_busy_seconds, cpu_name
+from benchmarks.common import DATA, DEFAULT_MODEL, REPO, OtherLoad, cpu_busy_seconds, cpu_name
 
-REPO = Path(__file__).resolve().parents[1]
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "multi30k"
-DEFAULT_MODEL = REPO / "artifacts" / "multi30k-de-en"
 HOST = "127.0.0.1"
 
 MODES: dict[str, dict[str, str]] = {
@@ -859,10 +855,10 @@ def plot(report: Report, path: Path) -> None:
 
 # -- command line -----------------------------------------------------------------------------------
 def read_sentences(path: Path, limit: int | None) -> list[str]:
-    opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rt", encoding="utf-8") as f:
-        lines = [line.strip() for line in f]
-    sentences = [s for s in lines if s]  # a blank request would cost the model nothing
+    from training.data import read_lines  # imported here like the reference's torch code, not at start-up
+
+    # A blank request would cost the model nothing: leave those out.
+    sentences = [s for s in map(str.strip, read_lines(path)) if s]
     return sentences[:limit] if limit else sentences
 
 

@@ -62,25 +62,17 @@ class KVCache:
         if not self.uniform:
             max_length = int(lengths.max().item()) if len(index) else 0
         return KVCache(
-            self_kv=self._select_prefix(index),
+            # Same capacity, but only the written positions are copied: early in a search most of the
+            # preallocated buffer is empty, and copying it all made dropping rows cost a whole step.
+            self_kv=_stack_rows(
+                [self.self_kv[..., : self.max_length, :].index_select(2, index)], self.capacity
+            ),
             cross_kv=self.cross_kv if same_sources else self.cross_kv.index_select(2, index),
             src_mask=self.src_mask if same_sources else self.src_mask.index_select(0, index),
             lengths=lengths,
             max_length=max_length,
             uniform=self.uniform,
         )
-
-    def _select_prefix(self, index: Tensor) -> Tensor:
-        """Rows ``index`` of ``self_kv`` with the same capacity, copying only the written positions:
-        early in a search most of the preallocated buffer is still empty, and copying it all made
-        dropping finished rows cost as much as a decoding step."""
-        used = self.max_length
-        shape = list(self.self_kv.shape)
-        shape[2] = len(index)
-        out = self.self_kv.new_empty(shape)
-        out[..., :used, :] = self.self_kv[..., :used, :].index_select(2, index)
-        out[..., used:, :].zero_()  # never garbage: masked keys are still multiplied by 0
-        return out
 
     @staticmethod
     def concat(caches: list[KVCache]) -> KVCache:
@@ -114,7 +106,8 @@ class KVCache:
 
 def _stack_rows(parts: list[Tensor], size: int, used: int | None = None) -> Tensor:
     """Concatenate (L, 2, B_i, H, T_i, Dh) tensors along B into one with T = ``size``: positions
-    ``[:used]`` (all of each part by default) copied, the rest zero."""
+    ``[:used]`` (all of each part by default) copied, the rest zero (never garbage: masked keys are
+    still multiplied by 0)."""
     shape = list(parts[0].shape)
     shape[2], shape[4] = sum(p.size(2) for p in parts), size
     out = parts[0].new_empty(shape)

@@ -10,22 +10,16 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
-from app.engine import Engine
 from app.schemas import HealthResponse
 
 router = APIRouter(tags=["health"])
-
-
-def engine_running(engine: Engine) -> bool:
-    """False once the worker thread has stopped or died (``Engine.alive``)."""
-    return engine.alive
 
 
 def readiness(request: Request) -> JSONResponse:
     state = request.app.state
     if not state.ready or state.engine is None or state.translator is None:
         return JSONResponse({"status": "loading", "error": "the model is not ready"}, status_code=503)
-    if not engine_running(state.engine):
+    if not state.engine.alive:  # the worker thread has stopped or died
         return JSONResponse(
             {"status": "error", "error": "the translation engine is not running"}, status_code=503
         )
