@@ -57,9 +57,7 @@ class Settings(BaseSettings):
     max_beam_size: PositiveInt = 8
     max_alternatives: Annotated[int, Field(ge=0)] = 3
 
-    # torch intra-op threads of the decoding thread; 0 = 1, measured fastest on 2 cores: OpenMP
-    # parallel regions started from a non-main thread cost more than they gain at small batches,
-    # and the other core serves HTTP and tokenization (BENCHMARKS.md, "Service").
+    # torch intra-op threads of the model thread; 0 = torch's default (one per core).
     threads: Annotated[int, Field(ge=0)] = 0
     warmup: bool = True
 

@@ -9,7 +9,8 @@ and runs it to the end before taking more (kept to measure the difference).
 The engine owns scheduling (what runs in the next step); the model owns arithmetic (``encode``,
 ``decode_step``); ``model.search`` owns token choice (``Beam``, ``search_step``); the ``KVCache`` is
 the data passed between them. The event loop never runs the model: ``translate`` enqueues and
-awaits futures that the worker thread resolves.
+awaits futures that the worker loop resolves. The worker loop runs on the service's
+``ModelThread``, the thread that also loaded the model (see ``app.model_thread`` for why).
 """
 
 from __future__ import annotations
@@ -20,12 +21,14 @@ import logging
 import threading
 import time
 from collections import deque
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Literal
 
 import torch
 
 from app.metrics import Metrics
+from app.model_thread import ModelThread
 from model.cache import KVCache
 from model.search import Beam, initial_capacity, max_lengths, search_step
 from model.translator import Translator
@@ -144,7 +147,7 @@ class Engine:
         length_penalty: float = 1.0,
         max_length_a: float = 1.5,
         max_length_b: int = 10,
-        threads: int | None = None,
+        model_thread: ModelThread | None = None,
         metrics: Metrics | None = None,
     ) -> None:
         """
@@ -155,7 +158,8 @@ class Engine:
             mode: ``continuous`` joins and leaves at every step; ``dynamic`` runs batch by batch.
             max_wait_ms: ``dynamic`` only: how long to collect sentences before starting a batch.
             max_input_tokens: longer sources are truncated (the model's positions are finite).
-            threads: torch intra-op threads of the decoding thread (None: torch's setting).
+            model_thread: where the worker loop runs; give the thread that loaded the model
+                (None: a thread of the engine's own, with torch's default thread count).
         """
         self.translator = translator
         self.model = translator.model
@@ -167,7 +171,8 @@ class Engine:
         self.max_input_tokens = min(max_input_tokens, translator.max_input_tokens)
         self.length_penalty = length_penalty
         self.max_length_a, self.max_length_b = max_length_a, max_length_b
-        self.threads = threads
+        self._own_thread = model_thread is None
+        self.model_thread = model_thread or ModelThread()
         self.metrics = metrics or Metrics()
         # Rows that join or leave together: removing or adding rows copies the whole cache, so
         # continuous batching does it once per this many rows rather than at every step.
@@ -175,7 +180,7 @@ class Engine:
         self._queue: deque[Job] = deque()
         self._cond = threading.Condition()
         self._running = Running()
-        self._thread: threading.Thread | None = None
+        self._worker: Future[None] | None = None  # the worker loop, while it runs
         self._stop = False
         self.failed: BaseException | None = None  # set if the worker loop itself died
 
@@ -190,22 +195,24 @@ class Engine:
 
     @property
     def alive(self) -> bool:
-        return self._thread is not None and self._thread.is_alive() and not self._stop
+        return self._worker is not None and not self._worker.done() and not self._stop
 
     def start(self) -> None:
-        if self._thread is not None:
+        if self._worker is not None:
             return
         self._stop = False
-        self._thread = threading.Thread(target=self._work, name="nmt-engine", daemon=True)
-        self._thread.start()
+        self._worker = self.model_thread.submit(self._work)
 
     def stop(self) -> None:
         with self._cond:
             self._stop = True
             self._cond.notify_all()
-        if self._thread is not None:
-            self._thread.join(timeout=30)
-            self._thread = None
+        if self._worker is not None:
+            with contextlib.suppress(TimeoutError):
+                self._worker.result(timeout=30)
+            self._worker = None
+        if self._own_thread:
+            self.model_thread.shutdown()
 
     async def translate(
         self, sentences: list[str], *, beam_size: int = 5, n_best: int = 1, timeout_s: float | None = None
@@ -274,8 +281,6 @@ class Engine:
 
     # -- the worker side ---------------------------------------------------------------------------
     def _work(self) -> None:
-        if self.threads:
-            torch.set_num_threads(self.threads)  # OpenMP settings are per thread: set them in this one
         try:
             with torch.inference_mode():
                 while True:

@@ -21,6 +21,7 @@ from app.engine import Engine
 from app.errors import install_error_handlers
 from app.metrics import Metrics
 from app.middleware import RequestMetricsMiddleware
+from app.model_thread import ModelThread
 from app.routes import health, info, languages, metrics, translate
 from app.routes.info import dtype_name
 from model.checkpoint import ModelDirError
@@ -59,7 +60,9 @@ def load_translator(settings: Settings) -> Translator:
         fail(f"cannot load model from {settings.model_dir}: {e}")
 
 
-def build_engine(translator: Translator, settings: Settings, metrics: Metrics) -> Engine:
+def build_engine(
+    translator: Translator, settings: Settings, metrics: Metrics, model_thread: ModelThread
+) -> Engine:
     return Engine(
         translator,
         max_batch_size=settings.max_batch_size,
@@ -67,7 +70,7 @@ def build_engine(translator: Translator, settings: Settings, metrics: Metrics) -
         max_queue=settings.max_queue,
         mode=settings.batching,
         max_wait_ms=settings.max_wait_ms,
-        threads=settings.threads or 1,
+        model_thread=model_thread,
         metrics=metrics,
     )
 
@@ -102,8 +105,15 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     app.state.settings = settings
     metrics: Metrics = app.state.metrics
     started = time.perf_counter()
-    translator = load_translator(settings)
-    engine = build_engine(translator, settings, metrics)
+    # The model is loaded on the thread that will run it, and the event loop never runs torch:
+    # OpenMP is much slower once two threads have started parallel work (app/model_thread.py).
+    model_thread = ModelThread(threads=settings.threads or None)
+    try:
+        translator = await model_thread.run(load_translator, settings)
+    except BaseException:
+        model_thread.shutdown()
+        raise
+    engine = build_engine(translator, settings, metrics, model_thread)
     engine.start()
     try:
         if settings.warmup:
@@ -123,6 +133,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     finally:
         app.state.ready = False  # readiness fails first, so load balancers stop sending traffic
         engine.stop()
+        model_thread.shutdown()
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
