@@ -36,6 +36,9 @@ class Settings(BaseSettings):
     model_dir: Path = Path("artifacts/multi30k-de-en")
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    # int8: the decoder's linear layers run in int8 (CPU with float32 only; faster, BLEU within 0.1
+    # on Multi30k: BENCHMARKS.md); auto: int8 on CPU with float32, none elsewhere.
+    quantization: Literal["auto", "none", "int8"] = "auto"
 
     # Engine (batching) limits.
     max_batch_size: PositiveInt = 64  # rows in the running batch (each beam counts: sentences x beam)
@@ -76,6 +79,12 @@ class Settings(BaseSettings):
         if isinstance(value, list | tuple | set | frozenset):
             return tuple(k.strip() for k in value if isinstance(k, str) and k.strip())
         return value
+
+    @model_validator(mode="after")
+    def _check_quantization(self) -> Settings:
+        if self.quantization == "int8" and (self.dtype != "float32" or self.device.startswith("cuda")):
+            raise ValueError("NMT_QUANTIZATION=int8 runs on CPU with NMT_DTYPE=float32 only")
+        return self
 
     @model_validator(mode="after")
     def _check_beams(self) -> Settings:

@@ -53,7 +53,12 @@ def read_settings(app: FastAPI) -> Settings:
 
 def load_translator(settings: Settings) -> Translator:
     try:
-        return Translator.load(settings.model_dir, device=settings.device, dtype=settings.dtype)
+        return Translator.load(
+            settings.model_dir,
+            device=settings.device,
+            dtype=settings.dtype,
+            quantization=settings.quantization,
+        )
     except ModelDirError as e:  # names the missing or corrupted file
         fail(f"cannot load model: {e}")
     except ValueError as e:  # e.g. NMT_DEVICE=cuda on a machine without CUDA
@@ -94,6 +99,7 @@ def record_model(metrics: Metrics, settings: Settings, translator: Translator, s
             "target": translator.info.target_lang,
             "device": str(translator.device),
             "dtype": dtype_name(translator),
+            "quantization": translator.quantization,
             "version": service_version(),
         }
     )

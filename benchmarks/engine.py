@@ -55,7 +55,7 @@ class Run:
 
 @dataclass
 class Result:
-    engine: str  # "ours" or "ctranslate2"
+    engine: str  # one of ENGINES
     beam: int
     batch_size: int
     sentences: int
@@ -107,20 +107,25 @@ def ctranslate2_engine(ct2: ctranslate2.Translator, tokenizer: Tokenizer, max_le
 # CTranslate2's Intel OpenMP) fight: threads that one runtime leaves spinning after its run steal the
 # cores from the other's next run. Measured on 2 cores, the same-process numbers swung by 2x with
 # OMP_WAIT_POLICY; separate processes measure each engine as a user would run it.
+ENGINES = ["ours", "ours-unpacked", "ours-int8", "ctranslate2", "ctranslate2-int8"]
 SETTLE_S = 0.5  # pause between runs: Intel OpenMP threads spin for 200 ms (KMP_BLOCKTIME) after work
 
 
 def build_engine(name: str, spec: dict[str, Any]) -> Engine:
     torch.set_num_threads(spec["threads"])
-    if name in ("ours", "ours-unpacked"):  # ours-unpacked: the model.prepack lever switched off
+    if name.startswith("ours"):  # ours-unpacked: the model.prepack lever switched off
         translator = Translator.load(
-            spec["model"], device=spec["device"], dtype=spec["dtype"], prepack=name == "ours"
+            spec["model"],
+            device=spec["device"],
+            dtype=spec["dtype"],
+            prepack=name != "ours-unpacked",
+            quantization="int8" if name == "ours-int8" else "none",
         )
         return ours(translator, spec["max_length"])
     ct2 = ctranslate2.Translator(
         spec["ct2_dir"],
         device="cuda" if spec["device"].startswith("cuda") else "cpu",
-        compute_type=spec["ct2_compute_type"],
+        compute_type="int8" if name == "ctranslate2-int8" else spec["ct2_compute_type"],
         inter_threads=1,
         intra_threads=spec["threads"],
     )
@@ -278,8 +283,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--engines",
         nargs="+",
         default=["ours", "ctranslate2"],
-        choices=["ours", "ours-unpacked", "ctranslate2"],
-        help="ours-unpacked: our engine without model.prepack (to measure that lever)",
+        choices=ENGINES,
+        help="ours-unpacked: without model.prepack; -int8: int8 quantization (ours: the decoder's "
+        "linear layers; CTranslate2: compute_type int8); ratios are to ctranslate2 (float32)",
     )
     p.add_argument("--threads", type=int, default=None, help="threads for both engines (default: torch's)")
     p.add_argument("--device", default="cpu", help="cpu or cuda, for both engines")

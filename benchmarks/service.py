@@ -646,23 +646,30 @@ def stop_server(server: Server) -> None:
 def ct2_reference(
     model: Path, texts: list[str], beam: int, batch: int, threads: int, repeats: int, max_length: int
 ) -> Reference:
-    """CTranslate2 sentences/s on the same weights; imported here so that --no-ct2 runs (and the
-    load generator) never load torch or CTranslate2."""
-    import ctranslate2
-
-    from benchmarks.engine import ctranslate2_engine
-    from model.checkpoint import load_tokenizer
+    """CTranslate2 sentences/s on the same weights, in a process of its own (``benchmarks.engine``'s
+    worker: CTranslate2's OpenMP runtime beside torch's in one process measured 178 instead of 325
+    sentences/s); imported here so that --no-ct2 runs (and the load generator) never load torch or
+    CTranslate2."""
+    from benchmarks.engine import Worker
     from model.export_ctranslate2 import export
 
     with tempfile.TemporaryDirectory() as tmp:
         ct2_dir = export(model, Path(tmp) / "ct2", quantization="float32")
-        translator = ctranslate2.Translator(
-            str(ct2_dir), device="cpu", compute_type="float32", inter_threads=1, intra_threads=threads
-        )
-    run = ctranslate2_engine(translator, load_tokenizer(model), max_length)
-    run(texts[: max(batch, 8)], beam, batch)  # warm-up: allocator, thread pool
-    seconds = statistics.median(run(texts, beam, batch).seconds for _ in range(repeats))
-    del translator  # its threads and memory must not stay around while the servers run
+        spec = {
+            "model": str(model),
+            "ct2_dir": str(ct2_dir),
+            "threads": threads,
+            "device": "cpu",
+            "dtype": "float32",
+            "ct2_compute_type": "float32",
+            "max_length": max_length,
+        }
+        worker = Worker("ctranslate2", spec)  # the worker process ends before the servers start
+        try:
+            worker(texts[: max(batch, 8)], beam, batch)  # warm-up: allocator, thread pool
+            seconds = statistics.median(worker(texts, beam, batch).seconds for _ in range(repeats))
+        finally:
+            worker.close()
     return Reference("ctranslate2", len(texts), beam, batch, threads, seconds, len(texts) / seconds)
 
 

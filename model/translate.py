@@ -24,7 +24,7 @@ from typing import BinaryIO
 from tqdm import tqdm
 
 from model.checkpoint import ModelDirError
-from model.translator import DTYPES, Translator
+from model.translator import DTYPES, QUANTIZATIONS, Translator
 
 # Lines handed to Translator.translate_batch at a time. Large enough that the translator's
 # length-sorting finds well-filled batches; small enough that memory stays bounded and output
@@ -70,6 +70,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--dtype", choices=sorted(DTYPES), default="float32", help="compute dtype (default float32)"
+    )
+    parser.add_argument(
+        "--quantization",
+        choices=QUANTIZATIONS,
+        default="none",
+        help="int8: the decoder's linear layers in int8 (CPU, float32; faster); auto: int8 where it "
+        "applies (default none)",
     )
     parser.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     return parser
@@ -197,7 +204,9 @@ def main(argv: list[str] | None = None) -> int:
         return fail(f"input file not found: {args.input}")
 
     try:
-        translator = Translator.load(args.model, device=args.device, dtype=args.dtype)
+        translator = Translator.load(
+            args.model, device=args.device, dtype=args.dtype, quantization=args.quantization
+        )
     except ModelDirError as e:
         return fail(f"cannot load model: {e}")
     except ValueError as e:  # e.g. --device cuda without CUDA

@@ -9,12 +9,14 @@ import torch
 
 from model.allocator import keep_freed_memory
 from model.checkpoint import ModelDirError, ModelInfo, load_model, load_tokenizer, read_info
+from model.prepack import available as prepack_available
 from model.prepack import prepack as prepack_linears
 from model.search import Hypothesis, beam_search, greedy_search, max_lengths
 from model.tokenizer import EOS_ID, PAD_ID, Tokenizer
 from model.transformer import Transformer
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+QUANTIZATIONS = ("none", "int8", "auto")
 
 
 def resolve_device(device: str) -> torch.device:
@@ -44,12 +46,18 @@ class Translator:
     """A loaded model directory. ``translate_batch`` returns one result per input, in input order."""
 
     def __init__(
-        self, model: Transformer, tokenizer: Tokenizer, info: ModelInfo, device: torch.device
+        self,
+        model: Transformer,
+        tokenizer: Tokenizer,
+        info: ModelInfo,
+        device: torch.device,
+        quantization: str = "none",
     ) -> None:
         self.model = model
         self.tokenizer = tokenizer
         self.info = info
         self.device = device
+        self.quantization = quantization  # what the decoder's linear layers run in: none or int8
 
     @classmethod
     def load(
@@ -59,14 +67,24 @@ class Translator:
         device: str = "auto",
         dtype: str | torch.dtype = "float32",
         prepack: bool = True,
+        quantization: str = "none",
     ) -> Translator:
         """Load config.json, model.safetensors and sentencepiece.model from ``model_dir``.
 
         ``prepack``: on CPU in float32, pre-pack the linear layers' weights for oneDNN
         (``model.prepack``; faster decoding, same results up to float rounding).
-        Raises ``ModelDirError`` naming the file when one is missing or corrupted.
+        ``quantization``: ``"int8"`` runs the decoder's linear layers in int8 instead (CPU and
+        float32 only; faster, translations within about 0.1 BLEU: BENCHMARKS.md); ``"auto"`` is
+        int8 where that applies and this torch build supports it, else none.
+        Raises ``ModelDirError`` naming the file when one is missing or corrupted, ``ValueError``
+        for a device, dtype or quantization that cannot be used.
         """
+        if quantization not in QUANTIZATIONS:
+            raise ValueError(f"quantization must be one of {', '.join(QUANTIZATIONS)}, not {quantization!r}")
         dev = resolve_device(device)
+        cpu_float32 = dev.type == "cpu" and resolve_dtype(dtype) == torch.float32
+        if quantization == "int8" and not cpu_float32:
+            raise ValueError("int8 quantization runs on CPU with dtype float32 only")
         info = read_info(model_dir)
         tokenizer = load_tokenizer(model_dir)
         if tokenizer.vocab_size != info.config.vocab_size:
@@ -77,9 +95,14 @@ class Translator:
         model = load_model(model_dir, info, device=dev, dtype=resolve_dtype(dtype))
         if dev.type == "cpu":
             keep_freed_memory()  # CPU decoding allocates and frees large caches at every step
-        if prepack:
+        if quantization == "auto":
+            quantization = "int8" if cpu_float32 and prepack_available(int8=True) else "none"
+        if quantization == "int8":
+            if not prepack_linears(model, int8=True):
+                raise ValueError("int8 quantization is not supported by this torch build")
+        elif prepack:
             prepack_linears(model)
-        return cls(model, tokenizer, info, dev)
+        return cls(model, tokenizer, info, dev, quantization)
 
     @property
     def dtype(self) -> torch.dtype:

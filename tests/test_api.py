@@ -17,6 +17,7 @@ from unittest import mock
 
 import pytest
 from fastapi.testclient import TestClient
+from pydantic import ValidationError
 
 from app.config import Settings
 from app.engine import DeadlineExceeded, Engine, EngineStopped, QueueFull
@@ -29,10 +30,15 @@ JSON = dict[str, Any]
 
 
 def make_settings(model_dir: Path, **overrides: Any) -> Settings:
-    """Settings for a test: defaults plus ``overrides``, whatever NMT_* the shell has set."""
+    """Settings for a test: defaults plus ``overrides``, whatever NMT_* the shell has set.
+
+    Quantization is off unless asked for: the tests compare answers with ``translate_batch`` in
+    float32, exactly, and int8's activation scale depends on the other rows of the batch.
+    """
     clean_env = {k: v for k, v in os.environ.items() if not k.startswith("NMT_")}
+    values = {"model_dir": model_dir, "device": "cpu", "quantization": "none", **overrides}
     with mock.patch.dict(os.environ, clean_env, clear=True):
-        return Settings(model_dir=model_dir, device="cpu", **overrides)
+        return Settings(**values)
 
 
 @contextmanager
@@ -454,6 +460,24 @@ def test_info(client: TestClient, translator: Translator) -> None:
     assert info["batching"]["max_batch_size"] == 64
     assert info["limits"]["max_chars"] == 5000
     assert info["version"]
+    assert info["quantization"] == "none"  # what the tests asked for
+
+
+def test_default_quantization_is_int8_on_cpu(model_dir: Path) -> None:
+    clean_env = {k: v for k, v in os.environ.items() if not k.startswith("NMT_")}
+    with mock.patch.dict(os.environ, clean_env, clear=True):
+        settings = Settings(model_dir=model_dir, device="cpu")  # everything else as deployed
+    with serve(settings) as client:
+        assert client.get("/info").json()["quantization"] == "int8"
+        assert 'quantization="int8"' in client.get("/metrics").text  # nmt_model_info
+        r = translate(client, q="Ein Mann spielt.", beam_size=1)
+        assert r.status_code == 200 and r.json()["translatedText"]
+
+
+def test_int8_needs_cpu_and_float32(model_dir: Path) -> None:
+    for bad in ({"dtype": "bfloat16"}, {"device": "cuda"}):
+        with pytest.raises(ValidationError, match="NMT_QUANTIZATION=int8"):
+            make_settings(model_dir, quantization="int8", **bad)
 
 
 def test_metrics(client: TestClient) -> None:

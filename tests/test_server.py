@@ -43,10 +43,11 @@ class Server:
 
 
 def start_server(log: Path, **env: str) -> Server:
-    """``uvicorn app.main:app`` with only the given NMT_* variables (plus cpu, one thread)."""
+    """``uvicorn app.main:app`` with only the given NMT_* variables (plus cpu, one thread, float32:
+    answers are compared with ``translate_batch`` exactly, and int8 depends on the batch)."""
     port = free_port()
     clean = {k: v for k, v in os.environ.items() if not k.startswith("NMT_")}
-    full_env = {**clean, "NMT_DEVICE": "cpu", "NMT_THREADS": "1", **env}
+    full_env = {**clean, "NMT_DEVICE": "cpu", "NMT_THREADS": "1", "NMT_QUANTIZATION": "none", **env}
     with log.open("wb") as out:  # a file, not a pipe: a full pipe would block the server
         process = subprocess.Popen(
             [sys.executable, "-m", "uvicorn", "app.main:app", "--host", "127.0.0.1", "--port", str(port)],

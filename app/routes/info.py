@@ -34,6 +34,7 @@ async def info(settings: SettingsDep, translator: TranslatorDep) -> dict[str, An
         "languages": languages(meta),
         "device": str(translator.device),
         "dtype": dtype_name(translator),
+        "quantization": translator.quantization,
         "batching": {
             "mode": settings.batching,
             "max_batch_size": settings.max_batch_size,
