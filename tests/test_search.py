@@ -19,7 +19,7 @@ from torch import Tensor
 
 from model.cache import KVCache
 from model.config import ModelConfig
-from model.search import Hypothesis, beam_search, greedy_search, max_lengths
+from model.search import Beam, Hypothesis, argmax_rows, beam_search, greedy_search, max_lengths, search_step
 from model.tokenizer import BOS_ID, EOS_ID, PAD_ID
 from model.transformer import EncoderOutput, Transformer
 
@@ -168,6 +168,36 @@ def test_greedy_equals_argmax_over_the_whole_prefix(make_model: Callable[..., Tr
             # Length-normalised by the output length with eos (len(prefix): bos + tokens).
             assert got[i][0].score == pytest.approx(log_prob / len(prefix), abs=1e-4), f"input {i}"
     assert 0 < ended < len(lengths)  # both ways of ending are covered: eos, and the length limit
+
+
+@pytest.mark.parametrize(("rows", "vocab"), [(1, 128), (8, 8000), (64, 8000), (64, 1024), (13, 100)])
+def test_argmax_rows_is_torch_argmax_ties_included(rows: int, vocab: int) -> None:
+    torch.manual_seed(rows + vocab)
+    x = torch.randn(rows, vocab)
+    x[0, vocab // 3] = x[0, vocab - 1] = 50.0  # a tie across blocks: the first index wins
+    x[-1, 5] = x[-1, 6] = 50.0  # a tie inside a block
+    x[rows // 2, :] = -1.0  # a constant row: index 0
+    assert torch.equal(argmax_rows(x), x.argmax(-1))
+
+
+def test_greedy_without_scores_chooses_the_same_tokens() -> None:
+    torch.manual_seed(0)
+    logits = torch.randn(16, 100) * 3
+    limits = [1 if i % 5 == 0 else 10 for i in range(16)]  # some rows at their limit: eos forced
+    scored = [Beam.start(1, limit) for limit in limits]
+    unscored = [Beam.start(1, limit) for limit in limits]
+    keep_a, tokens_a = search_step(scored, logits, eos=EOS_ID)
+    keep_b, tokens_b = search_step(unscored, logits, eos=EOS_ID, greedy_scores=False)
+    assert torch.equal(tokens_a, tokens_b) and (keep_a is None) == (keep_b is None)
+    assert [b.done for b in scored] == [b.done for b in unscored] == [i % 5 == 0 for i in range(16)]
+    lprobs = torch.log_softmax(logits, -1)
+    for i, (a, b) in enumerate(zip(scored, unscored, strict=True)):
+        if i % 5 == 0:  # ended at once, with eos's own log-prob
+            assert a.finished[0].log_prob == pytest.approx(float(lprobs[i, EOS_ID]))
+            assert b.finished[0].log_prob == 0.0
+        else:
+            assert a.scores[0] == pytest.approx(float(lprobs[i].max())) and b.scores[0] == 0.0
+            assert a.history == b.history == [[int(logits[i].argmax())]]
 
 
 def test_beam_size_1_equals_greedy_on_scripted_model() -> None:
