@@ -30,7 +30,7 @@ import torch
 from app.metrics import Metrics
 from app.model_thread import ModelThread
 from model.cache import KVCache
-from model.search import Beam, initial_capacity, max_lengths, search_step
+from model.search import Beam, Hypothesis, initial_capacity, max_lengths, search_step
 from model.translator import Translator
 
 log = logging.getLogger(__name__)
@@ -67,7 +67,7 @@ class Job:
     src: list[int]  # source ids, eos included
     beam_size: int
     n_best: int
-    future: asyncio.Future[SentenceResult]
+    future: asyncio.Future[list[Hypothesis]]  # the n-best, as token ids: text is made by the caller
     loop: asyncio.AbstractEventLoop
     deadline: float | None  # time.monotonic() after which nobody waits for it
     enqueued: float = field(default_factory=time.monotonic)
@@ -76,7 +76,7 @@ class Job:
     def expired(self, now: float) -> bool:
         return self.cancelled or (self.deadline is not None and now > self.deadline)
 
-    def resolve(self, result: SentenceResult | BaseException) -> None:
+    def resolve(self, result: list[Hypothesis] | BaseException) -> None:
         """Hand the outcome to the event loop (the future is not thread-safe)."""
 
         def settle() -> None:
@@ -256,8 +256,12 @@ class Engine:
             except BaseException:  # cancelled (client gone) or failed: free the model for others
                 self._withdraw(jobs)
                 raise
-            for i, r in zip(todo, done, strict=True):
-                results[i] = r
+            # Detokenized here, not on the model thread: that thread is the service's bottleneck.
+            texts = self.translator.tokenizer.decode([h.tokens for hyps in done for h in hyps])
+            start = 0
+            for i, hyps in zip(todo, done, strict=True):
+                results[i] = SentenceResult(texts[start : start + len(hyps)], [h.score for h in hyps])
+                start += len(hyps)
         return [r for r in results if r is not None]
 
     def _submit(self, jobs: list[Job]) -> None:
@@ -444,7 +448,9 @@ class Engine:
         )
         ks = torch.tensor([j.beam_size for j in jobs], device=src.device)
         rows = torch.arange(len(jobs), device=src.device).repeat_interleave(ks)
-        cache = self.model.start_cache(enc, capacity=initial_capacity(limits)).index_select(rows)
+        cache = self.model.start_cache(enc, capacity=initial_capacity(limits))
+        if len(rows) > len(jobs):  # beams: k rows per job (with greedy only, no copy)
+            cache = cache.index_select(rows)
         self._compact()  # retired rows leave as the new ones join
         run = self._running
         run.cache = cache if run.cache is None else KVCache.concat([run.cache, cache])
@@ -482,5 +488,4 @@ class Engine:
         hyps = beam.best(job.n_best)
         self.metrics.generated_tokens.inc(len(hyps[0].tokens) + 1 if hyps else 0)
         self.metrics.sentences.labels("translated").inc()
-        texts = self.translator.tokenizer.decode([h.tokens for h in hyps])
-        job.resolve(SentenceResult(texts, [h.score for h in hyps]))
+        job.resolve(hyps)

@@ -30,6 +30,33 @@ def merge_heads(x: Tensor) -> Tensor:
     return x.transpose(1, 2).reshape(b, t, h * dh)  # (B, T, D)
 
 
+@dataclass(frozen=True)
+class Packing:
+    """Where the real tokens of a right-padded (B, S) batch are, so that the position-wise layers
+    (linear projections, feed-forward, LayerNorm: most of the encoder's work) run on those N tokens
+    only, as (1, N, D); attention alone needs the padded (B, S) layout. For inference: in a batch of
+    sentences in arrival order, padding was ~40% of the positions (BENCHMARKS.md)."""
+
+    index: Tensor  # (N,) flat positions b * S + s of the real tokens, in order
+    batch: int  # B
+    length: int  # S
+
+    @classmethod
+    def of(cls, mask: Tensor) -> Packing:
+        """``mask`` (B, S): True on real tokens."""
+        return cls(mask.reshape(-1).nonzero().squeeze(1), mask.size(0), mask.size(1))
+
+    def pack(self, x: Tensor) -> Tensor:
+        """(B, S, F) -> (1, N, F)."""
+        return x.reshape(-1, x.size(-1)).index_select(0, self.index)[None]
+
+    def unpack(self, x: Tensor) -> Tensor:
+        """(1, N, F) -> (B, S, F), zeros at the padding."""
+        out = x.new_zeros(self.batch * self.length, x.size(-1))
+        out.index_copy_(0, self.index, x[0])
+        return out.view(self.batch, self.length, -1)
+
+
 class SinusoidalPositions(nn.Module):
     """Fixed sin/cos position encodings of the paper (section 3.5); a buffer, not a parameter."""
 
@@ -61,12 +88,25 @@ class SelfAttention(nn.Module):
         self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model)
         self.out = nn.Linear(cfg.d_model, cfg.d_model)
 
-    def forward(self, x: Tensor, *, key_mask: Tensor | None = None, causal: bool = False) -> Tensor:
-        """Attention over the whole sequence ``x`` (B, T, D): encoder, or decoder in training."""
-        q, k, v = split_heads(self.qkv(x), 3, self.heads)  # each (B, H, T, Dh)
+    def forward(
+        self,
+        x: Tensor,
+        *,
+        key_mask: Tensor | None = None,
+        causal: bool = False,
+        packing: Packing | None = None,
+    ) -> Tensor:
+        """Attention over the whole sequence ``x`` (B, T, D): encoder, or decoder in training.
+        With ``packing``, ``x`` is (1, N, D), the real tokens only, and so is the result."""
+        qkv = self.qkv(x)
+        if packing is not None:
+            qkv = packing.unpack(qkv)  # (B, T, 3D)
+        q, k, v = split_heads(qkv, 3, self.heads)  # each (B, H, T, Dh)
         p = self.dropout if self.training else 0.0
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=key_mask, dropout_p=p, is_causal=causal)
-        return self.out(merge_heads(y))
+        y = merge_heads(
+            F.scaled_dot_product_attention(q, k, v, attn_mask=key_mask, dropout_p=p, is_causal=causal)
+        )  # (B, T, D)
+        return self.out(y if packing is None else packing.pack(y))
 
     def step(self, x: Tensor, kv: Tensor, positions: Tensor, step: StepInfo) -> Tensor:
         """One new position per row. ``x`` (B, 1, D); ``kv`` (2, B, H, C, Dh) is this layer's cache,
@@ -96,8 +136,12 @@ class CrossAttention(nn.Module):
         self.kv = nn.Linear(cfg.d_model, 2 * cfg.d_model)
         self.out = nn.Linear(cfg.d_model, cfg.d_model)
 
-    def project_kv(self, memory: Tensor) -> Tensor:
-        return split_heads(self.kv(memory), 2, self.heads)  # (2, B, H, S, Dh)
+    def project_kv(self, memory: Tensor, packing: Packing | None = None) -> Tensor:
+        """``memory`` (B, S, D), or (1, N, D) real tokens with ``packing``."""
+        kv = self.kv(memory)
+        if packing is not None:
+            kv = packing.unpack(kv)  # (B, S, 2D), zeros at the padding (masked out anyway)
+        return split_heads(kv, 2, self.heads)  # (2, B, H, S, Dh)
 
     def forward(self, x: Tensor, kv: Tensor, key_mask: Tensor) -> Tensor:
         q = split_heads(self.q(x), 1, self.heads)[0]  # (B, H, T, Dh)
@@ -143,8 +187,8 @@ class EncoderLayer(nn.Module):
         self.attn_norm = AddNorm(cfg)
         self.ff_norm = AddNorm(cfg)
 
-    def forward(self, x: Tensor, key_mask: Tensor) -> Tensor:
-        x = self.attn_norm(x, lambda y: self.self_attn(y, key_mask=key_mask))
+    def forward(self, x: Tensor, key_mask: Tensor, packing: Packing | None = None) -> Tensor:
+        x = self.attn_norm(x, lambda y: self.self_attn(y, key_mask=key_mask, packing=packing))
         return self.ff_norm(x, self.ff)
 
 

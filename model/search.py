@@ -227,7 +227,9 @@ def search(
     beams = [Beam.start(beam_size, limit) for limit in limits.tolist()]
     device = enc.memory.device
     rows = torch.arange(len(beams), device=device).repeat_interleave(beam_size)
-    cache: KVCache = model.start_cache(enc, capacity=initial_capacity(limits)).index_select(rows)
+    cache: KVCache = model.start_cache(enc, capacity=initial_capacity(limits))
+    if beam_size > 1:  # k rows per input
+        cache = cache.index_select(rows)
     tokens = torch.full((len(rows),), model.cfg.bos_id, dtype=torch.long, device=device)
     live = beams
     while live:

@@ -15,13 +15,18 @@ from torch import Tensor, nn
 
 from model.cache import KVCache
 from model.config import ModelConfig
-from model.layers import DecoderLayer, EncoderLayer, SinusoidalPositions, StepInfo
+from model.layers import DecoderLayer, EncoderLayer, Packing, SinusoidalPositions, StepInfo
+
+# Inference packs the encoder's real tokens when padding is at least this share of the batch.
+PACK_PADDING = 0.1
 
 
 @dataclass
 class EncoderOutput:
     memory: Tensor  # (B, S, D)
     src_mask: Tensor  # (B, S) bool, True on real tokens
+    packed: Tensor | None = None  # (1, N, D): memory's real tokens, when the encoder ran packed
+    packing: Packing | None = None
 
 
 class Transformer(nn.Module):
@@ -82,11 +87,17 @@ class Transformer(nn.Module):
         src_mask = src != self.cfg.pad_id  # (B, S)
         x = self._embed(src, torch.arange(src.size(1), device=src.device), source=True)  # (B, S, D)
         key_mask = src_mask[:, None, None, :]  # (B, 1, 1, S): broadcast over heads and queries
+        packing = None
+        if not self.training and int(src_mask.sum()) <= (1 - PACK_PADDING) * src_mask.numel():
+            packing = Packing.of(src_mask)  # padding is worth skipping: real tokens only
+            x = packing.pack(x)  # (1, N, D)
         for layer in self.encoder:
-            x = layer(x, key_mask)
+            x = layer(x, key_mask, packing)
         if self.encoder_norm is not None:
             x = self.encoder_norm(x)
-        return EncoderOutput(memory=x, src_mask=src_mask)
+        if packing is None:
+            return EncoderOutput(memory=x, src_mask=src_mask)
+        return EncoderOutput(memory=packing.unpack(x), src_mask=src_mask, packed=x, packing=packing)
 
     # -- decoder, whole prefix (training; the reference for the cache) ----------------------------
     def decode(self, tgt_in: Tensor, enc: EncoderOutput) -> Tensor:
@@ -104,7 +115,8 @@ class Transformer(nn.Module):
     def start_cache(self, enc: EncoderOutput, capacity: int = 32) -> KVCache:
         """A cache for ``enc``'s rows: cross-attention K/V projected now, once; self-attention K/V
         preallocated for ``capacity`` positions (it grows if decoding goes further)."""
-        cross_kv = torch.stack([layer.cross_attn.project_kv(enc.memory) for layer in self.decoder])
+        memory = enc.memory if enc.packed is None else enc.packed
+        cross_kv = torch.stack([layer.cross_attn.project_kv(memory, enc.packing) for layer in self.decoder])
         n_layers, _, b, h, _, dh = cross_kv.shape  # (L, 2, B, H, S, Dh)
         return KVCache(
             self_kv=cross_kv.new_zeros(n_layers, 2, b, h, capacity, dh),

@@ -16,6 +16,7 @@ from torch import Tensor
 
 from model.cache import KVCache
 from model.tokenizer import BOS_ID, EOS_ID, PAD_ID
+from model import transformer
 from model.transformer import Transformer
 
 TOL = 1e-4  # float32; observed differences are ~1e-6
@@ -192,6 +193,33 @@ def test_padding_does_not_change_real_positions(make_model: MakeModel, pre_norm:
         logits_alone = model.decode(tgt, enc_alone)[0]
         logits_batch = model.decode(tgt.expand(2, -1), enc_batch)[0]
     assert max_diff(logits_batch, logits_alone) <= TOL
+
+
+@pytest.mark.parametrize("pre_norm", [False, True], ids=["post-ln", "pre-ln"])
+def test_packed_encoder_computes_what_the_padded_one_does(
+    make_model: MakeModel, pre_norm: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    model = make_model(seed=5, pre_norm=pre_norm)
+    src = sources([3, 11, 6, 1])  # 21 real tokens of 44 positions
+    with torch.inference_mode():
+        monkeypatch.setattr(transformer, "PACK_PADDING", 1.0)  # never pack
+        padded = model.encode(src)
+        padded_cache = model.start_cache(padded)
+        monkeypatch.setattr(transformer, "PACK_PADDING", 0.1)  # the default: pack here
+        packed = model.encode(src)
+        packed_cache = model.start_cache(packed)
+    assert padded.packing is None and packed.packing is not None
+    assert packed.packed is not None and packed.packed.shape == (1, 21, model.cfg.d_model)
+    real = src != PAD_ID
+    assert max_diff(packed.memory[real], padded.memory[real]) <= 1e-5
+    assert not packed.memory[~real].any()  # padding: zeros
+    cross_real = real[None, None, :, None, :, None].expand_as(packed_cache.cross_kv)
+    assert max_diff(packed_cache.cross_kv[cross_real], padded_cache.cross_kv[cross_real]) <= 1e-5
+    with torch.inference_mode():  # and decoding from either gives the same logits
+        tokens = torch.full((4,), BOS_ID)
+        a, _ = model.decode_step(tokens, packed_cache)
+        b, _ = model.decode_step(tokens, padded_cache)
+    assert max_diff(a, b) <= TOL
 
 
 def test_eval_mode_is_deterministic_and_train_mode_is_not(make_model: MakeModel) -> None:
