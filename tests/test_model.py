@@ -14,9 +14,9 @@ import pytest
 import torch
 from torch import Tensor
 
+from model import transformer
 from model.cache import KVCache
 from model.tokenizer import BOS_ID, EOS_ID, PAD_ID
-from model import transformer
 from model.transformer import Transformer
 
 TOL = 1e-4  # float32; observed differences are ~1e-6
