@@ -35,6 +35,11 @@ from model.translator import Translator
 
 log = logging.getLogger(__name__)
 
+# Continuous batching: while a batch runs, waiting sentences join it once they number at least
+# JOIN_RATIO x the running ones, or after JOIN_WAIT_STEPS decoding steps (see Engine._take).
+JOIN_RATIO = 0.3
+JOIN_WAIT_STEPS = 8
+
 
 class EngineError(Exception):
     """A sentence the engine could not translate."""
@@ -183,6 +188,7 @@ class Engine:
         self._cond = threading.Condition()
         self._running = Running()
         self._worker: Future[None] | None = None  # the worker loop, while it runs
+        self._steps_since_join = 0  # decoding steps since newcomers last joined the running batch
         self._stop = False
         self.failed: BaseException | None = None  # set if the worker loop itself died
 
@@ -328,6 +334,7 @@ class Engine:
         assert run.cache is not None and run.tokens is not None
         self.metrics.batch_size.observe(run.live_rows)
         self.metrics.decode_steps.inc()
+        self._steps_since_join += 1
         logits, run.cache = self.model.decode_step(run.tokens, run.cache)
         rows = run.row_index(live)
         if len(rows) < len(run.tokens):  # retired rows decoded too: their logits are not searched
@@ -408,10 +415,15 @@ class Engine:
         taken: list[Job] = []
         now = time.monotonic()
         with self._cond:
-            # Joining copies the whole cache once, so while a batch runs, newcomers wait until a
-            # quarter of it is free and join together, rather than a few at every step (under
-            # load from many clients, that copying took a third of the time).
+            # Joining copies the whole cache once and encodes the newcomers as one batch, so while a
+            # batch runs, newcomers join in groups rather than one or two at every step: once a
+            # quarter of the batch is free (under load from many clients, copying for every few
+            # newcomers took a third of the time), and once enough of them wait (JOIN_RATIO of the
+            # running sentences, as TGI's waiting_served_ratio) or JOIN_WAIT_STEPS have passed.
             if rows and self.max_batch_size - rows < self.compact_rows:
+                return taken
+            live = len(run.live)
+            if live and len(self._queue) < JOIN_RATIO * live and self._steps_since_join < JOIN_WAIT_STEPS:
                 return taken
             while self._queue:
                 job = self._queue[0]
@@ -428,6 +440,8 @@ class Engine:
                 taken.append(job)
                 rows, src_len = rows + job.beam_size, new_len
             self.metrics.queue_depth.set(len(self._queue))
+        if taken:
+            self._steps_since_join = 0
         return taken
 
     def _admit(self, jobs: list[Job]) -> None:

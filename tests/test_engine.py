@@ -11,7 +11,15 @@ import pytest
 import torch
 from conftest import synthetic_sentences
 
-from app.engine import DeadlineExceeded, Engine, EngineStopped, QueueFull
+from app.engine import (
+    JOIN_RATIO,
+    JOIN_WAIT_STEPS,
+    DeadlineExceeded,
+    Engine,
+    EngineStopped,
+    Job,
+    QueueFull,
+)
 from app.metrics import Metrics
 from model.checkpoint import load_model, load_tokenizer, read_info
 from model.translator import Translator
@@ -150,6 +158,45 @@ def test_full_queue_is_refused(model_dir: Path) -> None:
         asyncio.run(main())
     finally:
         engine.stop()
+
+
+def test_newcomers_join_a_running_batch_in_groups(model_dir: Path) -> None:
+    """While 5 long sentences decode, a lone newcomer joins only JOIN_WAIT_STEPS steps after the
+    last join; two newcomers (>= JOIN_RATIO x 5 running) join at the next step."""
+    metrics = Metrics()
+    # Outputs of 3 x the source length: the long sentences outlast both short requests.
+    engine = Engine(never_ending(model_dir), max_length_a=3.0, max_length_b=0, metrics=metrics)
+    joins: list[tuple[int, float, int]] = []  # (steps since the last join, step count, newcomers)
+    take = engine._take
+
+    def recording_take() -> list[Job]:
+        running, since = bool(engine._running.live), engine._steps_since_join
+        taken = take()
+        if taken and running:
+            joins.append((since, counter(metrics, "nmt_decode_steps_total"), len(taken)))
+        return taken
+
+    engine._take = recording_take  # type: ignore[method-assign]
+    engine.start()
+
+    async def main() -> float:
+        long_run = asyncio.create_task(engine.translate(LONG * 2 + LONG[:1], beam_size=1))
+        await wait_for(lambda: engine.active_sequences == 5)
+        await engine.translate(SHORT, beam_size=1)
+        submitted = counter(metrics, "nmt_decode_steps_total")
+        await engine.translate(SHORT * 2, beam_size=1)
+        assert not long_run.done()  # the newcomers joined a running batch
+        await long_run
+        return submitted
+
+    try:
+        submitted = asyncio.run(main())
+    finally:
+        engine.stop()
+    assert 1 < JOIN_RATIO * 5 <= 2  # the arithmetic this test relies on
+    assert len(joins) == 2, joins
+    assert joins[0][0] == JOIN_WAIT_STEPS and joins[0][2] == 1, joins
+    assert joins[1][1] - submitted <= 1 and joins[1][2] == 2, (joins, submitted)
 
 
 def test_deadline_and_cancellation_free_the_batch(model_dir: Path) -> None:
