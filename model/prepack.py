@@ -7,9 +7,9 @@ faster than ``F.linear`` through MKL (BENCHMARKS.md, "Engine"). CTranslate2 uses
 reason on AMD CPUs.
 
 With ``int8=True`` the same layers run in int8 instead (``Int8Linear``): weights quantized once
-per output channel, activations quantized per call from their own range (dynamic quantization, the
-scheme of CTranslate2's ``int8`` compute type), through fbgemm. On this CPU that made greedy
-decoding of test_2016 1.8x faster at batch 64 for 0.1 BLEU (BENCHMARKS.md, "Levers measured").
+per output channel, activations quantized at every call from the range of the whole batch
+(dynamic quantization), through fbgemm. On this CPU that made greedy decoding of test_2016 at
+batch 64 1.2x faster (192.9 -> 231.0 sentences/s) with BLEU within 0.2 (BENCHMARKS.md, "Engine").
 
 The ops (``torch.ops.mkldnn._linear_pointwise``, the one ``torch.compile`` emits for frozen linear
 layers on CPU, and ``torch.ops.quantized.linear_dynamic``, the one behind torch's deprecated
@@ -67,8 +67,9 @@ class PackedLinear(PreparedLinear):
 
 
 class Int8Linear(PreparedLinear):
-    """The weight in int8, one symmetric scale per output feature; the input quantized to 8 bits
-    (unsigned, its own min/max) at every call, the product accumulated in int32 and rescaled."""
+    """The weight in int8, one symmetric scale per output feature; the input quantized to 7 bits
+    (unsigned, from the min/max of the whole input) at every call, the product accumulated in int32
+    and rescaled."""
 
     def __init__(self, weight: Tensor, bias: Tensor | None, *, keep: bool = True) -> None:
         super().__init__(weight, bias, keep=keep)
@@ -112,7 +113,8 @@ def prepack(model: Transformer, *, int8: bool = False) -> bool:
     kind: type[PreparedLinear] = Int8Linear if int8 else PackedLinear
     # Only what runs once per generated token: the encoder and the cross-attention K/V projection
     # run once per input over all its tokens, and at those sizes MKL's GEMM was as fast or faster
-    # (encoding 64 sentences: 141 ms plain, 173 ms packed).
+    # (encoding 64 sentences: 141 ms plain, 173 ms packed; int8 was no faster either: 68 vs 69 us
+    # per source token in batches of 16, BLEU unchanged).
     for layer in model.decoder:
         for module in list(layer.modules()):
             for name, child in list(module.named_children()):

@@ -74,7 +74,7 @@ class Translator:
         ``prepack``: on CPU in float32, pre-pack the linear layers' weights for oneDNN
         (``model.prepack``; faster decoding, same results up to float rounding).
         ``quantization``: ``"int8"`` runs the decoder's linear layers in int8 instead (CPU and
-        float32 only; faster, translations within about 0.1 BLEU: BENCHMARKS.md); ``"auto"`` is
+        float32 only; faster, BLEU within 0.2 on Multi30k: BENCHMARKS.md); ``"auto"`` is
         int8 where that applies and this torch build supports it, else none.
         Raises ``ModelDirError`` naming the file when one is missing or corrupted, ``ValueError``
         for a device, dtype or quantization that cannot be used.
