@@ -647,9 +647,9 @@ def ct2_reference(
     model: Path, texts: list[str], beam: int, batch: int, threads: int, repeats: int, max_length: int
 ) -> Reference:
     """CTranslate2 sentences/s on the same weights, in a process of its own (``benchmarks.engine``'s
-    worker: CTranslate2's OpenMP runtime beside torch's in one process measured 178 instead of 325
-    sentences/s); imported here so that --no-ct2 runs (and the load generator) never load torch or
-    CTranslate2."""
+    worker: with torch's OpenMP runtime loaded beside CTranslate2's, one run of the reference read
+    178 sentences/s, against 311-399 in its own process); imported here so that --no-ct2 runs (and
+    the load generator) never load torch or CTranslate2."""
     from benchmarks.engine import Worker
     from model.export_ctranslate2 import export
 
