@@ -219,8 +219,9 @@ class Engine:
             with contextlib.suppress(TimeoutError):
                 self._worker.result(timeout=30)
             self._worker = None
-        if self._own_thread:
+        if self._own_thread:  # end the thread; a fresh executor starts one only if started again
             self.model_thread.shutdown()
+            self.model_thread = ModelThread()
 
     async def translate(
         self, sentences: list[str], *, beam_size: int = 5, n_best: int = 1, timeout_s: float | None = None

@@ -224,6 +224,17 @@ def test_deadline_and_cancellation_free_the_batch(model_dir: Path) -> None:
     assert counter(metrics, "nmt_sentences_total", {"outcome": "abandoned"}) == 4
 
 
+def test_engine_restarts_after_stop(translator: Translator) -> None:
+    engine = Engine(translator)
+    for _ in range(2):
+        engine.start()
+        try:
+            assert asyncio.run(engine.translate(SHORT, beam_size=1))[0].hypotheses[0]
+        finally:
+            engine.stop()
+        assert not engine.alive
+
+
 def test_stopped_engine_refuses_and_fails_pending(model_dir: Path) -> None:
     engine = Engine(never_ending(model_dir), max_length_b=400)
 
