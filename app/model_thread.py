@@ -33,7 +33,6 @@ class ModelThread:
 
     def __init__(self, threads: int | None = None) -> None:
         """``threads``: torch intra-op threads of the model thread (None: torch's default)."""
-        self.threads = threads
         self._executor = ThreadPoolExecutor(
             max_workers=1, thread_name_prefix="nmt-model", initializer=_set_threads, initargs=(threads,)
         )

@@ -9,7 +9,6 @@ import torch
 
 from model.allocator import keep_freed_memory
 from model.checkpoint import ModelDirError, ModelInfo, load_model, load_tokenizer, read_info
-from model.prepack import available as prepack_available
 from model.prepack import prepack as prepack_linears
 from model.search import Hypothesis, beam_search, greedy_search, max_lengths
 from model.tokenizer import EOS_ID, PAD_ID, Tokenizer
@@ -95,13 +94,15 @@ class Translator:
         model = load_model(model_dir, info, device=dev, dtype=resolve_dtype(dtype))
         if dev.type == "cpu":
             keep_freed_memory()  # CPU decoding allocates and frees large caches at every step
-        if quantization == "auto":
-            quantization = "int8" if cpu_float32 and prepack_available(int8=True) else "none"
-        if quantization == "int8":
-            if not prepack_linears(model, int8=True):
-                raise ValueError("int8 quantization is not supported by this torch build")
-        elif prepack:
-            prepack_linears(model)
+        # prepack_linears checks that this build runs int8 at all; "auto" falls back to float32.
+        if quantization != "none" and cpu_float32 and prepack_linears(model, int8=True):
+            quantization = "int8"
+        elif quantization == "int8":
+            raise ValueError("int8 quantization is not supported by this torch build")
+        else:
+            quantization = "none"
+            if prepack:
+                prepack_linears(model)
         return cls(model, tokenizer, info, dev, quantization)
 
     @property
