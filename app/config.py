@@ -60,7 +60,11 @@ class Settings(BaseSettings):
     max_beam_size: PositiveInt = 8
     max_alternatives: Annotated[int, Field(ge=0)] = 3
 
-    # torch intra-op threads of the model thread; 0 = torch's default (one per core).
+    # Model replicas, each with its own running batch and model thread; replicas after the first run
+    # in child processes (app/replicas.py). On CPU, one replica per core with NMT_THREADS=1 gave the
+    # most sentences/s under load; one replica with every core gives the lowest single-request latency.
+    replicas: PositiveInt = 1
+    # torch intra-op threads per replica; 0 = torch's default (one per core) shared by the replicas.
     threads: Annotated[int, Field(ge=0)] = 0
     warmup: bool = True
 

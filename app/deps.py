@@ -17,7 +17,7 @@ from typing import Annotated
 from fastapi import Depends, HTTPException, Request
 
 from app.config import Settings
-from app.engine import Engine
+from app.engine import TranslationEngine
 from app.metrics import Metrics
 from model.translator import Translator
 
@@ -43,8 +43,8 @@ async def get_translator(request: Request) -> Translator:
     return translator
 
 
-async def get_engine(request: Request) -> Engine:
-    engine: Engine | None = request.app.state.engine
+async def get_engine(request: Request) -> TranslationEngine:
+    engine: TranslationEngine | None = request.app.state.engine
     if engine is None or not request.app.state.ready:
         raise HTTPException(503, NOT_READY)
     return engine
@@ -53,4 +53,4 @@ async def get_engine(request: Request) -> Engine:
 SettingsDep = Annotated[Settings, Depends(get_settings)]
 MetricsDep = Annotated[Metrics, Depends(get_metrics)]
 TranslatorDep = Annotated[Translator, Depends(get_translator)]
-EngineDep = Annotated[Engine, Depends(get_engine)]
+EngineDep = Annotated[TranslationEngine, Depends(get_engine)]

@@ -23,10 +23,11 @@ import time
 from collections import deque
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, Protocol
 
 import torch
 
+from app.config import Settings
 from app.metrics import Metrics
 from app.model_thread import ModelThread
 from model.cache import KVCache
@@ -63,6 +64,26 @@ class SentenceResult:
     # Their length-normalised log-probabilities; 0.0 for greedy search, where the engine skips the
     # log-softmax (the API returns no scores; at batch 64 it took ~0.3 ms of a ~10 ms step).
     scores: list[float]
+
+
+class TranslationEngine(Protocol):
+    """What the service needs of an engine: an ``Engine`` here, or an ``app.replicas.EnginePool``
+    over several (``NMT_REPLICAS``)."""
+
+    @property
+    def queue_depth(self) -> int: ...
+
+    @property
+    def active_sequences(self) -> int: ...
+
+    @property
+    def alive(self) -> bool: ...
+
+    async def translate(
+        self, sentences: list[str], *, beam_size: int = 5, n_best: int = 1, timeout_s: float | None = None
+    ) -> list[SentenceResult]: ...
+
+    def stop(self) -> None: ...
 
 
 @dataclass(eq=False)
@@ -191,6 +212,21 @@ class Engine:
         self._steps_since_join = 0  # decoding steps since newcomers last joined the running batch
         self._stop = False
         self.failed: BaseException | None = None  # set if the worker loop itself died
+
+    @classmethod
+    def from_settings(
+        cls, translator: Translator, settings: Settings, *, metrics: Metrics, model_thread: ModelThread
+    ) -> Engine:
+        return cls(
+            translator,
+            max_batch_size=settings.max_batch_size,
+            max_batch_tokens=settings.max_batch_tokens,
+            max_queue=settings.max_queue,
+            mode=settings.batching,
+            max_wait_ms=settings.max_wait_ms,
+            model_thread=model_thread,
+            metrics=metrics,
+        )
 
     # -- the event-loop side -----------------------------------------------------------------------
     @property

@@ -7,7 +7,9 @@ non-zero exit status, instead of an import traceback or a server that answers 50
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import os
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -17,11 +19,12 @@ from fastapi import FastAPI
 from pydantic import ValidationError
 
 from app.config import Settings, describe_settings_error, service_version
-from app.engine import Engine
+from app.engine import Engine, EngineError, TranslationEngine
 from app.errors import install_error_handlers
 from app.metrics import Metrics
 from app.middleware import RequestMetricsMiddleware
 from app.model_thread import ModelThread
+from app.replicas import EnginePool, RemoteEngine
 from app.routes import health, info, languages, metrics, translate
 from app.routes.info import dtype_name
 from model.checkpoint import ModelDirError
@@ -65,22 +68,34 @@ def load_translator(settings: Settings) -> Translator:
         fail(f"cannot load model from {settings.model_dir}: {e}")
 
 
-def build_engine(
-    translator: Translator, settings: Settings, metrics: Metrics, model_thread: ModelThread
-) -> Engine:
-    return Engine(
-        translator,
-        max_batch_size=settings.max_batch_size,
-        max_batch_tokens=settings.max_batch_tokens,
-        max_queue=settings.max_queue,
-        mode=settings.batching,
-        max_wait_ms=settings.max_wait_ms,
-        model_thread=model_thread,
-        metrics=metrics,
-    )
+def replica_threads(settings: Settings) -> int | None:
+    """torch threads of each replica's model thread: ``NMT_THREADS``, or else torch's default for a
+    single replica and the usable cores shared out among several."""
+    if settings.threads or settings.replicas == 1:
+        return settings.threads or None
+    return max(1, len(os.sched_getaffinity(0)) // settings.replicas)
 
 
-async def warm_up(engine: Engine) -> None:
+async def start_replicas(
+    engine: Engine, settings: Settings, metrics: Metrics, threads: int | None
+) -> EnginePool:
+    """The service's engine plus ``settings.replicas - 1`` child processes, started together."""
+    remotes = [
+        RemoteEngine(settings, threads=threads or 1, metrics=metrics, name=f"replica-{i}")
+        for i in range(1, settings.replicas)
+    ]
+    started = await asyncio.gather(*(r.start() for r in remotes), return_exceptions=True)
+    failures = [e for e in started if isinstance(e, BaseException)]
+    if failures:
+        for remote in remotes:
+            remote.stop()
+        if isinstance(failures[0], EngineError):
+            fail(f"cannot start a model replica: {failures[0]}")
+        raise failures[0]
+    return EnginePool([engine, *remotes])
+
+
+async def warm_up(engine: TranslationEngine) -> None:
     """One translation before accepting traffic: the first request should not pay for lazy
     initialisation (allocator, kernels, thread pools)."""
     try:
@@ -113,15 +128,19 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     started = time.perf_counter()
     # The model is loaded on the thread that will run it, and the event loop never runs torch:
     # OpenMP is much slower once two threads have started parallel work (app/model_thread.py).
-    model_thread = ModelThread(threads=settings.threads or None)
+    threads = replica_threads(settings)
+    model_thread = ModelThread(threads=threads)
     try:
         translator = await model_thread.run(load_translator, settings)
     except BaseException:
         model_thread.shutdown()
         raise
-    engine = build_engine(translator, settings, metrics, model_thread)
-    engine.start()
+    local = Engine.from_settings(translator, settings, metrics=metrics, model_thread=model_thread)
+    local.start()
+    engine: TranslationEngine = local
     try:
+        if settings.replicas > 1:
+            engine = await start_replicas(local, settings, metrics, threads)
         if settings.warmup:
             await warm_up(engine)
         record_model(metrics, settings, translator, time.perf_counter() - started)

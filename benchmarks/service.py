@@ -9,7 +9,9 @@ are sentences/s). The modes:
 
 - ``none``: ``NMT_MAX_BATCH_SIZE=1``, one sentence decoded at a time (batching disabled);
 - ``dynamic``: ``NMT_BATCHING=dynamic``, batch by batch, collecting for ``NMT_MAX_WAIT_MS``;
-- ``continuous``: ``NMT_BATCHING=continuous`` (the default), sentences join and leave every step.
+- ``continuous``: ``NMT_BATCHING=continuous`` (the default), sentences join and leave every step;
+- ``replicas``: continuous batching in ``NMT_REPLICAS`` = one model replica per usable core, each
+  with its own batch and one thread (with ``--server-threads 0``), the others in child processes.
 
 Measured per mode:
 
@@ -26,7 +28,7 @@ Measured per mode:
   omission). Requests scheduled in the window are awaited up to ``--drain`` seconds afterwards;
   reported: achieved answers/s inside the window, latency percentiles, errors.
 - **server memory**: ``VmHWM`` (peak resident set) and ``VmRSS`` of the server process from
-  ``/proc/<pid>/status`` after the mode's measurements.
+  ``/proc/<pid>/status`` after the mode's measurements, summed with its child processes'.
 - **CPU**, per measurement point, in cores (CPU-seconds per second): the load generator (this
   process: an asyncio HTTP/1.1 client of a few dozen lines, one keep-alive connection per client,
   because it shares the machine with the server), the server process, and every other process.
@@ -49,6 +51,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import math
 import os
@@ -81,6 +84,8 @@ MODES: dict[str, dict[str, str]] = {
     "none": {"NMT_MAX_BATCH_SIZE": "1"},
     "dynamic": {"NMT_BATCHING": "dynamic"},
     "continuous": {"NMT_BATCHING": "continuous"},
+    # Continuous batching in one model replica per core, one thread each (app/replicas.py).
+    "replicas": {"NMT_BATCHING": "continuous", "NMT_REPLICAS": str(len(os.sched_getaffinity(0)))},
 }
 START_TIMEOUT_S = 120.0
 STOP_TIMEOUT_S = 30.0
@@ -489,14 +494,29 @@ async def open_loop(
 
 
 # -- CPU accounting ---------------------------------------------------------------------------------
+def process_tree(pid: int) -> list[int]:
+    """``pid`` and its descendants (the server's model replicas run in child processes)."""
+    pids, i = [pid], 0
+    while i < len(pids):
+        for task in Path(f"/proc/{pids[i]}/task").glob("*/children"):
+            with contextlib.suppress(OSError, ValueError):
+                pids += [int(c) for c in task.read_text().split()]
+        i += 1
+    return pids
+
+
 def process_cpu_seconds(pid: int) -> float | None:
-    """utime + stime of a process (Linux /proc/<pid>/stat, all threads), or None."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = stat.rpartition(")")[2].split()  # the command name may contain spaces
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    """utime + stime of a process and its descendants (Linux /proc/<pid>/stat, all threads), or
+    None when the process is gone."""
+    total = None
+    for p in process_tree(pid):
+        try:
+            stat = Path(f"/proc/{p}/stat").read_text()
+        except OSError:
+            continue
+        fields = stat.rpartition(")")[2].split()  # the command name may contain spaces
+        total = (total or 0.0) + (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return total
 
 
 def own_cpu_seconds() -> float:
@@ -620,15 +640,17 @@ def wait_idle(server: Server, timeout_s: float = IDLE_TIMEOUT_S) -> None:
 
 
 def read_memory(pid: int) -> tuple[float | None, float | None]:
-    """VmHWM and VmRSS of a process in MiB (Linux), None where not available."""
+    """VmHWM and VmRSS in MiB (Linux), summed over the process and its descendants (each one's
+    own peak), None where not available."""
     values: dict[str, float] = {}
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            key, _, rest = line.partition(":")
-            if key in ("VmHWM", "VmRSS"):
-                values[key] = int(rest.split()[0]) * 1024 / MIB  # the kernel reports kB
-    except OSError:
-        pass
+    for p in process_tree(pid):
+        try:
+            for line in Path(f"/proc/{p}/status").read_text().splitlines():
+                key, _, rest = line.partition(":")
+                if key in ("VmHWM", "VmRSS"):  # the kernel reports kB
+                    values[key] = values.get(key, 0.0) + int(rest.split()[0]) * 1024 / MIB
+        except OSError:
+            continue
     return values.get("VmHWM"), values.get("VmRSS")
 
 

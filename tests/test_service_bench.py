@@ -6,7 +6,11 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import os
 import random
+import subprocess
+import sys
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -34,6 +38,9 @@ from benchmarks.service import (
     parse_head,
     percentile,
     plot,
+    process_cpu_seconds,
+    process_tree,
+    read_memory,
     render,
     request_body,
     summarize,
@@ -250,3 +257,32 @@ def test_open_loop_sends_at_the_rate_asked() -> None:
     assert 50 <= result.sent <= 160  # Poisson with mean 100
     assert result.errors == 0 and result.completed == result.sent
     assert opened == server.connections < result.sent  # idle connections are reused
+
+
+def test_server_cpu_and_memory_count_its_child_processes() -> None:
+    """Model replicas run in child processes of the server: their CPU time and memory are the
+    server's too."""
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        me = os.getpid()
+        assert child.pid in process_tree(me)
+        deadline = time.monotonic() + 10
+        while (read_memory(child.pid)[0] or 0.0) < 1.0:  # the interpreter has started
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        own = read_memory_of_one(me)
+        total, child_hwm = read_memory(me)[0], read_memory(child.pid)[0]
+        assert total is not None and child_hwm is not None
+        assert total == pytest.approx(own + child_hwm, rel=0.05)
+        cpu = process_cpu_seconds(me)
+        assert cpu is not None and cpu >= os.times().user + os.times().system - 0.05
+    finally:
+        child.kill()
+        child.wait()
+
+
+def read_memory_of_one(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError("no VmHWM")

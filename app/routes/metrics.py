@@ -6,7 +6,7 @@ from fastapi import APIRouter, Request, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from app.deps import MetricsDep
-from app.engine import Engine
+from app.engine import TranslationEngine
 
 router = APIRouter(tags=["metrics"])
 
@@ -15,7 +15,7 @@ router = APIRouter(tags=["metrics"])
 async def metrics(request: Request, metrics: MetricsDep) -> Response:
     # Queue depth and batch occupancy are read at scrape time: they change every decoding step,
     # so pushing them from the engine would cost more than reading them when asked.
-    engine: Engine | None = request.app.state.engine
+    engine: TranslationEngine | None = request.app.state.engine
     if engine is not None:
         metrics.queue_depth.set(engine.queue_depth)
         metrics.active_sequences.set(engine.active_sequences)
