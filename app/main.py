@@ -76,13 +76,11 @@ def replica_threads(settings: Settings) -> int | None:
     return max(1, len(os.sched_getaffinity(0)) // settings.replicas)
 
 
-async def start_replicas(
-    engine: Engine, settings: Settings, metrics: Metrics, threads: int | None
-) -> EnginePool:
-    """The service's engine plus ``settings.replicas - 1`` child processes, started together."""
+async def start_replicas(settings: Settings, metrics: Metrics, threads: int | None) -> EnginePool:
+    """``settings.replicas`` child processes, each running the model and an engine, started together."""
     remotes = [
         RemoteEngine(settings, threads=threads or 1, metrics=metrics, name=f"replica-{i}")
-        for i in range(1, settings.replicas)
+        for i in range(settings.replicas)
     ]
     started = await asyncio.gather(*(r.start() for r in remotes), return_exceptions=True)
     failures = [e for e in started if isinstance(e, BaseException)]
@@ -92,10 +90,10 @@ async def start_replicas(
         if isinstance(failures[0], EngineError):
             fail(f"cannot start a model replica: {failures[0]}")
         raise failures[0]
-    return EnginePool([engine, *remotes])
+    return EnginePool(remotes)
 
 
-async def warm_up(engine: TranslationEngine) -> None:
+async def warm_up(engine: Engine) -> None:
     """One translation before accepting traffic: the first request should not pay for lazy
     initialisation (allocator, kernels, thread pools)."""
     try:
@@ -128,6 +126,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     started = time.perf_counter()
     # The model is loaded on the thread that will run it, and the event loop never runs torch:
     # OpenMP is much slower once two threads have started parallel work (app/model_thread.py).
+    # With replicas, this copy only answers what the routes ask (languages, tokenizer, /info).
     threads = replica_threads(settings)
     model_thread = ModelThread(threads=threads)
     try:
@@ -135,14 +134,15 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     except BaseException:
         model_thread.shutdown()
         raise
-    local = Engine.from_settings(translator, settings, metrics=metrics, model_thread=model_thread)
-    local.start()
-    engine: TranslationEngine = local
+    engine: TranslationEngine | None = None
     try:
-        if settings.replicas > 1:
-            engine = await start_replicas(local, settings, metrics, threads)
-        if settings.warmup:
-            await warm_up(engine)
+        if settings.replicas == 1:
+            engine = Engine.from_settings(translator, settings, metrics=metrics, model_thread=model_thread)
+            engine.start()
+            if settings.warmup:
+                await warm_up(engine)
+        else:  # the model runs (and warms up) in the replicas; this process keeps HTTP and metrics
+            engine = await start_replicas(settings, metrics, threads)
         record_model(metrics, settings, translator, time.perf_counter() - started)
         app.state.translator = translator
         app.state.engine = engine
@@ -157,7 +157,8 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         yield
     finally:
         app.state.ready = False  # readiness fails first, so load balancers stop sending traffic
-        engine.stop()
+        if engine is not None:
+            engine.stop()
         model_thread.shutdown()
 
 

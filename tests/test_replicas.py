@@ -1,10 +1,11 @@
-"""Model replicas (``NMT_REPLICAS``): requests spread over the service's engine and child processes
-give the same translations, the children's engine metrics reach /metrics, and a replica that dies
+"""Model replicas (``NMT_REPLICAS``): requests spread over child processes give the same
+translations, the children's engine metrics reach /metrics, and a replica that dies
 fails its own requests (never hangs them), leaves the others serving, and is started again."""
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import signal
 import time
@@ -17,7 +18,7 @@ from conftest import synthetic_sentences
 from fastapi.testclient import TestClient
 from test_api import assert_error, best, make_settings, serve
 
-from app.engine import EngineStopped, SentenceResult
+from app.engine import DeadlineExceeded, EngineStopped, SentenceResult
 from app.main import replica_threads
 from app.metrics import Metrics
 from app.replicas import EnginePool, MetricEvents, RemoteEngine, replay
@@ -45,7 +46,7 @@ def test_requests_are_spread_over_the_replicas_and_translate_as_one_engine(
     replicated: TestClient, translator: Translator
 ) -> None:
     pool = pool_of(replicated)
-    assert len(pool.engines) == 2 and isinstance(pool.engines[1], RemoteEngine)
+    assert len(pool.engines) == 2 and all(isinstance(e, RemoteEngine) for e in pool.engines)
     sentences = synthetic_sentences(24, seed=3)
     served: list[int] = []
     real = [e.translate for e in pool.engines]
@@ -78,6 +79,7 @@ def test_requests_are_spread_over_the_replicas_and_translate_as_one_engine(
 
 
 def test_http_requests_are_served_by_the_replicas(replicated: TestClient, translator: Translator) -> None:
+    assert replicated.get("/info").json()["batching"]["replicas"] == 2
     sentences = synthetic_sentences(4, seed=5)
     answer = replicated.post("/translate", json={"q": sentences, "source": "de", "target": "en"})
     assert answer.status_code == 200, answer.text
@@ -120,12 +122,17 @@ def test_a_replica_that_dies_fails_its_requests_and_is_started_again(model_dir: 
             )
             time.sleep(0.2)
             assert not pending.done()
+            # A request with a deadline does not wait for a hung child much past it.
+            with mock.patch("app.replicas.DEADLINE_GRACE_S", 0.1), pytest.raises(DeadlineExceeded):
+                client.portal.call(  # type: ignore[union-attr]
+                    functools.partial(remote.translate, ["Ein Hund."], timeout_s=0.1)
+                )
         finally:
             os.kill(pid, signal.SIGKILL)
         with pytest.raises(EngineStopped):
             pending.result(timeout=10)
         assert not remote.alive or remote._process.pid != pid
-        # Meanwhile the service's own replica serves every request.
+        # Meanwhile the other replica serves every request.
         assert client.get("/health/ready").status_code == 200
         assert client.post("/translate", json={"q": "Hallo", "target": "en"}).status_code == 200
         deadline = time.monotonic() + 120

@@ -41,6 +41,7 @@ async def info(settings: SettingsDep, translator: TranslatorDep) -> dict[str, An
             "max_batch_tokens": settings.max_batch_tokens,
             "max_queue": settings.max_queue,
             "max_wait_ms": settings.max_wait_ms,
+            "replicas": settings.replicas,  # each with its own batch, queue and limits above
         },
         "limits": {
             "max_chars": settings.max_chars,
