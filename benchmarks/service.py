@@ -1,11 +1,11 @@
 """Service load: throughput and latency of the running HTTP service under many concurrent clients.
 
-For each batching mode the script starts its own server (``python -m uvicorn app.main:app`` on a
-free loopback port, CPU, ``NMT_THREADS=--server-threads``, log in ``--log-dir``), waits for
-``/health/ready`` and sends ``POST /translate`` requests with one German sentence each
-(test_2016_flickr, 1,000 sentences by default; ``{"q", "source": "de", "target": "en",
-"beam_size"}``; every line of test_2016 is one sentence for the service's splitter, so requests/s
-are sentences/s). The modes:
+For each batching mode the script starts its own server (``python -m uvicorn app.main:app
+--no-access-log`` as the Dockerfile does, on a free loopback port, CPU,
+``NMT_THREADS=--server-threads``, log in ``--log-dir``), waits for ``/health/ready`` and sends
+``POST /translate`` requests with one German sentence each (test_2016_flickr, 1,000 sentences by
+default; ``{"q", "source": "de", "target": "en", "beam_size"}``; every line of test_2016 is one
+sentence for the service's splitter, so requests/s are sentences/s). The modes:
 
 - ``none``: ``NMT_MAX_BATCH_SIZE=1``, one sentence decoded at a time (batching disabled);
 - ``dynamic``: ``NMT_BATCHING=dynamic``, batch by batch, collecting for ``NMT_MAX_WAIT_MS``;
@@ -585,7 +585,18 @@ def start_server(mode: str, model: Path, threads: int, beam: int, log_dir: Path)
     log = log_dir / f"server-{mode}.log"
     with log.open("wb") as out:  # a file, not a pipe: a full pipe would block the server
         process = subprocess.Popen(
-            [sys.executable, "-m", "uvicorn", "app.main:app", "--host", HOST, "--port", str(port)],
+            # As the Dockerfile runs it (no access log).
+            [
+                sys.executable,
+                "-m",
+                "uvicorn",
+                "app.main:app",
+                "--host",
+                HOST,
+                "--port",
+                str(port),
+                "--no-access-log",
+            ],
             cwd=REPO,
             env=server_env(mode, model, threads, beam),
             stdout=out,
