@@ -6,10 +6,10 @@ kernels without re-packing per call; on our 2-core AMD EPYC this made whole deco
 faster than ``F.linear`` through MKL (BENCHMARKS.md, "Engine"). CTranslate2 uses oneDNN for the same
 reason on AMD CPUs.
 
-With ``int8=True`` the same layers run in int8 instead (``Int8Linear``): weights quantized once
-per output channel, activations quantized at every call from the range of the whole batch
-(dynamic quantization), through fbgemm. On this CPU that made greedy decoding of test_2016 at
-batch 64 1.2x faster (192.9 -> 231.0 sentences/s) with BLEU within 0.2 (BENCHMARKS.md, "Engine").
+With ``int8=True`` those layers, and the encoder's, run in int8 instead (``Int8Linear``): weights
+quantized once per output channel, activations quantized at every call from the range of the
+whole batch (dynamic quantization), through fbgemm. On this CPU that made greedy decoding of
+test_2016 at batch 64 faster (BENCHMARKS.md, "Engine") with BLEU within 0.2 of float32.
 
 The ops (``torch.ops.mkldnn._linear_pointwise``, the one ``torch.compile`` emits for frozen linear
 layers on CPU, and ``torch.ops.quantized.linear_dynamic``, the one behind torch's deprecated
@@ -101,28 +101,36 @@ def available(int8: bool = False) -> bool:
         return False
 
 
+def _replace_linears(root: nn.Module, kind: type[PreparedLinear], skip: nn.Module | None = None) -> None:
+    for module in list(root.modules()):
+        for name, child in list(module.named_children()):
+            if isinstance(child, nn.Linear) and child is not skip:
+                setattr(module, name, kind(child.weight, child.bias))
+
+
 def prepack(model: Transformer, *, int8: bool = False) -> bool:
-    """Replace the decoder's per-token ``nn.Linear`` layers and the output projection of an
-    eval-mode float32 CPU ``model`` by ``PackedLinear`` (or ``Int8Linear``), in place. Returns
-    whether it did."""
+    """Replace ``nn.Linear`` layers of an eval-mode float32 CPU ``model`` by ``PackedLinear`` (the
+    decoder's per-token layers and the output projection) or ``Int8Linear`` (those, the encoder's
+    and the cross-attention K/V projection: every linear layer), in place. Returns whether it did."""
     weight = model.embed.weight
     if model.training or weight.device.type != "cpu" or weight.dtype != torch.float32:
         return False
     if not available(int8):
         return False
     kind: type[PreparedLinear] = Int8Linear if int8 else PackedLinear
-    # Only what runs once per generated token: the encoder and the cross-attention K/V projection
-    # run once per input over all its tokens, and at those sizes MKL's GEMM was as fast or faster
-    # (encoding 64 sentences: 141 ms plain, 173 ms packed; int8 was no faster either: 68 vs 69 us
-    # per source token in batches of 16, BLEU unchanged).
+    # float32 packs only what runs once per generated token: the encoder and the cross-attention K/V
+    # projection run once per input over all its tokens, where MKL's GEMM was as fast or faster
+    # (encoding 64 sentences: 141 ms plain, 173 ms packed). int8 is faster there too: encoding plus
+    # cross K/V 131 -> 92-101 us per source token on one thread, 95-106 -> 66-76 on two (batches of
+    # 12 in arrival order); BLEU within 0.2 of float32 (BENCHMARKS.md).
     for layer in model.decoder:
-        for module in list(layer.modules()):
-            for name, child in list(module.named_children()):
-                if isinstance(child, nn.Linear) and child is not layer.cross_attn.kv:
-                    setattr(module, name, kind(child.weight, child.bias))
+        _replace_linears(layer, kind, skip=None if int8 else layer.cross_attn.kv)
+    if int8:
+        for enc_layer in model.encoder:
+            _replace_linears(enc_layer, kind)
     if model.out_proj is not None:
         model.out_proj = kind(model.out_proj.weight, None)  # type: ignore[assignment]
     if model.out_proj is None:  # tied: the embedding matrix is also the output projection
         model.logits_proj = kind(weight, None, keep=False)
-    log.info("decoder linear layers prepared: %s", "int8 (fbgemm)" if int8 else "float32 (oneDNN)")
+    log.info("linear layers prepared: %s", "all in int8 (fbgemm)" if int8 else "decoder in float32 (oneDNN)")
     return True

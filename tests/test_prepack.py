@@ -103,7 +103,9 @@ def test_int8_model_keeps_its_state_dict_and_close_logits(
     assert prepack(quantized, int8=True)
     for layer in quantized.decoder:
         assert isinstance(layer.self_attn.qkv, Int8Linear) and isinstance(layer.ff.fc1, Int8Linear)
-    assert isinstance(quantized.encoder[0].ff.fc1, torch.nn.Linear)  # the encoder stays float32
+    for enc_layer in quantized.encoder:  # the encoder too, and the cross-attention K/V projection
+        assert isinstance(enc_layer.self_attn.qkv, Int8Linear) and isinstance(enc_layer.ff.fc2, Int8Linear)
+    assert isinstance(quantized.decoder[0].cross_attn.kv, Int8Linear)
     assert isinstance(quantized.logits_proj if tie_embeddings else quantized.out_proj, Int8Linear)
     after = quantized.state_dict()
     assert after.keys() == before.keys() and all(torch.equal(after[k], v) for k, v in before.items())
