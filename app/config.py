@@ -36,8 +36,8 @@ class Settings(BaseSettings):
     model_dir: Path = Path("artifacts/multi30k-de-en")
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
-    # int8: the decoder's linear layers run in int8 (CPU with float32 only; faster, BLEU within 0.2
-    # on Multi30k: BENCHMARKS.md); auto: int8 on CPU with float32, none elsewhere.
+    # int8: the linear layers run in int8 (CPU with float32 only; faster, BLEU within 0.2 on
+    # Multi30k: BENCHMARKS.md); auto: int8 on CPU with float32, none elsewhere.
     quantization: Literal["auto", "none", "int8"] = "auto"
 
     # Engine (batching) limits.

@@ -75,7 +75,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--quantization",
         choices=QUANTIZATIONS,
         default="none",
-        help="int8: the decoder's linear layers in int8 (CPU, float32; faster); auto: int8 where it "
+        help="int8: the linear layers in int8 (CPU, float32; faster); auto: int8 where it "
         "applies (default none)",
     )
     parser.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")

@@ -56,7 +56,7 @@ class Translator:
         self.tokenizer = tokenizer
         self.info = info
         self.device = device
-        self.quantization = quantization  # what the decoder's linear layers run in: none or int8
+        self.quantization = quantization  # what the linear layers run in: none or int8
 
     @classmethod
     def load(
@@ -72,7 +72,7 @@ class Translator:
 
         ``prepack``: on CPU in float32, pre-pack the linear layers' weights for oneDNN
         (``model.prepack``; faster decoding, same results up to float rounding).
-        ``quantization``: ``"int8"`` runs the decoder's linear layers in int8 instead (CPU and
+        ``quantization``: ``"int8"`` runs the linear layers in int8 instead (CPU and
         float32 only; faster, BLEU within 0.2 on Multi30k: BENCHMARKS.md); ``"auto"`` is
         int8 where that applies and this torch build supports it, else none.
         Raises ``ModelDirError`` naming the file when one is missing or corrupted, ``ValueError``
