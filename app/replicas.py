@@ -32,6 +32,7 @@ import contextlib
 import itertools
 import logging
 import multiprocessing
+import signal
 import threading
 from collections import deque
 from collections.abc import Sequence
@@ -123,6 +124,8 @@ def replay(metrics: Metrics, events: Sequence[MetricEvent]) -> None:
 def serve_replica(settings: Settings, threads: int, conn: Connection) -> None:
     """The child process: load the model, then translate what the parent sends until it says stop
     or goes away."""
+    # Ctrl-C in a terminal reaches the whole process group; the parent shuts its replicas down.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         asyncio.run(_serve(settings, threads, conn))
     finally:
@@ -132,6 +135,12 @@ def serve_replica(settings: Settings, threads: int, conn: Connection) -> None:
 async def _serve(settings: Settings, threads: int, conn: Connection) -> None:
     loop = asyncio.get_running_loop()
     model_thread = ModelThread(threads)
+
+    def send(message: tuple[Any, ...]) -> None:
+        with contextlib.suppress(OSError):  # the parent is gone: the reader thread says stop
+            conn.send(message)
+
+    engine: Engine | None = None
     try:
         translator = await model_thread.run(
             Translator.load,
@@ -149,7 +158,9 @@ async def _serve(settings: Settings, threads: int, conn: Connection) -> None:
             await engine.translate(WARMUP_SENTENCES, beam_size=1)
         events.drain()  # the warm-up is not traffic
     except Exception as e:  # reported to the parent, which fails its start-up with this message
-        conn.send(("failed", f"{type(e).__name__}: {e}"))
+        send(("failed", f"{type(e).__name__}: {e}"))
+        if engine is not None:
+            engine.stop()
         model_thread.shutdown()
         return
 
@@ -179,17 +190,17 @@ async def _serve(settings: Settings, threads: int, conn: Connection) -> None:
             reply = ("error", rid, EngineError(f"translation failed: {e}"))
         finally:
             tasks.pop(rid, None)
-        conn.send(reply)
+        send(reply)
 
     async def report() -> None:
         while True:
-            conn.send(("status", engine.queue_depth, engine.active_sequences, events.drain()))
+            send(("status", engine.queue_depth, engine.active_sequences, events.drain()))
             await asyncio.sleep(STATUS_INTERVAL_S)
 
     tasks: dict[int, asyncio.Task[None]] = {}
     threading.Thread(target=read, name="nmt-replica-inbox", daemon=True).start()
     reporter = asyncio.create_task(report())
-    conn.send(("ready",))
+    send(("ready",))
     try:
         while True:
             message = await inbox.get()

@@ -18,7 +18,7 @@ from conftest import synthetic_sentences
 from fastapi.testclient import TestClient
 from test_api import assert_error, best, make_settings, serve
 
-from app.engine import DeadlineExceeded, EngineStopped, SentenceResult
+from app.engine import DeadlineExceeded, EngineError, EngineStopped, SentenceResult
 from app.main import replica_threads
 from app.metrics import Metrics
 from app.replicas import EnginePool, MetricEvents, RemoteEngine, replay
@@ -146,3 +146,11 @@ def test_a_replica_that_dies_fails_its_requests_and_is_started_again(model_dir: 
         pool_of(client).stop()
         assert_error(client.get("/health/ready"), 503, "engine")
         assert_error(client.post("/translate", json={"q": "Hallo", "target": "en"}), 503)
+
+
+def test_a_replica_that_cannot_load_its_model_fails_start_up_with_the_reason(tmp_path: Path) -> None:
+    remote = RemoteEngine(make_settings(tmp_path / "missing"), threads=1, metrics=Metrics())
+    with pytest.raises(EngineError, match="missing"):
+        asyncio.run(remote.start())
+    assert not remote.alive
+    assert remote._process is not None and not remote._process.is_alive()
