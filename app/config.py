@@ -60,9 +60,10 @@ class Settings(BaseSettings):
     max_beam_size: PositiveInt = 8
     max_alternatives: Annotated[int, Field(ge=0)] = 3
 
-    # Model replicas, each with its own running batch and model thread; replicas after the first run
-    # in child processes (app/replicas.py). On CPU, one replica per core with NMT_THREADS=1 gave the
-    # most sentences/s under load; one replica with every core gives the lowest single-request latency.
+    # Model replicas, each with its own running batch, queue and model thread. 1: the model runs in
+    # the server process; more: each replica is a child process and the server process keeps HTTP
+    # (app/replicas.py). On CPU under load, one single-threaded replica per core served the most
+    # sentences/s; one replica with every core gives the lowest single-request latency.
     replicas: PositiveInt = 1
     # torch intra-op threads per replica; 0 = torch's default (one per core) shared by the replicas.
     threads: Annotated[int, Field(ge=0)] = 0
