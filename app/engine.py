@@ -36,6 +36,10 @@ from model.translator import Translator
 
 log = logging.getLogger(__name__)
 
+# Translated once before a service reports ready: the first request should not pay for lazy
+# initialisation (allocator, kernels, thread pools).
+WARMUP_SENTENCES = ["Hallo Welt."]
+
 # Continuous batching: while a batch runs, waiting sentences join it once they number at least
 # JOIN_RATIO x the running ones, or after JOIN_WAIT_STEPS decoding steps (see Engine._take).
 JOIN_RATIO = 0.3
@@ -64,6 +68,13 @@ class SentenceResult:
     # Their length-normalised log-probabilities; 0.0 for greedy search, where the engine skips the
     # log-softmax (the API returns no scores; at batch 64 it took ~0.3 ms of a ~10 ms step).
     scores: list[float]
+
+
+def open_translator(settings: Settings) -> Translator:
+    """The model of ``settings``, as the service runs it (in its own process or in a replica's)."""
+    return Translator.load(
+        settings.model_dir, device=settings.device, dtype=settings.dtype, quantization=settings.quantization
+    )
 
 
 class TranslationEngine(Protocol):

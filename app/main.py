@@ -19,7 +19,7 @@ from fastapi import FastAPI
 from pydantic import ValidationError
 
 from app.config import Settings, describe_settings_error, service_version
-from app.engine import Engine, EngineError, TranslationEngine
+from app.engine import WARMUP_SENTENCES, Engine, EngineError, TranslationEngine, open_translator
 from app.errors import install_error_handlers
 from app.metrics import Metrics
 from app.middleware import RequestMetricsMiddleware
@@ -33,8 +33,6 @@ from model.translator import Translator
 # A child of uvicorn's general logger: under uvicorn these lines get its handler and format
 # ("ERROR:    cannot load model: ..."); elsewhere they propagate to the root logger as usual.
 logger = logging.getLogger("uvicorn.error").getChild("nmt")
-
-WARMUP_SENTENCES = ["Hallo Welt."]
 
 
 def fail(message: str) -> NoReturn:
@@ -56,12 +54,7 @@ def read_settings(app: FastAPI) -> Settings:
 
 def load_translator(settings: Settings) -> Translator:
     try:
-        return Translator.load(
-            settings.model_dir,
-            device=settings.device,
-            dtype=settings.dtype,
-            quantization=settings.quantization,
-        )
+        return open_translator(settings)
     except ModelDirError as e:  # names the missing or corrupted file
         fail(f"cannot load model: {e}")
     except ValueError as e:  # e.g. NMT_DEVICE=cuda on a machine without CUDA

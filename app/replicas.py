@@ -41,16 +41,17 @@ from typing import Any, cast
 
 from app.config import Settings
 from app.engine import (
+    WARMUP_SENTENCES,
     DeadlineExceeded,
     Engine,
     EngineError,
     EngineStopped,
     SentenceResult,
     TranslationEngine,
+    open_translator,
 )
 from app.metrics import Metrics
 from app.model_thread import ModelThread
-from model.translator import Translator
 
 log = logging.getLogger("uvicorn.error").getChild("replicas")
 
@@ -58,7 +59,6 @@ STATUS_INTERVAL_S = 0.25  # how often a child reports its queue, its batch and i
 START_TIMEOUT_S = 300.0  # loading and warming up a replica
 STOP_TIMEOUT_S = 30.0
 DEADLINE_GRACE_S = 5.0  # past a request's deadline, stop waiting for a child that has not answered
-WARMUP_SENTENCES = ["Hallo Welt."]
 
 # The engine metrics a child may report, with what the engine does to them (app.engine.Engine).
 # Gauges (queue depth, active sequences) are not events: the pool sums the replicas' at scrape time.
@@ -142,13 +142,7 @@ async def _serve(settings: Settings, threads: int, conn: Connection) -> None:
 
     engine: Engine | None = None
     try:
-        translator = await model_thread.run(
-            Translator.load,
-            settings.model_dir,
-            device=settings.device,
-            dtype=settings.dtype,
-            quantization=settings.quantization,
-        )
+        translator = await model_thread.run(open_translator, settings)
         events = MetricEvents()
         engine = Engine.from_settings(
             translator, settings, metrics=cast(Metrics, events), model_thread=model_thread
@@ -233,7 +227,6 @@ class RemoteEngine:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._ready: asyncio.Future[None] | None = None
         self._running = False
-        self._stopping = False
         self._restart: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
@@ -284,20 +277,17 @@ class RemoteEngine:
             # The child enforces the deadline; this one only guards against a child that hangs.
             async with asyncio.timeout(None if timeout_s is None else timeout_s + DEADLINE_GRACE_S):
                 return await future
-        except TimeoutError as e:
+        except (TimeoutError, asyncio.CancelledError) as e:  # the child drops the sentences too
             with contextlib.suppress(EngineError):
                 self._send(("cancel", rid))
-            raise DeadlineExceeded(f"not translated within {timeout_s:g} s") from e
-        except asyncio.CancelledError:  # the client went away: the child drops the sentences too
-            with contextlib.suppress(EngineError):
-                self._send(("cancel", rid))
-            raise
+            if isinstance(e, TimeoutError):
+                raise DeadlineExceeded(f"not translated within {timeout_s:g} s") from e
+            raise  # cancelled: the client went away
         finally:
             self._pending.pop(rid, None)
 
     def stop(self) -> None:
-        self._running = False
-        self._stopping = True
+        self._running = False  # first: the child's exit that follows is not a crash
         if self._restart is not None:
             self._restart.cancel()
         if self._process is None:
@@ -354,7 +344,7 @@ class RemoteEngine:
             reason = message[1] if kind == "failed" else "the replica process exited"
             if self._ready is not None and not self._ready.done():
                 self._ready.set_exception(EngineError(f"{self.name}: {reason}"))
-            crashed = kind == "exited" and self._running and not self._stopping
+            crashed = kind == "exited" and self._running
             self._running = False
             self._fail_pending()
             if crashed:  # like a process supervisor: its requests failed, start a fresh one
