@@ -61,14 +61,22 @@ class KVCache:
         max_length = self.max_length  # uniform rows: unchanged, and no device sync needed
         if not self.uniform:
             max_length = int(lengths.max().item()) if len(index) else 0
+        cross_kv, src_mask = self.cross_kv, self.src_mask
+        if not same_sources:
+            src_mask = src_mask.index_select(0, index)
+            # Source positions no remaining row attends to are cut off: in continuous batching the
+            # longest input that ever joined would otherwise pad everyone's cross-attention for good.
+            width = int(src_mask.any(0).nonzero().max().item()) + 1 if len(index) else src_mask.size(1)
+            cross_kv = cross_kv[..., :width, :].index_select(2, index)  # (L, 2, B', H, S', Dh)
+            src_mask = src_mask[:, :width]
         return KVCache(
             # Same capacity, but only the written positions are copied: early in a search most of the
             # preallocated buffer is empty, and copying it all made dropping rows cost a whole step.
             self_kv=_stack_rows(
                 [self.self_kv[..., : self.max_length, :].index_select(2, index)], self.capacity
             ),
-            cross_kv=self.cross_kv if same_sources else self.cross_kv.index_select(2, index),
-            src_mask=self.src_mask if same_sources else self.src_mask.index_select(0, index),
+            cross_kv=cross_kv,
+            src_mask=src_mask,
             lengths=lengths,
             max_length=max_length,
             uniform=self.uniform,

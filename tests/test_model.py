@@ -167,6 +167,29 @@ def test_index_select_same_sources_keeps_the_source_side(make_model: MakeModel) 
             assert max_diff(a, b) == 0.0
 
 
+def test_index_select_cuts_source_padding_nobody_needs(make_model: MakeModel) -> None:
+    """When the longest source leaves, the others' cross-attention K/V lose the padding it forced
+    on them (continuous batching would otherwise pad to the longest input ever seen), and
+    decoding goes on unchanged."""
+    model = make_model(seed=5)
+    src = sources([4, 9, 6])
+    tgt = targets(3, 6)
+    with torch.inference_mode():
+        enc = model.encode(src)
+        full = model.decode(tgt, enc)
+        cache = model.start_cache(enc)
+        for t in range(2):
+            model.decode_step(tgt[:, t], cache)
+        assert cache.cross_kv.size(4) == 9
+        kept = cache.index_select(torch.tensor([1, 2]))  # the longest stays: nothing to cut
+        assert kept.cross_kv.size(4) == 9 and kept.src_mask.size(1) == 9
+        cache = cache.index_select(torch.tensor([2, 0]))  # the longest leaves
+        assert cache.cross_kv.size(4) == 6 and cache.src_mask.shape == (2, 6)
+        for t in range(2, 6):
+            logits, cache = model.decode_step(tgt[[2, 0], t], cache)
+            assert max_diff(logits[0], full[2, t]) <= TOL and max_diff(logits[1], full[0, t]) <= TOL
+
+
 def test_index_select_to_empty_batch(make_model: MakeModel) -> None:
     model = make_model(seed=3)
     with torch.inference_mode():
