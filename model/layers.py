@@ -192,13 +192,20 @@ class EncoderLayer(nn.Module):
         return self.ff_norm(x, self.ff)
 
 
+def attention_bias(keep: Tensor, dtype: torch.dtype) -> Tensor:
+    """A boolean key mask (True: attend) as an additive one (0 or -inf) of ``dtype``. SDPA's CPU
+    kernel converts a boolean mask at every call; a decoding step uses each mask in every layer,
+    so it is converted once per step instead."""
+    return torch.zeros(keep.shape, dtype=dtype, device=keep.device).masked_fill_(~keep, float("-inf"))
+
+
 @dataclass(frozen=True)
 class StepInfo:
     """What every decoder layer needs to know about one incremental step (computed once per step)."""
 
     length: int  # cached positions to attend to, after this step's write
     uniform: bool  # all rows at the same position
-    self_mask: Tensor | None  # (B, 1, 1, length) True on valid keys; None when uniform
+    self_mask: Tensor | None  # (B, 1, 1, length) additive: 0 on valid keys, -inf after; None when uniform
 
 
 class DecoderLayer(nn.Module):
