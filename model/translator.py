@@ -12,7 +12,7 @@ from model.checkpoint import ModelDirError, ModelInfo, load_model, load_tokenize
 from model.prepack import prepack as prepack_linears
 from model.search import Hypothesis, beam_search, greedy_search, max_lengths
 from model.tokenizer import EOS_ID, PAD_ID, Tokenizer
-from model.transformer import Transformer
+from model.transformer import Transformer, strip_dropout
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 QUANTIZATIONS = ("none", "int8", "auto")
@@ -91,7 +91,7 @@ class Translator:
                 f"{model_dir}: sentencepiece.model has {tokenizer.vocab_size} pieces, "
                 f"config.json says vocab_size={info.config.vocab_size}"
             )
-        model = load_model(model_dir, info, device=dev, dtype=resolve_dtype(dtype))
+        model = strip_dropout(load_model(model_dir, info, device=dev, dtype=resolve_dtype(dtype)))
         if dev.type == "cpu":
             keep_freed_memory()  # CPU decoding allocates and frees large caches at every step
         # prepack_linears checks that this build runs int8 at all; "auto" falls back to float32.

@@ -280,3 +280,16 @@ def test_add_norm_places_the_layer_norm(pre_norm: bool) -> None:
             x + sublayer(ln(x, (8,), eps=cfg.layer_norm_eps)) if pre_norm else ln(x + sublayer(x), (8,))
         )
     assert max_diff(got, expected) <= 1e-5
+
+
+def test_strip_dropout_changes_no_output(make_model: MakeModel) -> None:
+    """Inference models lose their Dropout modules (``Translator.load`` does it): the eval model's
+    outputs must not change, and no Dropout may be left anywhere in the tree."""
+    src, tgt = sources([5, 7]), targets(2, 6)
+    with torch.inference_mode():
+        model = make_model(seed=6)
+        before = model.decode(tgt, model.encode(src))
+        assert any(isinstance(m, torch.nn.Dropout) for m in model.modules())
+        stripped = transformer.strip_dropout(model)
+        assert not any(isinstance(m, torch.nn.Dropout) for m in stripped.modules())
+        assert torch.equal(stripped.decode(tgt, stripped.encode(src)), before)

@@ -104,6 +104,7 @@ def test_save_load_round_trip(sentences: list[str], translator: Translator, tmp_
     out = save_model_dir(tmp_path / "copy", translator.model, translator.info, translator.tokenizer.path)
     loaded = Translator.load(out, device="cpu")
     assert state_dicts_equal(loaded.model, translator.model)
+    assert not any(isinstance(m, torch.nn.Dropout) for m in loaded.model.modules())  # inference only
     assert read_info(out) == translator.info
     for beam_size in (1, 3):
         assert_same_results(
