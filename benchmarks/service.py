@@ -20,7 +20,8 @@ Measured per mode:
   seconds. Requests that complete inside the measured window count; at its end the clients
   disconnect, the server drops their unfinished sentences and the script waits until it is idle.
   Reported: sentences/s, latency p50/p95/p99/mean, errors (non-200 answers and exceptions), the
-  ratio to the CTranslate2 reference and to the ``none`` mode at the same client count.
+  ratio to the CTranslate2 reference measured around the point (below) and to the ``none`` mode at
+  the same client count.
 - **open loop** (``--open-loop-modes``, continuous only by default), for each ``--rates`` value:
   requests at Poisson arrival times regardless of the answers, each on an idle keep-alive
   connection or a new one. Latency runs from the *scheduled* send time, so a late generator or a
@@ -33,12 +34,19 @@ Measured per mode:
   process: an asyncio HTTP/1.1 client of a few dozen lines, one keep-alive connection per client,
   because it shares the machine with the server), the server process, and every other process.
 
-The reference, measured first while no server runs: CTranslate2 ``translate_batch`` on the same
-weights (``model.export_ctranslate2``, float32), same sentences, same beam, batch 64, same thread
-count, text to text (``benchmarks.engine.ctranslate2_engine``); one untimed warm-up, then the median
-of ``--repeats`` runs.
+The reference: CTranslate2 ``translate_batch`` on the same weights (``model.export_ctranslate2``,
+float32), same sentences, same beam, batch 64, same thread count, text to text
+(``benchmarks.engine.ctranslate2_engine``), in one worker process kept for the whole benchmark
+(exported and warmed up once). On a shared VM it moves by ±15% from run to run, so it is
+interleaved with the server points instead of measured once: once per mode when its server is ready,
+then again after every closed-loop point once the server is idle (the worker waits on its pipe,
+using no CPU, while a server is measured). A measurement is the median of ``--repeats`` timed runs
+of all the sentences; a point's ×CT2 divides by the mean of the measurements just before and just
+after it, and the report gives the median, min-max and count of all of them. Cost: one measurement
+per closed-loop point plus one per mode, each ``--repeats`` × ~3-4 s for 1,000 sentences.
 
-    # ~15 min on 2 cores, plus up to --drain per open-loop rate that overloads the server
+    # ~17 min on 2 cores (24 reference measurements included), plus up to --drain per open-loop
+    # rate that overloads the server
     .venv/bin/python -m benchmarks.service --json service.json --plot service.png
     .venv/bin/python -m benchmarks.service --modes continuous --clients 4 --duration 3 --warmup 1 \\
         --rates 5 --no-ct2                                                          # smoke run
@@ -74,9 +82,12 @@ from dataclasses import asdict, dataclass, field
 from importlib.metadata import PackageNotFoundError
 from importlib.metadata import version as dist_version
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from benchmarks.common import DATA, DEFAULT_MODEL, REPO, OtherLoad, cpu_busy_seconds, cpu_name
+
+if TYPE_CHECKING:  # imported when the reference starts: --no-ct2 runs never load torch or CTranslate2
+    from benchmarks.engine import Worker
 
 HOST = "127.0.0.1"
 
@@ -128,7 +139,11 @@ class ClosedLoopResult:
     sentences_per_s: float
     latency: LatencyStats
     cpu: CpuUsage
-    vs_ct2: float | None = None  # sentences/s / CTranslate2 sentences/s
+    # CTranslate2 sentences/s around this point: the mean of the reference measured just before and
+    # just after it (None without the reference); the machine's speed drifts too much to use one
+    # value for the whole run.
+    ct2_sentences_per_s: float | None = None
+    vs_ct2: float | None = None  # sentences/s / CTranslate2 sentences/s (the above, else the median)
     vs_no_batching: float | None = None  # sentences/s / mode "none" sentences/s at the same clients
 
 
@@ -162,8 +177,16 @@ class Reference:
     beam: int
     batch_size: int
     threads: int
-    seconds: float  # median over repeats
-    sentences_per_s: float
+    repeats: int  # timed runs per measurement; a measurement is their median
+    runs: list[float] = field(default_factory=list)  # sentences/s of every measurement, in order
+    sentences_per_s: float = field(init=False)  # median of runs (NaN before the first)
+
+    def __post_init__(self) -> None:
+        self.sentences_per_s = statistics.median(self.runs) if self.runs else math.nan
+
+    def add(self, sentences_per_s: float) -> None:
+        self.runs.append(sentences_per_s)
+        self.sentences_per_s = statistics.median(self.runs)
 
 
 @dataclass
@@ -265,10 +288,15 @@ def open_loop_result(
 
 
 def add_ratios(results: Sequence[ClosedLoopResult], reference: Reference | None) -> None:
+    """×CT2 against each point's own adjacent reference where it has one (the machine's speed when
+    the point ran), else against the median of all the reference's measurements."""
     baseline = {r.clients: r.sentences_per_s for r in results if r.mode == "none"}
     for r in results:
-        if reference is not None and reference.sentences_per_s > 0:
-            r.vs_ct2 = r.sentences_per_s / reference.sentences_per_s
+        ct2 = r.ct2_sentences_per_s
+        if ct2 is None and reference is not None:
+            ct2 = reference.sentences_per_s
+        if ct2 is not None and ct2 > 0:  # NaN (no measurement) fails the comparison too
+            r.vs_ct2 = r.sentences_per_s / ct2
         if r.mode != "none" and baseline.get(r.clients):
             r.vs_no_batching = r.sentences_per_s / baseline[r.clients]
 
@@ -676,34 +704,70 @@ def stop_server(server: Server) -> None:
 
 
 # -- the reference ----------------------------------------------------------------------------------
-def ct2_reference(
-    model: Path, texts: list[str], beam: int, batch: int, threads: int, repeats: int, max_length: int
-) -> Reference:
-    """CTranslate2 sentences/s on the same weights, in a process of its own (``benchmarks.engine``'s
-    worker: with torch's OpenMP runtime loaded beside CTranslate2's, one run of the reference read
-    178 sentences/s, against 311-399 in its own process); imported here so that --no-ct2 runs (and
-    the load generator) never load torch or CTranslate2."""
-    from benchmarks.engine import Worker
-    from model.export_ctranslate2 import export
+class Ct2Reference:
+    """CTranslate2 sentences/s on the same weights, measured as often as asked by one process kept
+    for the whole benchmark (exported and warmed up once, not per measurement): ``benchmarks.engine``'s
+    worker, because with torch's OpenMP runtime loaded beside CTranslate2's one run of the reference
+    read 178 sentences/s, against 311-399 in its own process. Between measurements the worker blocks
+    on its pipe, so it takes no CPU from the servers (``Worker`` pauses ``SETTLE_S`` after each run,
+    until Intel OpenMP's threads stop spinning). torch and CTranslate2 are imported in ``__enter__``
+    so that --no-ct2 runs (and the load generator) never load them. Every measurement is appended to
+    ``self.reference``."""
 
-    with tempfile.TemporaryDirectory() as tmp:
-        ct2_dir = export(model, Path(tmp) / "ct2", quantization="float32")
-        spec = {
-            "model": str(model),
-            "ct2_dir": str(ct2_dir),
-            "threads": threads,
-            "device": "cpu",
-            "dtype": "float32",
-            "ct2_compute_type": "float32",
-            "max_length": max_length,
-        }
-        worker = Worker("ctranslate2", spec)  # the worker process ends before the servers start
-        try:
-            worker(texts[: max(batch, 8)], beam, batch)  # warm-up: allocator, thread pool
-            seconds = statistics.median(worker(texts, beam, batch).seconds for _ in range(repeats))
-        finally:
-            worker.close()
-    return Reference("ctranslate2", len(texts), beam, batch, threads, seconds, len(texts) / seconds)
+    def __init__(
+        self,
+        model: Path,
+        texts: list[str],
+        beam: int,
+        batch: int,
+        threads: int,
+        repeats: int,
+        max_length: int,
+    ) -> None:
+        self.model, self.texts, self.beam, self.batch = model, texts, beam, batch
+        self.threads, self.max_length = threads, max_length
+        self.reference = Reference("ctranslate2", len(texts), beam, batch, threads, repeats)
+        self.stack = contextlib.ExitStack()
+        self.worker: Worker | None = None
+
+    def __enter__(self) -> Ct2Reference:
+        from benchmarks.engine import Worker
+        from model.export_ctranslate2 import export
+
+        with self.stack as stack:  # on any failure here: stop what started, remove the export
+            tmp = stack.enter_context(tempfile.TemporaryDirectory())
+            ct2_dir = export(self.model, Path(tmp) / "ct2", quantization="float32")
+            spec = {
+                "model": str(self.model),
+                "ct2_dir": str(ct2_dir),
+                "threads": self.threads,
+                "device": "cpu",
+                "dtype": "float32",
+                "ct2_compute_type": "float32",
+                "max_length": self.max_length,
+            }
+            worker = Worker("ctranslate2", spec)
+            stack.callback(worker.close)
+            worker(self.texts[: max(self.batch, 8)], self.beam, self.batch)  # warm-up: allocator, threads
+            self.worker = worker
+            self.stack = stack.pop_all()  # success: keep the worker (and the export) until __exit__
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stack.close()  # self.worker stays, for cpu_seconds
+
+    @property
+    def cpu_seconds(self) -> float:
+        """CPU time the worker spent on its runs, the warm-up included (not its start-up)."""
+        return 0.0 if self.worker is None else self.worker.cpu_seconds
+
+    def measure(self) -> float:
+        """One measurement: the median of ``repeats`` timed runs of all the sentences, in sentences/s."""
+        assert self.worker is not None, "measure() outside the with block"
+        runs = [self.worker(self.texts, self.beam, self.batch).seconds for _ in range(self.reference.repeats)]
+        sentences_per_s = len(self.texts) / statistics.median(runs)
+        self.reference.add(sentences_per_s)
+        return sentences_per_s
 
 
 # -- running a mode ---------------------------------------------------------------------------------
@@ -739,11 +803,26 @@ def open_point(server: Server, plan: Plan, rate: float) -> OpenLoopResult:
     return open_loop_result(server.mode, rate, records, window, connections, cpu[0])
 
 
-def run_mode(mode: str, plan: Plan, report: Report, progress: Callable[[str], None]) -> None:
-    """Start the mode's server, measure every point on it, read its memory, stop it."""
+def measure_reference(reference: Ct2Reference, progress: Callable[[str], None]) -> float:
+    sentences_per_s = reference.measure()
+    progress(f"CTranslate2 reference: {sentences_per_s:.1f} sentences/s")
+    return sentences_per_s
+
+
+def run_mode(
+    mode: str,
+    plan: Plan,
+    report: Report,
+    progress: Callable[[str], None],
+    reference: Ct2Reference | None = None,
+) -> None:
+    """Start the mode's server, measure every point on it, read its memory, stop it. With a
+    reference: measure it once the server is ready and after every closed-loop point (with the
+    server idle), and give each point the mean of the measurements just before and after it."""
     server = start_server(mode, plan.model, plan.threads, plan.beam, plan.log_dir)
     try:
         wait_ready(server)
+        before = None if reference is None else measure_reference(reference, progress)
         for clients in plan.clients:
             closed = closed_point(server, plan, clients)
             report.closed_loop.append(closed)
@@ -751,7 +830,11 @@ def run_mode(mode: str, plan: Plan, report: Report, progress: Callable[[str], No
                 f"{mode} closed loop, {clients} clients: {closed.sentences_per_s:.1f} sentences/s, "
                 f"p50 {closed.latency.p50_ms:.0f} ms, {closed.errors} errors"
             )
-            wait_idle(server)
+            wait_idle(server)  # the reference must not share the cores with abandoned requests
+            if reference is not None and before is not None:
+                after = measure_reference(reference, progress)
+                closed.ct2_sentences_per_s = (before + after) / 2
+                before = after
         for rate in plan.rates if mode in plan.open_loop_modes else []:
             opened = open_point(server, plan, rate)
             report.open_loop.append(opened)
@@ -777,16 +860,16 @@ def cpu_cells(cpu: CpuUsage) -> str:
 
 def closed_loop_table(results: Sequence[ClosedLoopResult]) -> str:
     lines = [
-        "| mode | clients | sentences/s | p50 ms | p95 ms | p99 ms | mean ms | errors | ×CT2 | ×no batching "
-        "| generator cores | server cores | other cores |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| mode | clients | sentences/s | p50 ms | p95 ms | p99 ms | mean ms | errors | CT2 sent/s | ×CT2 "
+        "| ×no batching | generator cores | server cores | other cores |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in results:
         lat = r.latency
         lines.append(
             f"| {r.mode} | {r.clients} | {r.sentences_per_s:,.1f} | {fmt(lat.p50_ms)} | {fmt(lat.p95_ms)} "
-            f"| {fmt(lat.p99_ms)} | {fmt(lat.mean_ms)} | {r.errors} | {fmt(r.vs_ct2, '.2f', '×')} "
-            f"| {fmt(r.vs_no_batching, '.2f', '×')} | {cpu_cells(r.cpu)} |"
+            f"| {fmt(lat.p99_ms)} | {fmt(lat.mean_ms)} | {r.errors} | {fmt(r.ct2_sentences_per_s, ',.1f')} "
+            f"| {fmt(r.vs_ct2, '.2f', '×')} | {fmt(r.vs_no_batching, '.2f', '×')} | {cpu_cells(r.cpu)} |"
         )
     return "\n".join(lines)
 
@@ -836,10 +919,14 @@ def render(report: Report) -> str:
     ref = report.reference
     if ref is not None:
         search = "greedy" if ref.beam == 1 else f"beam {ref.beam}"
+        spread = f"{min(ref.runs):,.1f}-{max(ref.runs):,.1f}" if ref.runs else "—"
+        repeats = f", each the median of {ref.repeats} runs" if ref.repeats > 1 else ""
         parts += [
             f"Reference: CTranslate2 translate_batch, {search}, batch {ref.batch_size}, "
             f"{ref.threads} threads, float32, {ref.sentences} sentences: "
-            f"**{ref.sentences_per_s:,.1f} sentences/s**",
+            f"**{fmt(ref.sentences_per_s, ',.1f')} sentences/s** (median of {len(ref.runs)} measurements "
+            f"interleaved with the server points, {spread}{repeats}); a closed-loop point's ×CT2 divides "
+            "by the mean of the measurements just before and after it (CT2 sent/s)",
             "",
         ]
     parts += ["Closed loop", "", closed_loop_table(report.closed_loop), ""]
@@ -871,8 +958,10 @@ def plot(report: Report, path: Path) -> None:
         left.plot(clients, [r.sentences_per_s for r in rows], "o-", color=color, label=mode)
         right.plot(clients, [r.latency.p50_ms for r in rows], "o-", color=color, label=f"{mode} p50")
         right.plot(clients, [r.latency.p95_ms for r in rows], "s--", color=color, label=f"{mode} p95")
-    if report.reference is not None:
-        left.axhline(report.reference.sentences_per_s, color="gray", linestyle=":", label="CTranslate2 batch")
+    ref = report.reference
+    if ref is not None and ref.runs:
+        left.axhline(ref.sentences_per_s, color="gray", linestyle=":", label="CTranslate2 batch (median)")
+        left.axhspan(min(ref.runs), max(ref.runs), color="gray", alpha=0.1)  # its drift over the run
     ticks = sorted({r.clients for r in report.closed_loop})
     for ax in (left, right):
         ax.set_xscale("log", base=2)
@@ -918,13 +1007,15 @@ def raise_open_files_limit() -> None:
         resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
 
 
-def other_machine_fraction(other: OtherLoad, report: Report, wall_s: float) -> float | None:
-    """OtherLoad's share of the machine, less the servers: they are child processes, which it
-    counts as "other" (this process, the load generator and the reference, it already leaves out)."""
+def other_machine_fraction(
+    other: OtherLoad, report: Report, wall_s: float, reference_cpu_s: float = 0.0
+) -> float | None:
+    """OtherLoad's share of the machine, less the servers and the reference's worker: they are child
+    processes, which it counts as "other" (it leaves out only this process, the load generator)."""
     if other.cpu_seconds is None:
         return None
     servers = sum(r.cpu_s or 0.0 for r in report.servers)
-    return max(0.0, other.cpu_seconds - servers) / (wall_s * (os.cpu_count() or 1))
+    return max(0.0, other.cpu_seconds - servers - reference_cpu_s) / (wall_s * (os.cpu_count() or 1))
 
 
 def environment(
@@ -985,7 +1076,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--beam", type=int, default=1, help="beam size of every request (1 = greedy)")
     p.add_argument("--no-ct2", action="store_true", help="skip the CTranslate2 reference")
     p.add_argument("--ct2-batch", type=int, default=64, help="CTranslate2 max_batch_size")
-    p.add_argument("--repeats", type=int, default=1, help="timed CTranslate2 runs (median reported)")
+    p.add_argument(
+        "--repeats",
+        type=int,
+        default=1,
+        help="timed CTranslate2 runs per reference measurement (their median); the reference is "
+        "measured once per mode and after every closed-loop point, each run ~3-4 s for 1,000 sentences",
+    )
     p.add_argument("--max-length", type=int, default=256, help="CTranslate2: output tokens, eos included")
     p.add_argument("--seed", type=int, default=0, help="open loop arrival times")
     p.add_argument("--log-dir", type=Path, help="server logs (default: a new temporary directory)")
@@ -1007,21 +1104,25 @@ def main(argv: list[str] | None = None) -> None:
 
     progress(f"server logs in {log_dir}")
     wall = time.perf_counter()
-    with OtherLoad() as other:
+    # The reference's worker stops (and is waited for) before OtherLoad reads the machine's CPU time.
+    with contextlib.ExitStack() as stack:
+        other = stack.enter_context(OtherLoad())
         reference = None
         if not args.no_ct2:
-            reference = ct2_reference(
-                model, sentences, args.beam, args.ct2_batch, args.threads, args.repeats, args.max_length
+            reference = stack.enter_context(
+                Ct2Reference(
+                    model, sentences, args.beam, args.ct2_batch, args.threads, args.repeats, args.max_length
+                )
             )
-            progress(f"CTranslate2 reference: {reference.sentences_per_s:.1f} sentences/s")
         plan = make_plan(args, model, sentences, log_dir)
-        report = Report(environment={}, reference=reference)
+        report = Report(environment={}, reference=None if reference is None else reference.reference)
         for mode in args.modes:
-            run_mode(mode, plan, report, progress)
+            run_mode(mode, plan, report, progress, reference)
     wall = time.perf_counter() - wall
-    add_ratios(report.closed_loop, reference)
+    add_ratios(report.closed_loop, report.reference)
+    reference_cpu_s = 0.0 if reference is None else reference.cpu_seconds
     report.environment = environment(
-        args, len(sentences), log_dir, other_machine_fraction(other, report, wall)
+        args, len(sentences), log_dir, other_machine_fraction(other, report, wall, reference_cpu_s)
     )
     print(render(report))
     if args.json:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TypeVar
 
 import torch
 import torch.nn.functional as F
@@ -19,6 +20,8 @@ from model.layers import DecoderLayer, EncoderLayer, Packing, SinusoidalPosition
 
 # Inference packs the encoder's real tokens when padding is at least this share of the batch.
 PACK_PADDING = 0.1
+
+M = TypeVar("M", bound=nn.Module)
 
 
 @dataclass
@@ -146,7 +149,7 @@ class Transformer(nn.Module):
         return self._logits(x)[:, 0], cache
 
 
-def strip_dropout(model: nn.Module) -> nn.Module:
+def strip_dropout(model: M) -> M:
     """Replace every ``nn.Dropout`` with ``nn.Identity``, for a model that only runs inference.
 
     In eval mode a Dropout changes nothing but is still a module call and an ``aten::dropout``

@@ -1,5 +1,7 @@
-"""benchmarks.service without a model: its statistics, its report, and its HTTP client and load loops
-against a tiny asyncio HTTP server started here (answers at once, so every test takes < 1 s)."""
+"""benchmarks.service without a model: its statistics, its report, the order in which a mode measures
+its points and the reference (servers and CTranslate2 replaced by fakes), and its HTTP client and
+load loops against a tiny asyncio HTTP server started here (answers at once, so every test takes
+< 1 s)."""
 
 from __future__ import annotations
 
@@ -20,14 +22,19 @@ from typing import TypeVar
 import numpy as np
 import pytest
 
+import benchmarks.service as service
 from benchmarks.service import (
     ClosedLoopResult,
     CpuUsage,
+    Ct2Reference,
     HttpConnection,
+    OpenLoopResult,
+    Plan,
     ProtocolError,
     Record,
     Reference,
     Report,
+    Server,
     ServerResult,
     add_ratios,
     check_answer,
@@ -43,6 +50,7 @@ from benchmarks.service import (
     read_memory,
     render,
     request_body,
+    run_mode,
     summarize,
 )
 
@@ -106,9 +114,24 @@ def closed(mode: str, clients: int, rate: float) -> ClosedLoopResult:
     return r
 
 
+def reference(*runs: float) -> Reference:
+    return Reference("ctranslate2", 64, 1, 64, 2, 1, list(runs))
+
+
+def test_reference_summary_is_the_median_of_every_measurement() -> None:
+    ref = reference()
+    assert ref.runs == [] and math.isnan(ref.sentences_per_s)
+    for value in (300.0, 100.0, 250.0, 400.0):
+        ref.add(value)
+    assert ref.runs == [300.0, 100.0, 250.0, 400.0]  # in the order measured
+    assert ref.sentences_per_s == pytest.approx(275.0)
+    assert reference(80.0, 120.0, 90.0).sentences_per_s == 90.0
+
+
 def test_ratios_to_ct2_and_to_no_batching() -> None:
+    """Points without an adjacent reference fall back to the median of all measurements."""
     results = [closed("none", 8, 10.0), closed("continuous", 8, 40.0), closed("dynamic", 32, 30.0)]
-    add_ratios(results, Reference("ctranslate2", 64, 1, 64, 2, 1.0, 80.0))
+    add_ratios(results, reference(60.0, 80.0, 100.0))
     assert [r.vs_ct2 for r in results] == pytest.approx([0.125, 0.5, 0.375])
     assert results[0].vs_no_batching is None  # the baseline itself
     assert results[1].vs_no_batching == pytest.approx(4.0)
@@ -132,18 +155,109 @@ def test_render_and_plot(tmp_path: Path) -> None:
             "warmup_s": 0.5,
             "other_cpu_fraction": 0.25,
         },
-        reference=Reference("ctranslate2", 10, 1, 64, 2, 0.5, 20.0),
+        reference=Reference("ctranslate2", 10, 1, 64, 2, 3, [10.0, 40.0, 20.0]),
         closed_loop=[closed("none", 1, 10.0), closed("continuous", 1, 30.0)],
         servers=[ServerResult("continuous", 300.0, 250.0, 12.0)],
     )
+    report.closed_loop[1].ct2_sentences_per_s = 15.0
     add_ratios(report.closed_loop, report.reference)
     text = render(report)
+    assert "**20.0 sentences/s** (median of 3 measurements" in text
+    assert "10.0-40.0, each the median of 3 runs" in text
     assert "| continuous | 1 | 30.0 |" in text
-    assert "| 1.50× | 3.00× |" in text  # ×CT2, ×no batching
+    assert "| 15.0 | 2.00× | 3.00× |" in text  # CT2 sent/s (adjacent), ×CT2, ×no batching
+    assert "| — | 0.50× | — |" in text  # no adjacent reference: the median
     assert "| continuous | 300 | 250 | 12.0 |" in text
     assert "other processes used 25% of the CPUs" in text
     plot(report, tmp_path / "service.png")
     assert (tmp_path / "service.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def exited_server(mode: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Server:
+    """A Server record for run_mode whose process has already exited; its memory and CPU read as
+    unknown (its pid may be reused)."""
+    process = subprocess.Popen([sys.executable, "-c", ""])
+    process.wait()
+    monkeypatch.setattr(service, "read_memory", lambda pid: (None, None))
+    monkeypatch.setattr(service, "process_cpu_seconds", lambda pid: None)
+    return Server(mode, process, 0, tmp_path / "log")
+
+
+class FakeReference(Ct2Reference):
+    """Measures the given speeds in turn, with no CTranslate2; logs each measurement in ``events``."""
+
+    def __init__(self, speeds: list[float], events: list[str]) -> None:
+        self.reference = Reference("ctranslate2", 64, 1, 64, 2, 1)
+        self.speeds, self.events = iter(speeds), events
+
+    def measure(self) -> float:
+        value = next(self.speeds)
+        self.events.append(f"reference {value:g}")
+        self.reference.add(value)
+        return value
+
+
+def test_each_point_is_compared_with_the_reference_measured_around_it(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The reference is measured when the server is ready and after every closed-loop point, once
+    the server is idle; a point's ×CT2 uses the mean of the measurements on either side of it, not
+    the median of the whole run (which would give both points 60 / 300 = 0.2×)."""
+    events: list[str] = []
+    server = exited_server("continuous", monkeypatch, tmp_path)
+
+    def point(server: Server, plan: Plan, clients: int) -> ClosedLoopResult:
+        events.append(f"{clients} clients")
+        return closed(server.mode, clients, 60.0)
+
+    def open_point(server: Server, plan: Plan, rate: float) -> OpenLoopResult:
+        events.append(f"{rate:g}/s")
+        return open_loop_result(server.mode, rate, [], (0.0, 1.0), 0, CPU)
+
+    monkeypatch.setattr(service, "start_server", lambda *args: server)
+    monkeypatch.setattr(service, "wait_ready", lambda server: events.append("ready"))
+    monkeypatch.setattr(service, "wait_idle", lambda server: events.append("idle"))
+    monkeypatch.setattr(service, "stop_server", lambda server: events.append("stop"))
+    monkeypatch.setattr(service, "closed_point", point)
+    monkeypatch.setattr(service, "open_point", open_point)
+    plan = Plan(tmp_path, [], 0, 1, [1, 8], [5.0], ["continuous"], 0.0, 1.0, 1.0, 0, tmp_path)
+    report = Report(environment={}, reference=None)
+    ref = FakeReference([100.0, 300.0, 500.0], events)
+    report.reference = ref.reference
+    run_mode("continuous", plan, report, lambda line: None, ref)
+    assert events == [
+        "ready",
+        "reference 100",
+        "1 clients",
+        "idle",
+        "reference 300",
+        "8 clients",
+        "idle",
+        "reference 500",
+        "5/s",  # the open loop needs no reference
+        "idle",
+        "stop",
+    ]
+    assert report.reference.runs == [100.0, 300.0, 500.0]
+    assert report.reference.sentences_per_s == 300.0
+    add_ratios(report.closed_loop, report.reference)
+    assert [r.ct2_sentences_per_s for r in report.closed_loop] == [200.0, 400.0]
+    assert [r.vs_ct2 for r in report.closed_loop] == pytest.approx([0.3, 0.15])
+
+
+def test_no_reference_no_ratio(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """--no-ct2: the points carry no reference and no ×CT2."""
+    server = exited_server("none", monkeypatch, tmp_path)
+    monkeypatch.setattr(service, "start_server", lambda *args: server)
+    monkeypatch.setattr(service, "wait_ready", lambda server: None)
+    monkeypatch.setattr(service, "wait_idle", lambda server: None)
+    monkeypatch.setattr(service, "stop_server", lambda server: None)
+    monkeypatch.setattr(service, "closed_point", lambda server, plan, clients: closed("none", clients, 9.0))
+    plan = Plan(tmp_path, [], 0, 1, [1], [], [], 0.0, 1.0, 1.0, 0, tmp_path)
+    report = Report(environment={}, reference=None)
+    run_mode("none", plan, report, lambda line: None)
+    add_ratios(report.closed_loop, report.reference)
+    assert report.closed_loop[0].ct2_sentences_per_s is None and report.closed_loop[0].vs_ct2 is None
 
 
 # -- the HTTP client against a tiny server ----------------------------------------------------------
