@@ -242,7 +242,9 @@ class RemoteEngine:
         child_conn.close()  # the child's end lives in the child now: EOF here when it exits
         self._loop = asyncio.get_running_loop()
         self._ready = self._loop.create_future()
-        threading.Thread(target=self._read, name=f"nmt-{self.name}-reader", daemon=True).start()
+        # Read in the event loop when the pipe is readable, not in a thread of our own: a reader
+        # thread cost a wake-up of the loop and two GIL hand-overs per message.
+        self._loop.add_reader(self._conn.fileno(), self._read)
         try:
             await asyncio.wait_for(asyncio.shield(self._ready), START_TIMEOUT_S)
         except BaseException:
@@ -261,7 +263,7 @@ class RemoteEngine:
     @property
     def alive(self) -> bool:
         # Not Process.is_alive(): a waitpid per request showed in profiles. A child that exits
-        # closes its end of the pipe, and the reader thread reports that at once.
+        # closes its end of the pipe, and the event loop reads EOF from it at once.
         return self._running
 
     async def translate(
@@ -298,8 +300,7 @@ class RemoteEngine:
         if self._process.is_alive():  # pragma: no cover - a child that ignores "stop"
             self._process.terminate()
             self._process.join(STOP_TIMEOUT_S)
-        if self._conn is not None:
-            self._conn.close()
+        self._close_pipe()
         self._fail_pending()
 
     def _send(self, message: tuple[Any, ...]) -> None:
@@ -310,19 +311,21 @@ class RemoteEngine:
             raise EngineStopped("the translation engine is not running") from e
 
     def _read(self) -> None:
-        """A thread: hand every message of the child to the event loop until the pipe closes."""
+        """The pipe is readable: hand the child's next message (or its exit) to ``_on_message``."""
         assert self._conn is not None and self._loop is not None
-        while True:
-            try:
-                message = self._conn.recv()
-            except (EOFError, OSError):
-                message = ("exited",)
-            try:
-                self._loop.call_soon_threadsafe(self._on_message, message)
-            except RuntimeError:  # the event loop is closed: nobody is waiting any more
-                return
-            if message[0] == "exited":
-                return
+        try:
+            message = self._conn.recv()  # the child writes whole messages: this does not wait long
+        except (EOFError, OSError):
+            self._close_pipe()
+            message = ("exited",)
+        self._on_message(message)
+
+    def _close_pipe(self) -> None:
+        if self._conn is None or self._conn.closed:
+            return
+        if self._loop is not None and not self._loop.is_closed():
+            self._loop.remove_reader(self._conn.fileno())
+        self._conn.close()
 
     def _on_message(self, message: tuple[Any, ...]) -> None:
         kind = message[0]
@@ -353,8 +356,7 @@ class RemoteEngine:
                 self._restart = asyncio.ensure_future(self._start_again())
 
     async def _start_again(self) -> None:
-        if self._conn is not None:
-            self._conn.close()
+        self._close_pipe()
         try:
             await self.start()
         except Exception as e:  # it stays down; the pool sends its share to the other replicas
