@@ -33,6 +33,7 @@ import itertools
 import logging
 import multiprocessing
 import signal
+import threading
 from collections import deque
 from collections.abc import Sequence
 from multiprocessing.connection import Connection
@@ -136,7 +137,7 @@ async def _serve(settings: Settings, threads: int, conn: Connection) -> None:
     model_thread = ModelThread(threads)
 
     def send(message: tuple[Any, ...]) -> None:
-        with contextlib.suppress(OSError):  # the parent is gone: reading the pipe says stop
+        with contextlib.suppress(OSError):  # the parent is gone: the reader thread says stop
             conn.send(message)
 
     engine: Engine | None = None
@@ -157,22 +158,17 @@ async def _serve(settings: Settings, threads: int, conn: Connection) -> None:
         model_thread.shutdown()
         return
 
-    stopped = asyncio.Event()
+    inbox: asyncio.Queue[tuple[Any, ...]] = asyncio.Queue()
 
-    def read() -> None:
-        """The pipe is readable (the event loop watches it, as RemoteEngine does): act on the
-        parent's next message."""
-        try:
-            message = conn.recv()
-        except (EOFError, OSError):  # the parent is gone
-            message = ("stop",)
-        if message[0] == "translate":
-            tasks[message[1]] = asyncio.create_task(translate(*message[1:]))
-        elif message[0] == "cancel" and message[1] in tasks:
-            tasks[message[1]].cancel()
-        elif message[0] == "stop":
-            loop.remove_reader(conn.fileno())
-            stopped.set()
+    def read() -> None:  # a thread: Connection.recv blocks
+        while True:
+            try:
+                message = conn.recv()
+            except (EOFError, OSError):  # the parent is gone
+                message = ("stop",)
+            loop.call_soon_threadsafe(inbox.put_nowait, message)
+            if message[0] == "stop":
+                return
 
     async def translate(
         rid: int, sentences: list[str], beam: int, n_best: int, timeout: float | None
@@ -196,11 +192,19 @@ async def _serve(settings: Settings, threads: int, conn: Connection) -> None:
             await asyncio.sleep(STATUS_INTERVAL_S)
 
     tasks: dict[int, asyncio.Task[None]] = {}
-    loop.add_reader(conn.fileno(), read)
+    threading.Thread(target=read, name="nmt-replica-inbox", daemon=True).start()
     reporter = asyncio.create_task(report())
     send(("ready",))
     try:
-        await stopped.wait()
+        while True:
+            message = await inbox.get()
+            if message[0] == "translate":
+                rid = message[1]
+                tasks[rid] = asyncio.create_task(translate(*message[1:]))
+            elif message[0] == "cancel" and message[1] in tasks:
+                tasks[message[1]].cancel()
+            elif message[0] == "stop":
+                break
     finally:
         reporter.cancel()
         for task in list(tasks.values()):
