@@ -160,7 +160,10 @@ async def _serve(settings: Settings, threads: int, conn: Connection) -> None:
 
     inbox: asyncio.Queue[tuple[Any, ...]] = asyncio.Queue()
 
-    def read() -> None:  # a thread: Connection.recv blocks
+    # A thread, not the event loop's add_reader as in RemoteEngine: this end must keep reading even
+    # while the loop blocks writing a reply to a parent that is not reading. If both ends read only
+    # in their event loops, two full pipe buffers would leave each loop blocked in a write forever.
+    def read() -> None:
         while True:
             try:
                 message = conn.recv()
