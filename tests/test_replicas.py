@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import os
+import pickle
 import signal
 import time
 from collections.abc import Iterator
@@ -76,6 +77,23 @@ def test_requests_are_spread_over_the_replicas_and_translate_as_one_engine(
         time.sleep(0.05)
     assert sample(replicated, "nmt_sentences_total", {"outcome": "translated"}) == translated_before + 24
     assert replicated.get("/health/ready").status_code == 200
+
+
+def test_large_requests_and_answers_cross_the_pipes_whole(
+    replicated: TestClient, translator: Translator
+) -> None:
+    """The server process reads a replica's pipe in its event loop: large answers (written as a
+    header and a body), several on their way at once, must arrive whole and in the right futures."""
+    pool = pool_of(replicated)
+    batches = [synthetic_sentences(150, seed=10 + i) for i in range(4)]
+
+    async def all_at_once() -> list[list[SentenceResult]]:
+        return await asyncio.gather(*(pool.translate(b, beam_size=2) for b in batches))
+
+    results = replicated.portal.call(all_at_once)  # type: ignore[union-attr]
+    assert len(pickle.dumps(results[0])) > 16384  # multiprocessing writes header and body apart
+    for batch, got in zip(batches, results, strict=True):
+        assert [r.hypotheses[0] for r in got] == best(translator, batch, beam_size=2)
 
 
 def test_http_requests_are_served_by_the_replicas(replicated: TestClient, translator: Translator) -> None:
