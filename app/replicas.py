@@ -315,7 +315,7 @@ class RemoteEngine:
 
     def _read(self) -> None:
         """The pipe is readable: hand the child's next message (or its exit) to ``_on_message``."""
-        assert self._conn is not None and self._loop is not None
+        assert self._conn is not None
         try:
             message = self._conn.recv()  # the child writes whole messages: this does not wait long
         except (EOFError, OSError):
