@@ -30,7 +30,7 @@ import torch
 from app.config import Settings
 from app.metrics import Metrics
 from app.model_thread import ModelThread
-from model.cache import KVCache
+from model.cache import CacheSlots
 from model.search import Beam, Hypothesis, initial_capacity, max_lengths, search_step
 from model.translator import Translator
 
@@ -130,46 +130,43 @@ class Job:
 
 @dataclass
 class Running:
-    """The running batch: jobs, their search states, and the cache rows they own (in order).
+    """The running batch: jobs, their search states, and the cache rows each job owns.
 
-    A job whose search is done may stay in the batch for a few steps, its rows decoding unused
-    tokens ("retired"): removing rows copies the whole cache, so retired rows are removed together
-    with the next admission, or once enough of them pile up (``Engine._compact``).
+    A job's rows are wherever ``CacheSlots`` keeps them: when a job leaves, the last rows move into
+    its places, so rows of a job need not be consecutive nor in job order.
     """
 
     jobs: list[Job] = field(default_factory=list)
     beams: list[Beam] = field(default_factory=list)
-    cache: KVCache | None = None
+    job_rows: list[list[int]] = field(default_factory=list)  # per job, its beams' cache rows
+    cache: CacheSlots = field(default_factory=CacheSlots)
     tokens: torch.Tensor | None = None  # (R,) the next token of every row
 
     @property
     def rows(self) -> int:
-        return sum(b.k for b in self.beams)
+        return self.cache.rows
 
-    @property
-    def live(self) -> list[int]:
-        """Positions of the jobs still searching."""
-        return [i for i, b in enumerate(self.beams) if not b.done]
-
-    @property
-    def live_rows(self) -> int:
-        return sum(b.k for b in self.beams if not b.done)
-
-    def row_index(self, keep: list[int]) -> list[int]:
-        """Cache rows of the jobs at positions ``keep``."""
-        offsets = [0]
-        for b in self.beams:
-            offsets.append(offsets[-1] + b.k)
-        return [r for i in keep for r in range(offsets[i], offsets[i + 1])]
+    def row_index(self, jobs: list[int]) -> list[int]:
+        """Cache rows of the jobs at positions ``jobs``, in that order."""
+        return [r for i in jobs for r in self.job_rows[i]]
 
     def keep_jobs(self, keep: list[int]) -> None:
-        """Only the jobs at positions ``keep`` (and their cache rows) stay: one copy of the cache."""
-        assert self.cache is not None and self.tokens is not None
-        rows = torch.tensor(self.row_index(keep), device=self.tokens.device)
-        self.cache = self.cache.index_select(rows)
-        self.tokens = self.tokens.index_select(0, rows)
-        self.jobs = [self.jobs[i] for i in keep]
-        self.beams = [self.beams[i] for i in keep]
+        """Only the jobs at positions ``keep`` stay; the others' rows are overwritten by the last rows."""
+        assert self.tokens is not None
+        kept = set(keep)
+        moves = self.cache.remove(self.row_index([i for i in range(len(self.jobs)) if i not in kept]))
+        if moves:
+            dst = torch.tensor(list(moves.values()), device=self.tokens.device)
+            src = torch.tensor(list(moves.keys()), device=self.tokens.device)
+            self.tokens[dst] = self.tokens[src]
+        self.tokens = self.tokens[: self.cache.rows]
+        job_rows = {i: [moves.get(r, r) for r in self.job_rows[i]] for i in keep}
+        # Jobs in the order of their rows: with one row per job (greedy), rows then follow job order
+        # and a step's logits need no reordering for the search.
+        order = sorted(keep, key=lambda i: job_rows[i][0])
+        self.jobs = [self.jobs[i] for i in order]
+        self.beams = [self.beams[i] for i in order]
+        self.job_rows = [job_rows[i] for i in order]
 
 
 class Engine:
@@ -213,9 +210,6 @@ class Engine:
         self._own_thread = model_thread is None
         self.model_thread = model_thread or ModelThread()
         self.metrics = metrics or Metrics()
-        # Rows that join or leave together: removing or adding rows copies the whole cache, so
-        # continuous batching does it once per this many rows rather than at every step.
-        self.compact_rows = max(1, max_batch_size // 4)
         self._queue: deque[Job] = deque()
         self._cond = threading.Condition()
         self._running = Running()
@@ -246,7 +240,7 @@ class Engine:
 
     @property
     def active_sequences(self) -> int:
-        return len(self._running.live)
+        return len(self._running.jobs)
 
     @property
     def alive(self) -> bool:
@@ -367,82 +361,61 @@ class Engine:
             self._queue.clear()
 
     def _iteration(self) -> None:
-        """Admit, drop what nobody waits for, one decoding step, retire what finished."""
+        """Admit, drop what nobody waits for, one decoding step, remove what finished."""
         run = self._running
-        if self.mode == "continuous" or not run.live:
-            if self.mode == "dynamic" and not run.live:
+        if self.mode == "continuous" or not run.jobs:
+            if self.mode == "dynamic" and not run.jobs:
                 self._collect()
             self._admit(self._take())
         self._drop_expired()
         run = self._running
-        live = run.live
-        if not live:
-            self._running = Running()
+        if not run.jobs:
             return
-        assert run.cache is not None and run.tokens is not None
-        self.metrics.batch_size.observe(run.live_rows)
+        assert run.tokens is not None
+        self.metrics.batch_size.observe(run.rows)
         self.metrics.decode_steps.inc()
         self._steps_since_join += 1
-        logits, run.cache = self.model.decode_step(run.tokens, run.cache)
-        rows = run.row_index(live)
-        if len(rows) < len(run.tokens):  # retired rows decoded too: their logits are not searched
+        logits, cache = self.model.decode_step(run.tokens, run.cache.view())
+        run.cache.advance(cache)
+        jobs = list(range(len(run.jobs)))
+        rows = run.row_index(jobs)  # logits rows in job order, as search_step reads them
+        if rows != list(range(len(rows))):
             logits = logits.index_select(0, torch.tensor(rows, device=logits.device))
-        beams = [run.beams[i] for i in live]
         keep, tokens = search_step(
-            beams,
+            run.beams,
             logits,
             eos=self.model.cfg.eos_id,
             length_penalty=self.length_penalty,
             greedy_scores=False,
         )
-        self._place(live, rows, keep, tokens)
-        for i in live:
-            if run.beams[i].done:
-                self._finish(run.jobs[i], run.beams[i])
-        retired = run.rows - run.live_rows
-        if retired and (
-            retired >= self.compact_rows
-            or not run.live
-            or run.cache.max_length + 1 >= self.model.cfg.max_positions  # retired rows' positions grow too
-        ):
-            self._compact()
-        self.metrics.active_sequences.set(len(self._running.live))
+        self._place(rows, keep, tokens)
+        done = [i for i in jobs if run.beams[i].done]
+        for i in done:
+            self._finish(run.jobs[i], run.beams[i])
+        if done:  # finished jobs leave at once: only the rows that take their places are copied
+            run.keep_jobs([i for i in jobs if not run.beams[i].done])
+        self.metrics.active_sequences.set(len(run.jobs))
 
-    def _place(
-        self, live: list[int], rows: list[int], keep: torch.Tensor | None, tokens: torch.Tensor
-    ) -> None:
-        """Put ``search_step``'s result (``keep``/``tokens`` index the rows of the ``live`` jobs, in
-        order) back into the running batch: beams reordered within their job, finished jobs' rows
-        left where they are (retired)."""
+    def _place(self, rows: list[int], keep: torch.Tensor | None, tokens: torch.Tensor) -> None:
+        """Put ``search_step``'s result (``keep``/``tokens`` index ``rows``, every job's rows in job
+        order) back into the running batch: beams reordered within their job's rows; finished jobs'
+        rows are left alone (they leave right after)."""
         run = self._running
-        assert run.cache is not None and run.tokens is not None
-        if keep is None:  # nothing finished or moved: every live row takes its new token in place
-            if len(rows) == len(run.tokens):
+        assert run.tokens is not None
+        if keep is None:  # nothing finished or moved: every row takes its new token in place
+            if rows == list(range(len(run.tokens))):
                 run.tokens = tokens
             else:
                 run.tokens[torch.tensor(rows, device=tokens.device)] = tokens
             return
-        identity = list(range(run.rows))
-        index = identity.copy()  # new row r reads old row index[r]
+        index = list(range(run.rows))  # new row r reads old row index[r]
         still = [rows[r] for r in keep.tolist()]  # old rows feeding the live jobs' new rows, in order
-        targets = run.row_index([i for i in live if not run.beams[i].done])
+        targets = run.row_index([i for i, b in enumerate(run.beams) if not b.done])
         for target, source in zip(targets, still, strict=True):
             index[target] = source
         if targets:
             run.tokens[torch.tensor(targets, device=tokens.device)] = tokens
-        if index != identity:  # beams moved: one copy of the self-attention cache
-            run.cache = run.cache.index_select(torch.tensor(index, device=tokens.device), same_sources=True)
-
-    def _compact(self) -> None:
-        """Remove retired rows from the running batch (one copy of the cache)."""
-        run = self._running
-        live = run.live
-        if len(live) == len(run.jobs):
-            return
-        if not live:
-            self._running = Running()
-            return
-        run.keep_jobs(live)
+        run.cache.reorder(index)  # beams moved: their rows' self-attention prefixes are copied
 
     def _collect(self) -> None:
         """Dynamic batching: wait up to ``max_wait_s`` for the queue to fill a batch."""
@@ -458,19 +431,15 @@ class Engine:
         """Jobs from the head of the queue that fit beside the running batch (FIFO: a job that does
         not fit stops admission, so large requests are not starved by small ones)."""
         run = self._running
-        rows = run.live_rows
-        src_len = run.cache.cross_kv.size(4) if run.cache is not None else 0
+        rows = run.rows
+        src_len = max(run.cache.source_lengths, default=0)
         taken: list[Job] = []
         now = time.monotonic()
         with self._cond:
-            # Joining copies the whole cache once and encodes the newcomers as one batch, so while a
-            # batch runs, newcomers join in groups rather than one or two at every step: once a
-            # quarter of the batch is free (under load from many clients, copying for every few
-            # newcomers took a third of the time), and once enough of them wait (JOIN_RATIO of the
-            # running sentences, as TGI's waiting_served_ratio) or JOIN_WAIT_STEPS have passed.
-            if rows and self.max_batch_size - rows < self.compact_rows:
-                return taken
-            live = len(run.live)
+            # Newcomers are encoded as one batch, so while a batch runs they join in groups rather
+            # than one or two at every step: once enough of them wait (JOIN_RATIO of the running
+            # sentences, as TGI's waiting_served_ratio) or JOIN_WAIT_STEPS have passed.
+            live = len(run.jobs)
             if live and len(self._queue) < JOIN_RATIO * live and self._steps_since_join < JOIN_WAIT_STEPS:
                 return taken
             while self._queue:
@@ -513,37 +482,30 @@ class Engine:
         cache = self.model.start_cache(enc, capacity=initial_capacity(limits))
         if len(rows) > len(jobs):  # beams: k rows per job (with greedy only, no copy)
             cache = cache.index_select(rows)
-        self._compact()  # retired rows leave as the new ones join
         run = self._running
-        run.cache = cache if run.cache is None else KVCache.concat([run.cache, cache])
+        first = run.rows
+        run.cache.append(cache)
         bos = torch.full((len(rows),), self.model.cfg.bos_id, dtype=torch.long, device=src.device)
-        run.tokens = bos if run.tokens is None else torch.cat([run.tokens, bos])
-        run.jobs += jobs
-        run.beams += [
-            Beam.start(j.beam_size, int(limit)) for j, limit in zip(jobs, limits.tolist(), strict=True)
-        ]
+        run.tokens = bos if run.tokens is None or first == 0 else torch.cat([run.tokens, bos])
+        for job, limit in zip(jobs, limits.tolist(), strict=True):
+            run.jobs.append(job)
+            run.beams.append(Beam.start(job.beam_size, int(limit)))
+            run.job_rows.append(list(range(first, first + job.beam_size)))
+            first += job.beam_size
 
     def _drop_expired(self) -> None:
         """Remove jobs whose client is gone or whose deadline passed from the running batch."""
         run = self._running
         now = time.monotonic()
-        # Retired jobs were answered already: whatever their client does now changes nothing.
-        keep = [
-            i
-            for i, (j, b) in enumerate(zip(run.jobs, run.beams, strict=True))
-            if b.done or not j.expired(now)
-        ]
+        keep = [i for i, j in enumerate(run.jobs) if not j.expired(now)]
         if len(keep) == len(run.jobs):
             return
-        for job, beam in zip(run.jobs, run.beams, strict=True):
-            if not beam.done and job.expired(now):
+        for job in run.jobs:
+            if job.expired(now):
                 job.resolve(
                     DeadlineExceeded("deadline passed") if not job.cancelled else EngineError("cancelled")
                 )
                 self.metrics.sentences.labels("abandoned").inc()
-        if not keep:
-            self._running = Running()
-            return
         run.keep_jobs(keep)
 
     def _finish(self, job: Job, beam: Beam) -> None:

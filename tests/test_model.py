@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 
 from model import transformer
-from model.cache import KVCache
+from model.cache import CacheSlots, KVCache
 from model.tokenizer import BOS_ID, EOS_ID, PAD_ID
 from model.transformer import Transformer
 
@@ -199,6 +199,91 @@ def test_index_select_to_empty_batch(make_model: MakeModel) -> None:
     assert empty.batch_size == 0
     # Concatenating with an empty cache gives the other one back unchanged.
     assert KVCache.concat([empty, cache]).batch_size == 2
+
+
+class SlotsDriver:
+    """Drives ``CacheSlots`` with teacher-forced sentences and checks every row's logits against the
+    full decode of its own sentence alone."""
+
+    def __init__(self, model: Transformer, lengths: list[int], steps: int = 12) -> None:
+        self.model = model
+        self.src = sources(lengths, seed=11)
+        self.tgt = targets(len(lengths), steps, seed=12)
+        self.full = [
+            model.decode(self.tgt[i : i + 1], model.encode(self.src[i : i + 1, :n]))[0]
+            for i, n in enumerate(lengths)
+        ]  # (T, V) per sentence, each decoded alone without padding
+        self.lengths = lengths
+        self.slots = CacheSlots()
+        self.held: list[tuple[int, int]] = []  # per slot row: (sentence, next position)
+
+    def join(self, sentences: list[int], capacity: int = 1) -> None:
+        width = max(self.lengths[i] for i in sentences)
+        enc = self.model.encode(self.src[sentences, :width])
+        self.slots.append(self.model.start_cache(enc, capacity=capacity))
+        self.held += [(i, 0) for i in sentences]
+
+    def leave(self, rows: list[int]) -> dict[int, int]:
+        moves = self.slots.remove(rows)
+        held = list(self.held)
+        for old, new in moves.items():
+            held[new] = self.held[old]
+        self.held = held[: self.slots.rows]
+        return moves
+
+    def step(self) -> None:
+        tokens = torch.stack([self.tgt[i, t] for i, t in self.held])
+        logits, cache = self.model.decode_step(tokens, self.slots.view())
+        self.slots.advance(cache)
+        for row, (i, t) in enumerate(self.held):
+            assert max_diff(logits[row], self.full[i][t]) <= TOL, f"row {row}: sentence {i} at {t}"
+        self.held = [(i, t + 1) for i, t in self.held]
+
+
+def test_slots_rows_join_leave_and_move_as_if_decoded_alone(make_model: MakeModel) -> None:
+    """Continuous batching on ``CacheSlots``: rows join at different steps (buffers growing in
+    rows, source and decoded positions), leave from the middle (the last rows move into their
+    places), and every row decodes exactly what its sentence alone would."""
+    with torch.inference_mode():
+        run = SlotsDriver(make_model(seed=6), [5, 3, 9, 4, 7])
+        run.join([0, 1])
+        for _ in range(2):
+            run.step()
+        run.join([2, 3, 4], capacity=4)  # longer source, more rows, at position 0 beside position 2
+        assert not run.slots.uniform and run.slots.view().src_mask.shape == (5, 9)
+        for _ in range(2):
+            run.step()
+        moves = run.leave([0, 2])  # the longest source leaves: nobody needs its width any more
+        assert moves == {3: 0, 4: 2}  # the last rows took the freed places; row 1 stayed
+        view = run.slots.view()
+        assert view.batch_size == 3 and view.src_mask.shape == (3, 7) and view.cross_kv.size(4) == 7
+        for _ in range(3):
+            run.step()
+        run.join([0])  # a place freed earlier is reused: no new memory
+        buffer = run.slots.self_kv
+        assert buffer is not None
+        run.step()
+        assert run.slots.self_kv is buffer
+        run.leave(list(range(run.slots.rows)))
+        assert run.slots.rows == 0 and run.slots.max_length == 0 and run.slots.uniform
+        run.join([3, 1])  # an emptied batch starts again
+        run.step()
+
+
+def test_slots_reorder_copies_decoded_prefixes(make_model: MakeModel) -> None:
+    """Beam reordering: rows that read each other's prefixes (a swap: each row both read and
+    written) and one prefix copied twice."""
+    with torch.inference_mode():
+        run = SlotsDriver(make_model(seed=7), [6, 6])
+        run.src[1] = run.src[0]  # beams of one input: one source, two different prefixes
+        run.full[1] = run.model.decode(run.tgt[1:2], run.model.encode(run.src[:1]))[0]
+        run.join([0, 1, 0])  # rows 0 and 2 follow prefix 0, row 1 prefix 1
+        for _ in range(3):
+            run.step()
+        run.slots.reorder([1, 0, 1])  # rows 0 and 2 take row 1's prefix, row 1 takes row 0's
+        run.held = [run.held[1], run.held[0], run.held[1]]
+        for _ in range(3):
+            run.step()
 
 
 @pytest.mark.parametrize("pre_norm", [False, True], ids=["post-ln", "pre-ln"])
