@@ -113,19 +113,33 @@ class Job:
     def expired(self, now: float) -> bool:
         return self.cancelled or (self.deadline is not None and now > self.deadline)
 
-    def resolve(self, result: list[Hypothesis] | BaseException) -> None:
-        """Hand the outcome to the event loop (the future is not thread-safe)."""
+    def settle(self, result: list[Hypothesis] | BaseException) -> None:
+        """Set the future; on the event loop's thread only (futures are not thread-safe)."""
+        if self.future.done():
+            return
+        if isinstance(result, BaseException):
+            self.future.set_exception(result)
+        else:
+            self.future.set_result(result)
 
-        def settle() -> None:
-            if self.future.done():
-                return
-            if isinstance(result, BaseException):
-                self.future.set_exception(result)
-            else:
-                self.future.set_result(result)
 
+Outcome = tuple[Job, list[Hypothesis] | BaseException]
+
+
+def resolve(outcomes: list[Outcome]) -> None:
+    """Hand outcomes to the event loops that wait for them, one wake-up per loop: a wake-up is a
+    write to the loop's self-pipe, and one per finished sentence took ~4% of a replica (py-spy)."""
+    by_loop: dict[asyncio.AbstractEventLoop, list[Outcome]] = {}
+    for job, result in outcomes:
+        by_loop.setdefault(job.loop, []).append((job, result))
+    for loop, batch in by_loop.items():
         with contextlib.suppress(RuntimeError):  # the loop is closed: nobody is waiting
-            self.loop.call_soon_threadsafe(settle)
+            loop.call_soon_threadsafe(_settle, batch)
+
+
+def _settle(outcomes: list[Outcome]) -> None:
+    for job, result in outcomes:
+        job.settle(result)
 
 
 @dataclass
@@ -347,16 +361,15 @@ class Engine:
                         self._iteration()
                     except Exception as e:  # a failed step must not take the other requests down with it
                         log.exception("decoding step failed; failing the running batch")
-                        for job in self._running.jobs:
-                            job.resolve(EngineError(f"translation failed: {e}"))
+                        failed = EngineError(f"translation failed: {e}")
+                        resolve([(job, failed) for job in self._running.jobs])
                         self._running = Running()
         except BaseException as e:  # pragma: no cover - the loop itself broke
             self.failed = e
             log.exception("engine worker died")
         finally:
             stopped = EngineStopped("the translation engine stopped")
-            for job in [*self._running.jobs, *self._queue]:
-                job.resolve(stopped)
+            resolve([(job, stopped) for job in [*self._running.jobs, *self._queue]])
             self._running = Running()
             self._queue.clear()
 
@@ -390,8 +403,7 @@ class Engine:
         )
         self._place(rows, keep, tokens)
         done = [i for i in jobs if run.beams[i].done]
-        for i in done:
-            self._finish(run.jobs[i], run.beams[i])
+        resolve([(run.jobs[i], self._finish(run.jobs[i], run.beams[i])) for i in done])
         if done:  # finished jobs leave at once: only the rows that take their places are copied
             run.keep_jobs([i for i in jobs if not run.beams[i].done])
         self.metrics.active_sequences.set(len(run.jobs))
@@ -500,16 +512,18 @@ class Engine:
         keep = [i for i, j in enumerate(run.jobs) if not j.expired(now)]
         if len(keep) == len(run.jobs):
             return
-        for job in run.jobs:
-            if job.expired(now):
-                job.resolve(
-                    DeadlineExceeded("deadline passed") if not job.cancelled else EngineError("cancelled")
-                )
-                self.metrics.sentences.labels("abandoned").inc()
+        gone = [job for job in run.jobs if job.expired(now)]
+        resolve(
+            [
+                (j, EngineError("cancelled") if j.cancelled else DeadlineExceeded("deadline passed"))
+                for j in gone
+            ]
+        )
+        self.metrics.sentences.labels("abandoned").inc(len(gone))
         run.keep_jobs(keep)
 
-    def _finish(self, job: Job, beam: Beam) -> None:
+    def _finish(self, job: Job, beam: Beam) -> list[Hypothesis]:
         hyps = beam.best(job.n_best)
         self.metrics.generated_tokens.inc(len(hyps[0].tokens) + 1 if hyps else 0)
         self.metrics.sentences.labels("translated").inc()
-        job.resolve(hyps)
+        return hyps
