@@ -1,16 +1,18 @@
 """The batching engine: one queue of sentences from every client, one running batch on a worker.
 
 Continuous (iteration-level) batching for the encoder-decoder: before every decoding step, waiting
-sentences are encoded and join the running batch (their KV cache rows are concatenated to it), and
-after every step, sentences that finished leave it (their rows are filtered out) and their requests
-resolve at once. ``mode="dynamic"`` instead collects sentences for up to ``max_wait_ms`` into a batch
-and runs it to the end before taking more (kept to measure the difference).
+sentences are encoded and join the running batch (their KV cache rows are written after its last
+row), and after every step, sentences that finished leave it (the last rows move into their places)
+and their requests resolve at once. ``mode="dynamic"`` instead collects sentences for up to
+``max_wait_ms`` into a batch and runs it to the end before taking more (kept to measure the
+difference).
 
 The engine owns scheduling (what runs in the next step); the model owns arithmetic (``encode``,
-``decode_step``); ``model.search`` owns token choice (``Beam``, ``search_step``); the ``KVCache`` is
-the data passed between them. The event loop never runs the model: ``translate`` enqueues and
-awaits futures that the worker loop resolves. The worker loop runs on the service's
-``ModelThread``, the thread that also loaded the model (see ``app.model_thread`` for why).
+``decode_step``); ``model.search`` owns token choice (``Beam``, ``search_step``); the KV cache
+(``CacheSlots``, seen by each step as a ``KVCache``) is the data passed between them. The event
+loop never runs the model: ``translate`` enqueues and awaits futures that the worker loop
+resolves. The worker loop runs on the service's ``ModelThread``, the thread that also loaded the
+model (see ``app.model_thread`` for why).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The decoder's key/value cache: data passed into and out of `Transformer.decode_step`.
 
-All layers live in two tensors so that reordering rows (beam search), dropping finished rows and
-appending newly encoded rows (continuous batching) is one tensor operation each, whatever the depth:
+All layers live in two tensors so that reordering rows (beam search) or dropping finished rows is
+one tensor operation, whatever the depth:
 
 - ``self_kv``  (L, 2, B, H, C, Dh): self-attention keys/values, preallocated for C positions and
   filled one step at a time; row b holds ``lengths[b]`` valid positions.
@@ -11,6 +11,9 @@ appending newly encoded rows (continuous batching) is one tensor operation each,
 
 Rows may hold prefixes of different lengths (a row that joined a running batch later has fewer
 steps); ``uniform`` records whether they are all equal, in which case no self-attention mask is needed.
+
+``CacheSlots`` holds continuous batching's running batch: buffers with room for more rows, in which
+rows join and leave without copying the others; each step decodes a ``KVCache`` view of them.
 """
 
 from __future__ import annotations
@@ -18,7 +21,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 
@@ -72,8 +74,8 @@ class KVCache:
         return KVCache(
             # Same capacity, but only the written positions are copied: early in a search most of the
             # preallocated buffer is empty, and copying it all made dropping rows cost a whole step.
-            self_kv=_stack_rows(
-                [self.self_kv[..., : self.max_length, :].index_select(2, index)], self.capacity
+            self_kv=_with_capacity(
+                self.self_kv[..., : self.max_length, :].index_select(2, index), self.capacity
             ),
             cross_kv=cross_kv,
             src_mask=src_mask,
@@ -82,50 +84,13 @@ class KVCache:
             uniform=self.uniform,
         )
 
-    @staticmethod
-    def concat(caches: list[KVCache]) -> KVCache:
-        """Stack the rows of several caches (e.g. a running batch and newly encoded inputs).
 
-        Source and prefix lengths may differ: shorter ones are padded, and padding is masked out
-        (``src_mask`` for the source, ``lengths`` for the prefix).
-        """
-        caches = [c for c in caches if c.batch_size > 0] or caches[:1]
-        if len(caches) == 1:
-            return caches[0]
-        first = caches[0]
-        used = max(c.max_length for c in caches)
-        lengths = torch.cat([c.lengths for c in caches])
-        return KVCache(
-            # Only the written positions are copied; the rest of each buffer is zeroed, which is
-            # cheaper than copying it and keeps masked keys finite (they are still multiplied by 0).
-            self_kv=_stack_rows([c.self_kv for c in caches], max(c.capacity for c in caches), used),
-            cross_kv=_stack_rows([c.cross_kv for c in caches], max(c.cross_kv.size(4) for c in caches)),
-            src_mask=torch.cat(
-                [
-                    F.pad(c.src_mask, (0, max(m.src_mask.size(1) for m in caches) - c.src_mask.size(1)))
-                    for c in caches
-                ]
-            ),
-            lengths=lengths,
-            max_length=used,
-            uniform=all(c.uniform and c.max_length == first.max_length for c in caches),
-        )
-
-
-def _stack_rows(parts: list[Tensor], size: int, used: int | None = None) -> Tensor:
-    """Concatenate (L, 2, B_i, H, T_i, Dh) tensors along B into one with T = ``size``: positions
-    ``[:used]`` (all of each part by default) copied, the rest zero (never garbage: masked keys are
-    still multiplied by 0)."""
-    shape = list(parts[0].shape)
-    shape[2], shape[4] = sum(p.size(2) for p in parts), size
-    out = parts[0].new_empty(shape)
-    row = 0
-    for p in parts:
-        n = p.size(4) if used is None else min(used, p.size(4))
-        rows = slice(row, row + p.size(2))
-        out[:, :, rows, :, :n] = p[:, :, :, :, :n]
-        out[:, :, rows, :, n:].zero_()
-        row += p.size(2)
+def _with_capacity(kv: Tensor, size: int) -> Tensor:
+    """(L, 2, B, H, T, Dh) -> (L, 2, B, H, size, Dh): ``kv``'s positions, then zeros (never garbage:
+    masked keys are still multiplied by 0)."""
+    out = kv.new_empty(*kv.shape[:4], size, kv.size(5))
+    out[..., : kv.size(4), :] = kv
+    out[..., kv.size(4) :, :].zero_()
     return out
 
 
@@ -133,8 +98,8 @@ class CacheSlots:
     """Continuous batching's running cache: room for more rows than it holds, so that rows join and
     leave without copying the rows that stay.
 
-    ``KVCache.concat`` and ``KVCache.index_select`` build a new cache and copy every row (~2.5 ms each
-    at 30 rows on one CPU thread), and a busy batch gains and loses rows every few steps. Here
+    Concatenating caches and ``KVCache.index_select`` build a new cache and copy every row (~2.5 ms
+    each at 30 rows on one CPU thread), and a busy batch gains and loses rows every few steps. Here
     newcomers are written after the last row (``append``), leaving rows are overwritten by the last
     rows (``remove``), and each decoding step runs on ``view()``: the first ``rows`` rows, their
     sources cut to the longest among them. Buffers grow geometrically and never shrink.

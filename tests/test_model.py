@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 
 from model import transformer
-from model.cache import CacheSlots, KVCache
+from model.cache import CacheSlots
 from model.tokenizer import BOS_ID, EOS_ID, PAD_ID
 from model.transformer import Transformer
 
@@ -78,7 +78,7 @@ def test_cached_decoding_matches_full_decode_untied(make_model: MakeModel, tie_e
 
 @pytest.mark.parametrize("steps_a, steps_b", [(4, 1), (0, 3), (2, 2)])
 @pytest.mark.parametrize("pre_norm", [False, True], ids=["post-ln", "pre-ln"])
-def test_concat_rows_at_different_lengths(
+def test_slots_join_rows_at_different_lengths(
     make_model: MakeModel, pre_norm: bool, steps_a: int, steps_b: int
 ) -> None:
     """Continuous batching: a row that has decoded more steps is joined by one that has decoded fewer
@@ -92,28 +92,34 @@ def test_concat_rows_at_different_lengths(
         cache_a = model.start_cache(enc_a, capacity=8)
         for t in range(steps_a):
             model.decode_step(tgt_a[:, t], cache_a)
-        cache_b = model.start_cache(enc_b, capacity=1)  # smaller: concat pads it, decoding grows it
+        cache_b = model.start_cache(enc_b, capacity=1)  # smaller: decoding grows it
         for t in range(steps_b):
             model.decode_step(tgt_b[:, t], cache_b)
 
-        cache = KVCache.concat([cache_a, cache_b])
-        assert cache.batch_size == 2
-        assert cache.uniform == (steps_a == steps_b)
-        assert cache.lengths.tolist() == [steps_a, steps_b] and cache.max_length == max(steps_a, steps_b)
+        slots = CacheSlots()
+        slots.append(cache_a)
+        slots.append(cache_b)
+        assert slots.rows == 2
+        assert slots.uniform == (steps_a == steps_b)
+        assert slots.lengths is not None and slots.lengths.tolist() == [steps_a, steps_b]
+        assert slots.max_length == max(steps_a, steps_b)
         pos = [steps_a, steps_b]
         for _ in range(4):
             tokens = torch.stack([tgt_a[0, pos[0]], tgt_b[0, pos[1]]])
-            logits, cache = model.decode_step(tokens, cache)
+            logits, cache = model.decode_step(tokens, slots.view())
+            slots.advance(cache)
             assert max_diff(logits[0], full_a[pos[0]]) <= TOL, f"row a at position {pos[0]}"
             assert max_diff(logits[1], full_b[pos[1]]) <= TOL, f"row b at position {pos[1]}"
             pos = [pos[0] + 1, pos[1] + 1]
-        assert cache.lengths.tolist() == pos
+        assert slots.lengths.tolist() == pos
 
-        # Row a finishes and leaves: row b goes on alone, however far behind it was.
-        cache = cache.index_select(torch.tensor([1]))
-        assert cache.max_length == pos[1]
+        # Row a finishes and leaves: row b moves into its place and goes on alone, however far
+        # behind it was.
+        assert slots.remove([0]) == {1: 0}
+        assert slots.max_length == pos[1]
         for _ in range(2):
-            logits, cache = model.decode_step(tgt_b[:, pos[1]], cache)
+            logits, cache = model.decode_step(tgt_b[:, pos[1]], slots.view())
+            slots.advance(cache)
             assert max_diff(logits[0], full_b[pos[1]]) <= TOL, f"row b alone at position {pos[1]}"
             pos[1] += 1
 
@@ -197,8 +203,6 @@ def test_index_select_to_empty_batch(make_model: MakeModel) -> None:
         model.decode_step(torch.full((2,), BOS_ID), cache)
         empty = cache.index_select(torch.tensor([], dtype=torch.long))
     assert empty.batch_size == 0
-    # Concatenating with an empty cache gives the other one back unchanged.
-    assert KVCache.concat([empty, cache]).batch_size == 2
 
 
 class SlotsDriver:
