@@ -42,7 +42,7 @@ class Settings(BaseSettings):
 
     # Engine (batching) limits.
     max_batch_size: PositiveInt = 64  # rows in the running batch (each beam counts: sentences x beam)
-    max_batch_tokens: PositiveInt = 8192  # padded source length x rows (bounds cache memory)
+    max_batch_tokens: PositiveInt = 8192  # padded source length x rows in a step (its cross-attention)
     max_queue: PositiveInt = 1024  # sentences waiting; beyond this requests get 503
     batching: Literal["continuous", "dynamic"] = "continuous"
     max_wait_ms: Annotated[float, Field(ge=0)] = 5.0  # dynamic batching: wait this long to fill a batch

@@ -205,7 +205,8 @@ class Engine:
         """
         Args:
             max_batch_size: rows (sequences, each beam counted) in the running batch.
-            max_batch_tokens: source tokens x rows in the running batch (bounds the cache memory).
+            max_batch_tokens: padded source tokens x rows in the running batch (bounds the
+                cross-attention of a step; the cache buffers keep the largest batch and input seen).
             max_queue: sentences waiting to join; more are refused with ``QueueFull``.
             mode: ``continuous`` joins and leaves at every step; ``dynamic`` runs batch by batch.
             max_wait_ms: ``dynamic`` only: how long to collect sentences before starting a batch.

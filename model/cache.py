@@ -102,7 +102,7 @@ class CacheSlots:
     each at 30 rows on one CPU thread), and a busy batch gains and loses rows every few steps. Here
     newcomers are written after the last row (``append``), leaving rows are overwritten by the last
     rows (``remove``), and each decoding step runs on ``view()``: the first ``rows`` rows, their
-    sources cut to the longest among them. Buffers grow geometrically and never shrink.
+    sources cut to the longest among them. Buffers grow as needed and never shrink.
     """
 
     def __init__(self) -> None:
@@ -212,9 +212,11 @@ class CacheSlots:
     def _reserve(
         self, *, rows: int = 0, source: int = 0, positions: int = 0, like: KVCache | None = None
     ) -> None:
-        """Grow the buffers (geometrically) to hold ``rows`` rows, ``source`` source positions and
-        ``positions`` decoded positions. New space is zeroed: masked keys are multiplied by 0, so
-        they must be finite (stale rows left behind by ``remove`` are)."""
+        """Grow the buffers to hold ``rows`` rows, ``source`` source positions and ``positions``
+        decoded positions. Rows and source positions grow only when newcomers join, to what they
+        need (the buffers then hold at most the largest batch times the longest input seen);
+        decoded positions grow during decoding, geometrically. New space is zeroed: masked keys are
+        multiplied by 0, so they must be finite (stale rows left behind by ``remove`` are)."""
         if self.self_kv is None or self.cross_kv is None or self.src_mask is None:
             assert like is not None, "the first rows come from append"
             n_layers, _, _, heads, _, dh = like.self_kv.shape
@@ -223,8 +225,8 @@ class CacheSlots:
             self.src_mask = like.src_mask.new_zeros(rows, source)
             return
         n = self.rows
-        r = _grown(self.self_kv.size(2), rows)
-        c, s = _grown(self.self_kv.size(4), positions), _grown(self.cross_kv.size(4), source)
+        r, s = max(self.self_kv.size(2), rows), max(self.cross_kv.size(4), source)
+        c = _grown(self.self_kv.size(4), positions)
         if (r, c) != (self.self_kv.size(2), self.self_kv.size(4)):
             kv = self.self_kv.new_zeros(
                 *self.self_kv.shape[:2], r, self.self_kv.size(3), c, self.self_kv.size(5)
