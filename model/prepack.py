@@ -26,7 +26,7 @@ import warnings
 import torch
 from torch import Tensor, nn
 
-from model.transformer import Transformer
+from model.transformer import Transformer, replace_modules
 
 log = logging.getLogger(__name__)
 
@@ -102,10 +102,9 @@ def available(int8: bool = False) -> bool:
 
 
 def _replace_linears(root: nn.Module, kind: type[PreparedLinear], skip: nn.Module | None = None) -> None:
-    for module in list(root.modules()):
-        for name, child in list(module.named_children()):
-            if isinstance(child, nn.Linear) and child is not skip:
-                setattr(module, name, kind(child.weight, child.bias))
+    replace_modules(
+        root, lambda m: kind(m.weight, m.bias) if isinstance(m, nn.Linear) and m is not skip else None
+    )
 
 
 def prepack(model: Transformer, *, int8: bool = False) -> bool:

@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -149,14 +150,20 @@ class Transformer(nn.Module):
         return self._logits(x)[:, 0], cache
 
 
+def replace_modules(root: M, replacement: Callable[[nn.Module], nn.Module | None]) -> M:
+    """Swap, in place, every submodule of ``root`` for which ``replacement`` returns a module."""
+    for module in list(root.modules()):
+        for name, child in list(module.named_children()):
+            new = replacement(child)
+            if new is not None:
+                setattr(module, name, new)
+    return root
+
+
 def strip_dropout(model: M) -> M:
     """Replace every ``nn.Dropout`` with ``nn.Identity``, for a model that only runs inference.
 
     In eval mode a Dropout changes nothing but is still a module call and an ``aten::dropout``
     dispatch: 13 of them per decoding step cost ~6% of a step at 1 and 30 rows on one CPU thread
     (paired A/B, BENCHMARKS.md "Levers measured")."""
-    for module in list(model.modules()):
-        for name, child in list(module.named_children()):
-            if isinstance(child, nn.Dropout):
-                setattr(module, name, nn.Identity())
-    return model
+    return replace_modules(model, lambda m: nn.Identity() if isinstance(m, nn.Dropout) else None)
