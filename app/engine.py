@@ -447,7 +447,7 @@ class Engine:
         not fit stops admission, so large requests are not starved by small ones)."""
         run = self._running
         rows = run.rows
-        src_len = max(run.cache.source_lengths, default=0)
+        src_len = run.cache.width
         taken: list[Job] = []
         now = time.monotonic()
         with self._cond:
@@ -512,10 +512,10 @@ class Engine:
         """Remove jobs whose client is gone or whose deadline passed from the running batch."""
         run = self._running
         now = time.monotonic()
-        keep = [i for i, j in enumerate(run.jobs) if not j.expired(now)]
-        if len(keep) == len(run.jobs):
+        expired = [j.expired(now) for j in run.jobs]
+        if not any(expired):
             return
-        gone = [job for job in run.jobs if job.expired(now)]
+        gone = [j for j, e in zip(run.jobs, expired, strict=True) if e]
         resolve(
             [
                 (j, EngineError("cancelled") if j.cancelled else DeadlineExceeded("deadline passed"))
@@ -523,7 +523,7 @@ class Engine:
             ]
         )
         self.metrics.sentences.labels("abandoned").inc(len(gone))
-        run.keep_jobs(keep)
+        run.keep_jobs([i for i, e in enumerate(expired) if not e])
 
     def _finish(self, job: Job, beam: Beam) -> list[Hypothesis]:
         hyps = beam.best(job.n_best)

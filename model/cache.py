@@ -115,13 +115,18 @@ class CacheSlots:
         self.max_length = 0
         self.uniform = True
 
+    @property
+    def width(self) -> int:
+        """Source positions the rows attend to: the longest of their sources."""
+        return max(self.source_lengths, default=0)
+
     def view(self) -> KVCache:
         """The rows as a ``KVCache`` for ``Transformer.decode_step``: views of the buffers, so the
         step writes its keys and values in place (room for that position is made here first)."""
         self._reserve(positions=self.max_length + 1)
         assert self.self_kv is not None and self.cross_kv is not None and self.src_mask is not None
         assert self.lengths is not None
-        n, width = self.rows, max(self.source_lengths, default=0)
+        n, width = self.rows, self.width
         return KVCache(
             self_kv=self.self_kv[:, :, :n],  # (L, 2, n, H, C, Dh)
             cross_kv=self.cross_kv[:, :, :n, :, :width],  # (L, 2, n, H, S', Dh)
