@@ -66,8 +66,8 @@ class KVCache:
         cross_kv, src_mask = self.cross_kv, self.src_mask
         if not same_sources:
             src_mask = src_mask.index_select(0, index)
-            # Source positions no remaining row attends to are cut off: in continuous batching the
-            # longest input that ever joined would otherwise pad everyone's cross-attention for good.
+            # Source positions no remaining row attends to are cut off: once the longest input of a
+            # batch has finished, the others' cross-attention stops paying for its padding.
             width = int(src_mask.any(0).nonzero().max().item()) + 1 if len(index) else src_mask.size(1)
             cross_kv = cross_kv[..., :width, :].index_select(2, index)  # (L, 2, B', H, S', Dh)
             src_mask = src_mask[:, :width]

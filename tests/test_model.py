@@ -175,8 +175,7 @@ def test_index_select_same_sources_keeps_the_source_side(make_model: MakeModel) 
 
 def test_index_select_cuts_source_padding_nobody_needs(make_model: MakeModel) -> None:
     """When the longest source leaves, the others' cross-attention K/V lose the padding it forced
-    on them (continuous batching would otherwise pad to the longest input ever seen), and
-    decoding goes on unchanged."""
+    on them, and decoding goes on unchanged."""
     model = make_model(seed=5)
     src = sources([4, 9, 6])
     tgt = targets(3, 6)
