@@ -23,6 +23,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from model.layers import aligned
+
 
 @dataclass
 class KVCache:
@@ -68,7 +70,9 @@ class KVCache:
             src_mask = src_mask.index_select(0, index)
             # Source positions no remaining row attends to are cut off: once the longest input of a
             # batch has finished, the others' cross-attention stops paying for its padding.
-            width = int(src_mask.any(0).nonzero().max().item()) + 1 if len(index) else src_mask.size(1)
+            # (Aligned to KEY_ALIGN: a row's attention must not depend on its neighbours' lengths.)
+            last = int(src_mask.any(0).nonzero().max().item()) + 1 if len(index) else src_mask.size(1)
+            width = min(aligned(last), src_mask.size(1))
             cross_kv = cross_kv[..., :width, :].index_select(2, index)  # (L, 2, B', H, S', Dh)
             src_mask = src_mask[:, :width]
         return KVCache(
@@ -123,10 +127,10 @@ class CacheSlots:
     def view(self) -> KVCache:
         """The rows as a ``KVCache`` for ``Transformer.decode_step``: views of the buffers, so the
         step writes its keys and values in place (room for that position is made here first)."""
-        self._reserve(positions=self.max_length + 1)
+        self._reserve(positions=aligned(self.max_length + 1))  # decode_step attends to aligned keys
         assert self.self_kv is not None and self.cross_kv is not None and self.src_mask is not None
         assert self.lengths is not None
-        n, width = self.rows, self.width
+        n, width = self.rows, min(aligned(self.width), self.src_mask.size(1))  # KEY_ALIGN
         return KVCache(
             self_kv=self.self_kv[:, :, :n],  # (L, 2, n, H, C, Dh)
             cross_kv=self.cross_kv[:, :, :n, :, :width],  # (L, 2, n, H, S', Dh)

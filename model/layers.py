@@ -17,6 +17,19 @@ from torch import Tensor, nn
 
 from model.config import ModelConfig
 
+# Attention reads its keys in whole multiples of KEY_ALIGN positions, the extra ones masked: a
+# row's result then does not depend on how long its neighbours make the batch. With keys cut to
+# the longest row, SDPA's vectorized softmax sums added a row's scores in an order that changed
+# with the padding (16 floats a vector here; the rest one at a time): the encoder's output moved by
+# ~1e-6, which int8's rounding turned into different translations for some sentences. Aligned to
+# 16 positions, 40 of 40 encoder outputs were bit for bit those computed alone (8: 30 of 40).
+KEY_ALIGN = 16
+
+
+def aligned(n: int) -> int:
+    """``n`` rounded up to a multiple of ``KEY_ALIGN``."""
+    return -(-n // KEY_ALIGN) * KEY_ALIGN
+
 
 def split_heads(x: Tensor, n: int, heads: int) -> Tensor:
     """(B, T, n*D) -> (n, B, H, T, Dh): n stacked projections (q/k/v) split into heads."""
@@ -118,7 +131,7 @@ class SelfAttention(nn.Module):
         else:  # rows at different positions (continuous batching): scatter per row
             rows = torch.arange(kv.size(1), device=kv.device)
             kv[:, rows, :, positions] = new_kv.transpose(0, 1)  # indexed view is (B, 2, H, Dh)
-        k, v = kv[0, :, :, : step.length], kv[1, :, :, : step.length]  # (B, H, T, Dh)
+        k, v = kv[0, :, :, : step.keys], kv[1, :, :, : step.keys]  # (B, H, T, Dh)
         # No causal flag here: the single query may see every cached key up to its own position.
         y = F.scaled_dot_product_attention(qkv[0], k, v, attn_mask=step.self_mask)
         return self.out(merge_heads(y))
@@ -203,9 +216,10 @@ def attention_bias(keep: Tensor, dtype: torch.dtype) -> Tensor:
 class StepInfo:
     """What every decoder layer needs to know about one incremental step (computed once per step)."""
 
-    length: int  # cached positions to attend to, after this step's write
+    length: int  # cached positions after this step's write (the longest row's)
+    keys: int  # positions attention reads: ``length`` aligned (KEY_ALIGN), the rest masked
     uniform: bool  # all rows at the same position
-    self_mask: Tensor | None  # (B, 1, 1, length) additive: 0 on valid keys, -inf after; None when uniform
+    self_mask: Tensor  # (B, 1, 1, keys) additive: 0 on each row's written positions, -inf after
 
 
 class DecoderLayer(nn.Module):

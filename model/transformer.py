@@ -17,7 +17,15 @@ from torch import Tensor, nn
 
 from model.cache import KVCache
 from model.config import ModelConfig
-from model.layers import DecoderLayer, EncoderLayer, Packing, SinusoidalPositions, StepInfo, attention_bias
+from model.layers import (
+    DecoderLayer,
+    EncoderLayer,
+    Packing,
+    SinusoidalPositions,
+    StepInfo,
+    aligned,
+    attention_bias,
+)
 
 # Inference packs the encoder's real tokens when padding is at least this share of the batch.
 PACK_PADDING = 0.1
@@ -135,13 +143,13 @@ class Transformer(nn.Module):
         """Feed one token per row, (B,); returns next-token logits (B, V) and the extended cache."""
         positions = cache.lengths  # (B,): each row's new token goes at its own prefix length
         length = cache.max_length + 1
-        cache.reserve(length)
+        keys = aligned(length)  # KEY_ALIGN: the same keys whatever the other rows' lengths
+        cache.reserve(keys)
         x = self._embed(tokens[:, None], positions[:, None], source=False)  # (B, 1, D)
-        self_mask = None
-        if not cache.uniform:  # rows of different lengths: hide each row's unwritten positions
-            arange = torch.arange(length, device=tokens.device)
-            self_mask = attention_bias((arange[None, :] <= positions[:, None])[:, None, None, :], x.dtype)
-        step = StepInfo(length=length, uniform=cache.uniform, self_mask=self_mask)  # mask (B, 1, 1, T)
+        # Each row sees its written positions only (the others: unwritten, or beyond its length).
+        arange = torch.arange(keys, device=tokens.device)
+        self_mask = attention_bias((arange[None, :] <= positions[:, None])[:, None, None, :], x.dtype)
+        step = StepInfo(length=length, keys=keys, uniform=cache.uniform, self_mask=self_mask)  # (B, 1, 1, T)
         src_mask = attention_bias(cache.src_mask[:, None, None, :], x.dtype)  # (B, 1, 1, S)
         for i, layer in enumerate(self.decoder):
             x = layer.step(x, cache.self_kv[i], cache.cross_kv[i], src_mask, positions, step)

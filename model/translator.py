@@ -9,6 +9,7 @@ import torch
 
 from model.allocator import keep_freed_memory
 from model.checkpoint import ModelDirError, ModelInfo, load_model, load_tokenizer, read_info
+from model.layers import aligned
 from model.prepack import prepack as prepack_linears
 from model.search import Hypothesis, beam_search, greedy_search, max_lengths
 from model.tokenizer import EOS_ID, PAD_ID, Tokenizer
@@ -118,8 +119,9 @@ class Translator:
         return [ids[: self.max_input_tokens] + [EOS_ID] for ids in self.tokenizer.encode(texts)]
 
     def batch(self, sources: list[list[int]]) -> torch.Tensor:
-        """Right-padded (B, S) tensor of source ids."""
-        src = torch.full((len(sources), max(map(len, sources))), PAD_ID, dtype=torch.long)
+        """Right-padded (B, S) tensor of source ids, S a multiple of ``KEY_ALIGN``: a sentence's
+        encoding must not depend on how long the others in its batch are."""
+        src = torch.full((len(sources), aligned(max(map(len, sources)))), PAD_ID, dtype=torch.long)
         for i, ids in enumerate(sources):
             src[i, : len(ids)] = torch.tensor(ids)
         return src.to(self.device)

@@ -16,6 +16,7 @@ from torch import Tensor
 
 from model import transformer
 from model.cache import CacheSlots
+from model.layers import KEY_ALIGN
 from model.tokenizer import BOS_ID, EOS_ID, PAD_ID
 from model.transformer import Transformer
 
@@ -175,9 +176,9 @@ def test_index_select_same_sources_keeps_the_source_side(make_model: MakeModel) 
 
 def test_index_select_cuts_source_padding_nobody_needs(make_model: MakeModel) -> None:
     """When the longest source leaves, the others' cross-attention K/V lose the padding it forced
-    on them, and decoding goes on unchanged."""
+    on them (down to a whole multiple of KEY_ALIGN positions), and decoding goes on unchanged."""
     model = make_model(seed=5)
-    src = sources([4, 9, 6])
+    src = sources([4, 40, 20])
     tgt = targets(3, 6)
     with torch.inference_mode():
         enc = model.encode(src)
@@ -185,11 +186,11 @@ def test_index_select_cuts_source_padding_nobody_needs(make_model: MakeModel) ->
         cache = model.start_cache(enc)
         for t in range(2):
             model.decode_step(tgt[:, t], cache)
-        assert cache.cross_kv.size(4) == 9
+        assert cache.cross_kv.size(4) == 40
         kept = cache.index_select(torch.tensor([1, 2]))  # the longest stays: nothing to cut
-        assert kept.cross_kv.size(4) == 9 and kept.src_mask.size(1) == 9
+        assert kept.cross_kv.size(4) == 40 and kept.src_mask.size(1) == 40
         cache = cache.index_select(torch.tensor([2, 0]))  # the longest leaves
-        assert cache.cross_kv.size(4) == 6 and cache.src_mask.shape == (2, 6)
+        assert KEY_ALIGN == 16 and cache.cross_kv.size(4) == 32 and cache.src_mask.shape == (2, 32)
         for t in range(2, 6):
             logits, cache = model.decode_step(tgt[[2, 0], t], cache)
             assert max_diff(logits[0], full[2, t]) <= TOL and max_diff(logits[1], full[0, t]) <= TOL
@@ -248,18 +249,19 @@ def test_slots_rows_join_leave_and_move_as_if_decoded_alone(make_model: MakeMode
     rows, source and decoded positions), leave from the middle (the last rows move into their
     places), and every row decodes exactly what its sentence alone would."""
     with torch.inference_mode():
-        run = SlotsDriver(make_model(seed=6), [5, 3, 9, 4, 7])
+        run = SlotsDriver(make_model(seed=6), [5, 3, 40, 4, 20])
         run.join([0, 1])
         for _ in range(2):
             run.step()
         run.join([2, 3, 4], capacity=4)  # longer source, more rows, at position 0 beside position 2
-        assert not run.slots.uniform and run.slots.view().src_mask.shape == (5, 9)
+        assert not run.slots.uniform and run.slots.view().src_mask.shape == (5, 40)
         for _ in range(2):
             run.step()
         moves = run.leave([0, 2])  # the longest source leaves: nobody needs its width any more
         assert moves == {3: 0, 4: 2}  # the last rows took the freed places; row 1 stayed
         view = run.slots.view()
-        assert view.batch_size == 3 and view.src_mask.shape == (3, 7) and view.cross_kv.size(4) == 7
+        # Cut to the longest remaining source (20), aligned: 32 of the buffer's 40 positions.
+        assert view.batch_size == 3 and view.src_mask.shape == (3, 32) and view.cross_kv.size(4) == 32
         for _ in range(3):
             run.step()
         run.join([0])  # a place freed earlier is reused: no new memory
