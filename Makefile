@@ -36,7 +36,7 @@ lint: $(STAMP)
 	$(BIN)/mypy
 
 serve: $(STAMP)
-	$(BIN)/uvicorn app.main:app --host 0.0.0.0 --port $(PORT) --no-access-log
+	$(BIN)/uvicorn app.main:app --host 0.0.0.0 --port $(PORT) --loop asyncio --no-access-log
 
 train:
 	$(BIN)/python -m training.train --config $(CONFIG)

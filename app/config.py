@@ -36,15 +36,21 @@ class Settings(BaseSettings):
     model_dir: Path = Path("artifacts/multi30k-de-en")
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
-    # int8: the linear layers run in int8 (CPU with float32 only; faster, BLEU within 0.2 on
-    # Multi30k: BENCHMARKS.md); auto: int8 on CPU with float32, none elsewhere.
+    # int8: the linear layers run in int8 (CPU with float32 only; faster, BLEU as float32's on
+    # Multi30k, each row quantized on its own so that answers never depend on the batch:
+    # BENCHMARKS.md); auto: int8 on CPU with float32, none elsewhere.
     quantization: Literal["auto", "none", "int8"] = "auto"
 
     # Engine (batching) limits.
     max_batch_size: PositiveInt = 64  # rows in the running batch (each beam counts: sentences x beam)
     max_batch_tokens: PositiveInt = 8192  # padded source length x rows in a step (its cross-attention)
-    max_queue: PositiveInt = 1024  # sentences waiting; beyond this requests get 503
+    # Sentences waiting for a worker (beyond those decoding); a request that does not fit gets 503,
+    # one with more sentences than this 413.
+    max_queue: PositiveInt = 1024
     batching: Literal["continuous", "dynamic"] = "continuous"
+    # The order in which waiting sentences join the batch: round-robin over requests (a one-line
+    # request never waits behind whole documents) or first come, first served.
+    scheduling: Literal["fair", "fifo"] = "fair"
     max_wait_ms: Annotated[float, Field(ge=0)] = 5.0  # dynamic batching: wait this long to fill a batch
     request_timeout_s: Annotated[float, Field(gt=0)] = 30.0
 
@@ -60,12 +66,12 @@ class Settings(BaseSettings):
     max_beam_size: PositiveInt = 8
     max_alternatives: Annotated[int, Field(ge=0)] = 3
 
-    # Model replicas, each with its own running batch, queue and model thread. 1: the model runs in
-    # the server process; more: each replica is a child process and the server process keeps HTTP
-    # (app/replicas.py). On CPU under load, one single-threaded replica per core served the most
-    # sentences/s; one replica with every core gives the lowest single-request latency.
-    replicas: PositiveInt = 1
-    # torch intra-op threads per replica; 0 = torch's default (one per core) shared by the replicas.
+    # Model worker processes, each with its own running batch and model thread; the server process
+    # keeps HTTP, the queue and metrics (app/serving). 0: one per usable core on CPU (one thread
+    # each: the most sentences/s, and no thread waits for another that the HTTP side preempted),
+    # one on a GPU.
+    replicas: Annotated[int, Field(ge=0)] = 0
+    # torch intra-op threads per worker; 0 = the usable cores shared out among the workers.
     threads: Annotated[int, Field(ge=0)] = 0
     warmup: bool = True
 

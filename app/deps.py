@@ -1,13 +1,11 @@
 """FastAPI dependencies: the service's state lives on ``app.state`` and reaches routes through these.
 
-``app.state`` holds ``settings``, ``metrics``, ``translator``, ``engine`` and ``ready``; the
-lifespan (app.main) fills them. Routes that need the model depend on ``TranslatorDep`` or
-``EngineDep``, which answer 503 until the model is loaded and warmed up.
+``app.state`` holds ``settings``, ``metrics``, ``model`` (``ServedModel``), ``scheduler`` (which
+holds the workers) and ``ready``; the lifespan (app.main) fills them. Routes that need the model
+depend on ``ModelDep`` or ``SchedulerDep``, which answer 503 until the workers are started and warm.
 
 They are ``async def`` although they never await: FastAPI runs a plain ``def`` dependency in its
-thread pool, and three thread hops per request cost the model thread the GIL (under load from 64
-clients, throughput rose from ~95 to ~109 sentences/s (continuous) and ~111 to ~122 (dynamic)
-when they went, two interleaved runs each).
+thread pool, a thread hop per request that the event loop pays for in CPU.
 """
 
 from __future__ import annotations
@@ -17,9 +15,9 @@ from typing import Annotated
 from fastapi import Depends, HTTPException, Request
 
 from app.config import Settings
-from app.engine import TranslationEngine
 from app.metrics import Metrics
-from model.translator import Translator
+from app.served import ServedModel
+from app.serving.scheduler import Scheduler
 
 NOT_READY = "the model is not loaded yet (or the service is shutting down)"
 
@@ -32,25 +30,27 @@ async def get_settings(request: Request) -> Settings:
 
 
 async def get_metrics(request: Request) -> Metrics:
-    metrics: Metrics = request.app.state.metrics
+    metrics: Metrics | None = request.app.state.metrics
+    if metrics is None:
+        raise HTTPException(503, NOT_READY)
     return metrics
 
 
-async def get_translator(request: Request) -> Translator:
-    translator: Translator | None = request.app.state.translator
-    if translator is None:
+async def get_model(request: Request) -> ServedModel:
+    model: ServedModel | None = request.app.state.model
+    if model is None:
         raise HTTPException(503, NOT_READY)
-    return translator
+    return model
 
 
-async def get_engine(request: Request) -> TranslationEngine:
-    engine: TranslationEngine | None = request.app.state.engine
-    if engine is None or not request.app.state.ready:
+async def get_scheduler(request: Request) -> Scheduler:
+    scheduler: Scheduler | None = request.app.state.scheduler
+    if scheduler is None or not request.app.state.ready:
         raise HTTPException(503, NOT_READY)
-    return engine
+    return scheduler
 
 
 SettingsDep = Annotated[Settings, Depends(get_settings)]
 MetricsDep = Annotated[Metrics, Depends(get_metrics)]
-TranslatorDep = Annotated[Translator, Depends(get_translator)]
-EngineDep = Annotated[TranslationEngine, Depends(get_engine)]
+ModelDep = Annotated[ServedModel, Depends(get_model)]
+SchedulerDep = Annotated[Scheduler, Depends(get_scheduler)]

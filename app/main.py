@@ -1,13 +1,16 @@
 """The FastAPI application: ``uvicorn app.main:app`` serves the model directory in ``NMT_MODEL_DIR``.
 
-Importing this module is cheap: settings are read and the model is loaded in the lifespan, so a
-bad setting or a broken model directory stops the server at start with a one-line message and a
-non-zero exit status, instead of an import traceback or a server that answers 500s.
+This process is the HTTP front end: it parses and checks requests, tokenizes, admits or refuses,
+and routes sentences to model workers, child processes that hold the model and decode
+(``app.serving``); it never runs the model itself. Importing this module is cheap: settings are
+read and the workers started in the lifespan, so a bad setting or a broken model directory stops
+the server at start with a one-line message and a non-zero exit status, instead of an import
+traceback or a server that answers 500s.
 """
 
 from __future__ import annotations
 
-import asyncio
+import gc
 import logging
 import os
 import time
@@ -17,18 +20,18 @@ from typing import NoReturn
 
 from fastapi import FastAPI
 from pydantic import ValidationError
+from starlette.types import Receive, Scope, Send
 
 from app.config import Settings, describe_settings_error, service_version
-from app.engine import WARMUP_SENTENCES, Engine, EngineError, TranslationEngine, open_translator
 from app.errors import install_error_handlers
-from app.metrics import Metrics
+from app.metrics import Metrics, process_metrics
 from app.middleware import RequestMetricsMiddleware
-from app.model_thread import ModelThread
-from app.replicas import EnginePool, RemoteEngine
 from app.routes import health, info, languages, metrics, translate
-from app.routes.info import dtype_name
+from app.served import ServedModel
+from app.serving.scheduler import Scheduler
+from app.serving.worker import WorkerProcess
+from app.shedding import passed, refused
 from model.checkpoint import ModelDirError
-from model.translator import Translator
 
 # A child of uvicorn's general logger: under uvicorn these lines get its handler and format
 # ("ERROR:    cannot load model: ..."); elsewhere they propagate to the root logger as usual.
@@ -52,123 +55,117 @@ def read_settings(app: FastAPI) -> Settings:
         fail(describe_settings_error(e))
 
 
-def load_translator(settings: Settings) -> Translator:
-    try:
-        return open_translator(settings)
-    except ModelDirError as e:  # names the missing or corrupted file
-        fail(f"cannot load model: {e}")
-    except ValueError as e:  # e.g. NMT_DEVICE=cuda on a machine without CUDA
-        fail(f"cannot load model from {settings.model_dir}: {e}")
+def worker_count(settings: Settings) -> int:
+    """``NMT_REPLICAS``, or else one worker per usable core on CPU and one on a GPU."""
+    if settings.replicas:
+        return settings.replicas
+    on_gpu = settings.device.startswith("cuda") or (settings.device == "auto" and cuda_available())
+    return 1 if on_gpu else len(os.sched_getaffinity(0))
 
 
-def replica_threads(settings: Settings) -> int | None:
-    """torch threads of each replica's model thread: ``NMT_THREADS``, or else torch's default for a
-    single replica and the usable cores shared out among several."""
-    if settings.threads or settings.replicas == 1:
-        return settings.threads or None
-    return max(1, len(os.sched_getaffinity(0)) // settings.replicas)
+def worker_threads(settings: Settings) -> int:
+    """torch threads of each worker: ``NMT_THREADS``, or else the usable cores shared out."""
+    return settings.threads or max(1, len(os.sched_getaffinity(0)) // worker_count(settings))
 
 
-async def start_replicas(settings: Settings, metrics: Metrics, threads: int | None) -> EnginePool:
-    """``settings.replicas`` child processes, each running the model and an engine, started together."""
-    remotes = [
-        RemoteEngine(settings, threads=threads or 1, metrics=metrics, name=f"replica-{i}")
-        for i in range(settings.replicas)
-    ]
-    started = await asyncio.gather(*(r.start() for r in remotes), return_exceptions=True)
-    failures = [e for e in started if isinstance(e, BaseException)]
-    if failures:
-        for remote in remotes:
-            remote.stop()
-        if isinstance(failures[0], EngineError):
-            fail(f"cannot start a model replica: {failures[0]}")
-        raise failures[0]
-    return EnginePool(remotes)
+def cuda_available() -> bool:
+    import torch  # here: the front end runs no torch, and needs it only to answer this
+
+    return bool(torch.cuda.is_available())
 
 
-async def warm_up(engine: Engine) -> None:
-    """One translation before accepting traffic: the first request should not pay for lazy
-    initialisation (allocator, kernels, thread pools)."""
-    try:
-        await engine.translate(WARMUP_SENTENCES, beam_size=1)
-    except Exception as e:
-        logger.exception("warm-up translation failed")
-        fail(f"warm-up translation failed: {type(e).__name__}: {e}")
-
-
-def record_model(metrics: Metrics, settings: Settings, translator: Translator, seconds: float) -> None:
+def record_model(metrics: Metrics, model: ServedModel, seconds: float) -> None:
     metrics.model_load.set(seconds)
-    metrics.model_info.info(
-        {
-            "model": settings.model_dir.name,
-            "source": translator.info.source_lang,
-            "target": translator.info.target_lang,
-            "device": str(translator.device),
-            "dtype": dtype_name(translator),
-            "quantization": translator.quantization,
-            "version": service_version(),
-        }
-    )
+    metrics.model_info.labels(
+        model=model.name,
+        source=model.info.source_lang,
+        target=model.info.target_lang,
+        device=model.description.device,
+        dtype=model.description.dtype,
+        quantization=model.description.quantization,
+        version=service_version(),
+    ).set(1)
 
 
 @asynccontextmanager
 async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     settings = read_settings(app)
     app.state.settings = settings
-    metrics: Metrics = app.state.metrics
+    metrics = process_metrics()
+    app.state.metrics = metrics
     started = time.perf_counter()
-    # The model is loaded on the thread that will run it, and the event loop never runs torch:
-    # OpenMP is much slower once two threads have started parallel work (app/model_thread.py).
-    # With replicas, this copy only answers what the routes ask (languages, tokenizer, /info).
-    threads = replica_threads(settings)
-    model_thread = ModelThread(threads=threads)
+    try:  # checked here too, so that a broken directory is named before any worker starts
+        model_info, tokenizer = ServedModel.open(settings.model_dir)
+    except ModelDirError as e:
+        fail(f"cannot load model: {e}")
+    threads = worker_threads(settings)
+    workers = [
+        WorkerProcess(settings, threads=threads, metrics_dir=str(metrics.directory), name=f"nmt-worker-{i}")
+        for i in range(worker_count(settings))
+    ]
+    scheduler = Scheduler(
+        workers,
+        max_queue=settings.max_queue,
+        max_batch_size=settings.max_batch_size,
+        policy=settings.scheduling,
+        metrics=metrics,
+    )
     try:
-        translator = await model_thread.run(load_translator, settings)
-    except BaseException:
-        model_thread.shutdown()
-        raise
-    engine: TranslationEngine | None = None
+        description = (await scheduler.start())[0]
+    except (RuntimeError, TimeoutError) as e:  # a worker's reason: a bad device, weights that do not load
+        fail(f"cannot start a model worker: {e}")
     try:
-        if settings.replicas == 1:
-            engine = Engine.from_settings(translator, settings, metrics=metrics, model_thread=model_thread)
-            engine.start()
-            if settings.warmup:
-                await warm_up(engine)
-        else:  # the model runs (and warms up) in the replicas; this process keeps HTTP and metrics
-            engine = await start_replicas(settings, metrics, threads)
-        record_model(metrics, settings, translator, time.perf_counter() - started)
-        app.state.translator = translator
-        app.state.engine = engine
+        model = ServedModel(settings.model_dir.name, model_info, tokenizer, description)
+        record_model(metrics, model, time.perf_counter() - started)
+        # What start-up made stays for good: out of the garbage collector's sight, so that its
+        # full collections do not walk it again and again while requests wait.
+        gc.freeze()
+        app.state.model = model
+        app.state.scheduler = scheduler
         app.state.ready = True
         logger.info(
-            "serving %s (%s->%s) on %s",
+            "serving %s (%s->%s) on %s with %d worker(s)",
             settings.model_dir,
-            translator.info.source_lang,
-            translator.info.target_lang,
-            translator.device,
+            model_info.source_lang,
+            model_info.target_lang,
+            description.device,
+            len(workers),
         )
         yield
     finally:
-        app.state.ready = False  # readiness fails first, so load balancers stop sending traffic
-        if engine is not None:
-            engine.stop()
-        model_thread.shutdown()
+        # uvicorn runs this after its open requests are answered (a drain on SIGTERM); readiness
+        # fails first, so load balancers stop sending traffic.
+        app.state.ready = False
+        scheduler.stop()
 
 
-def create_app(settings: Settings | None = None) -> FastAPI:
+class TranslationApp(FastAPI):
+    """FastAPI, with translation requests refused first thing when there is no room for them
+    (``app.shedding``): before FastAPI's and Starlette's layers, which cost more than the refusal."""
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if await refused(self.state, scope, send):
+            return
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            passed(scope)
+
+
+def create_app(settings: Settings | None = None) -> TranslationApp:
     """The app; ``settings`` None reads ``NMT_*`` from the environment when the app starts."""
-    app = FastAPI(
+    app = TranslationApp(
         title="nmt-service",
         version=service_version(),
         description="Self-hosted neural machine translation, LibreTranslate-compatible API.",
         lifespan=lifespan,
     )
     app.state.settings = settings
-    app.state.metrics = Metrics()
-    app.state.translator = None
-    app.state.engine = None
+    app.state.metrics = None
+    app.state.model = None
+    app.state.scheduler = None
     app.state.ready = False
-    app.add_middleware(RequestMetricsMiddleware, metrics=app.state.metrics)
+    app.add_middleware(RequestMetricsMiddleware, state=app.state)
     install_error_handlers(app)
     for module in (translate, languages, health, info, metrics):
         app.include_router(module.router)

@@ -1,59 +1,161 @@
-"""Every Prometheus metric of the service, in one place.
+"""Every Prometheus metric of the service, in one place, for all of its processes.
+
+The service is several processes: the HTTP front end and its model workers
+(``app.serving.worker``). Each records its own metrics into a ``Metrics`` of its own, and
+``/metrics`` shows them as one view through prometheus_client's multiprocess mode: every process
+writes its samples to memory-mapped files in one directory, and ``Metrics.collect`` merges them
+(counters and histograms summed over processes, exited ones included, so counts never go back;
+gauges as their ``multiprocess_mode`` says). The front end makes a fresh directory for each run
+and hands it to its workers, so a restart never counts a previous run's samples, and two services
+never share one; it is removed when the front end's process exits.
+
+prometheus_client keys the files by process and binds a metric to its directory when the metric's
+first value is created, so a process has one set of metrics: ``process_metrics()``. (Tests that run
+several apps in one process share that set and compare counts before and after.)
 
 Names carry their unit (``_seconds``, ``_sentences``, ``_tokens``); counters end in ``_total``.
-Each ``Metrics`` owns its registry, so several apps (tests) never collide in the global one.
 """
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
+import atexit
+import os
+import shutil
+import tempfile
+from pathlib import Path
 
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, multiprocess
+from prometheus_client import values as _values
+
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 
 
 class Metrics:
-    def __init__(self, registry: CollectorRegistry | None = None) -> None:
-        self.registry = registry or CollectorRegistry()
-        r = self.registry
+    """The metric objects of one process (``process_metrics``), writing into ``directory``.
+
+    Which process records what: the front end the HTTP metrics, admission and the model's
+    description; the workers the scheduling and decoding ones.
+    """
+
+    def __init__(self, directory: str | Path) -> None:
+        self.directory = Path(directory)
+        # prometheus_client chooses multiprocess values when it is imported, if the variable is set
+        # then, and a value opens its file in the directory the variable names when it is created.
+        # Both are set here, before our first metric, whatever was imported earlier.
+        os.environ[MULTIPROC_ENV] = str(self.directory)
+        # The process id is read once: by default every sample update asks the kernel (a fork
+        # check), ~9 system calls per request here; our processes are spawned, never forked.
+        pid = os.getpid()
+        _values.ValueClass = _values.MultiProcessValue(process_identifier=lambda: pid)
+        # registry=None: in multiprocess mode samples are read from the files, not from a registry.
         self.requests = Counter(
             "nmt_requests_total",
             "HTTP requests by endpoint and status code",
             ["endpoint", "status"],
-            registry=r,
+            registry=None,
         )
         self.request_latency = Histogram(
             "nmt_request_duration_seconds",
             "HTTP request latency",
             ["endpoint"],
             buckets=LATENCY_BUCKETS,
-            registry=r,
+            registry=None,
+        )
+        self.retried = Counter(
+            "nmt_retried_sentences_total",
+            "Sentences sent again to a live worker because theirs exited",
+            registry=None,
+        )
+        self.worker_restarts = Counter(
+            "nmt_worker_restarts_total",
+            "Model worker processes started again after they exited",
+            registry=None,
         )
         self.queue_wait = Histogram(
             "nmt_queue_wait_seconds",
-            "Time a sentence waits in the queue before it joins the running batch",
+            "Time a sentence waits in its worker's queue before it joins the running batch",
             buckets=LATENCY_BUCKETS,
-            registry=r,
+            registry=None,
         )
         self.batch_size = Histogram(
             "nmt_batch_size_sequences",
             "Sequences (rows, beams included) in the running batch at each decoding step",
             buckets=BATCH_BUCKETS,
-            registry=r,
+            registry=None,
         )
-        self.decode_steps = Counter("nmt_decode_steps_total", "Decoding steps run by the engine", registry=r)
-        self.input_tokens = Counter("nmt_input_tokens_total", "Source tokens encoded", registry=r)
+        self.decode_steps = Counter(
+            "nmt_decode_steps_total", "Decoding steps run by the workers", registry=None
+        )
+        self.input_tokens = Counter("nmt_input_tokens_total", "Source tokens encoded", registry=None)
         self.generated_tokens = Counter(
             "nmt_generated_tokens_total",
             "Target tokens generated (best hypothesis, eos included)",
-            registry=r,
+            registry=None,
         )
         self.sentences = Counter(
-            "nmt_sentences_total", "Sentences finished by the engine, by outcome", ["outcome"], registry=r
+            "nmt_sentences_total", "Sentences finished by the workers, by outcome", ["outcome"], registry=None
         )
-        self.queue_depth = Gauge("nmt_queue_depth_sentences", "Sentences waiting in the queue", registry=r)
+        self.queue_depth = Gauge(
+            "nmt_queue_depth_sentences",
+            "Sentences waiting in the workers' queues",
+            multiprocess_mode="livesum",
+            registry=None,
+        )
         self.active_sequences = Gauge(
-            "nmt_active_sequences", "Sentences being decoded in the running batch", registry=r
+            "nmt_active_sequences",
+            "Sentences being decoded in the workers' running batches",
+            multiprocess_mode="livesum",
+            registry=None,
         )
-        self.model_load = Gauge("nmt_model_load_seconds", "Time to load and warm up the model", registry=r)
-        self.model_info = Info("nmt_model", "The loaded model and the service version", registry=r)
+        self.model_load = Gauge(
+            "nmt_model_load_seconds",
+            "Time to start the model workers (load and warm up)",
+            multiprocess_mode="livemax",
+            registry=None,
+        )
+        # A gauge of value 1 labelled with the description: what an Info metric is on the wire (Info
+        # metrics do not work in multiprocess mode).
+        self.model_info = Gauge(
+            "nmt_model_info",
+            "The loaded model and the service version",
+            ["model", "source", "target", "device", "dtype", "quantization", "version"],
+            multiprocess_mode="livemax",
+            registry=None,
+        )
+
+    def registry(self) -> CollectorRegistry:
+        """Every process's samples, merged (read afresh from the files)."""
+        merged = CollectorRegistry()
+        multiprocess.MultiProcessCollector(merged, path=str(self.directory))
+        return merged
+
+    def collect(self) -> bytes:
+        """The Prometheus text exposition of every process's metrics."""
+        return generate_latest(self.registry())
+
+    def sample(self, name: str, labels: dict[str, str] | None = None) -> float:
+        """One merged sample's value; 0 when absent."""
+        return float(self.registry().get_sample_value(name, labels or {}) or 0.0)
+
+    def process_exited(self, pid: int) -> None:
+        """Drop the live gauges of a process that is gone (its counters stay: counts never go back)."""
+        multiprocess.mark_process_dead(pid, str(self.directory))
+
+
+_metrics: Metrics | None = None
+
+
+def process_metrics(directory: str | Path | None = None) -> Metrics:
+    """This process's metrics, made on the first call: in ``directory`` (a worker is given its
+    front end's), or else in a new directory removed when this process exits (the front end)."""
+    global _metrics
+    if _metrics is None:
+        if directory is None:
+            directory = tempfile.mkdtemp(prefix="nmt-metrics-")
+            atexit.register(shutil.rmtree, directory, ignore_errors=True)
+        _metrics = Metrics(directory)
+    elif directory is not None and Path(directory) != _metrics.directory:
+        raise RuntimeError(f"this process already records its metrics in {_metrics.directory}")
+    return _metrics

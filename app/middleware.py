@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 
+from starlette.datastructures import State
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app.metrics import Metrics
@@ -23,12 +24,13 @@ def endpoint_label(scope: Scope) -> str:
 
 
 class RequestMetricsMiddleware:
-    def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
+    def __init__(self, app: ASGIApp, state: State) -> None:
         self.app = app
-        self.metrics = metrics
+        self.state = state  # its metrics are there once the lifespan has started
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
+        metrics: Metrics | None = self.state.metrics
+        if scope["type"] != "http" or metrics is None:
             await self.app(scope, receive, send)
             return
         started = time.perf_counter()
@@ -45,5 +47,5 @@ class RequestMetricsMiddleware:
         finally:
             # The router has written the matched route into ``scope`` by now.
             endpoint = endpoint_label(scope)
-            self.metrics.requests.labels(endpoint=endpoint, status=str(status)).inc()
-            self.metrics.request_latency.labels(endpoint=endpoint).observe(time.perf_counter() - started)
+            metrics.requests.labels(endpoint=endpoint, status=str(status)).inc()
+            metrics.request_latency.labels(endpoint=endpoint).observe(time.perf_counter() - started)

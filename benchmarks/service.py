@@ -9,9 +9,10 @@ sentence for the service's splitter, so requests/s are sentences/s). The modes:
 
 - ``none``: ``NMT_MAX_BATCH_SIZE=1``, one sentence decoded at a time (batching disabled);
 - ``dynamic``: ``NMT_BATCHING=dynamic``, batch by batch, collecting for ``NMT_MAX_WAIT_MS``;
-- ``continuous``: ``NMT_BATCHING=continuous`` (the default), sentences join and leave every step;
-- ``replicas``: continuous batching in ``NMT_REPLICAS`` = one model replica per usable core, each
-  with its own batch and one thread (with ``--server-threads 0``), the others in child processes.
+- ``continuous``: ``NMT_BATCHING=continuous``, sentences join and leave every step, in one model
+  worker process (``NMT_REPLICAS=1``; ``none`` and ``dynamic`` too);
+- ``replicas``: continuous batching in ``NMT_REPLICAS`` = one model worker per usable core, each
+  with its own batch and one thread (with ``--server-threads 0``): the service's default.
 
 Measured per mode:
 
@@ -92,10 +93,10 @@ if TYPE_CHECKING:  # imported when the reference starts: --no-ct2 runs never loa
 HOST = "127.0.0.1"
 
 MODES: dict[str, dict[str, str]] = {
-    "none": {"NMT_MAX_BATCH_SIZE": "1"},
-    "dynamic": {"NMT_BATCHING": "dynamic"},
-    "continuous": {"NMT_BATCHING": "continuous"},
-    # Continuous batching in one model replica per core, one thread each (app/replicas.py).
+    "none": {"NMT_MAX_BATCH_SIZE": "1", "NMT_REPLICAS": "1"},
+    "dynamic": {"NMT_BATCHING": "dynamic", "NMT_REPLICAS": "1"},
+    "continuous": {"NMT_BATCHING": "continuous", "NMT_REPLICAS": "1"},
+    # Continuous batching in one model worker per core, one thread each (the default, app/serving).
     "replicas": {"NMT_BATCHING": "continuous", "NMT_REPLICAS": str(len(os.sched_getaffinity(0)))},
 }
 START_TIMEOUT_S = 120.0
@@ -523,7 +524,7 @@ async def open_loop(
 
 # -- CPU accounting ---------------------------------------------------------------------------------
 def process_tree(pid: int) -> list[int]:
-    """``pid`` and its descendants (the server's model replicas run in child processes)."""
+    """``pid`` and its descendants (the server's model workers run in child processes)."""
     pids, i = [pid], 0
     while i < len(pids):
         for task in Path(f"/proc/{pids[i]}/task").glob("*/children"):

@@ -1,4 +1,4 @@
-"""The HTTP API through FastAPI's TestClient: the real app, the real engine, a tiny random model.
+"""The HTTP API through FastAPI's TestClient: the real app, a real model worker, a tiny random model.
 
 Expected translations come from ``Translator.translate_batch`` on the same model directory, so a
 test fails if the service translates other sentences than it should, mixes up their order, loses
@@ -20,10 +20,9 @@ from fastapi.testclient import TestClient
 from pydantic import ValidationError
 
 from app.config import Settings
-from app.engine import DeadlineExceeded, Engine, EngineStopped, QueueFull
 from app.main import create_app
-from app.metrics import Metrics
 from app.routes.translate import run_until_disconnect, wait_for_disconnect
+from app.serving.errors import DeadlineExceeded, EngineStopped, QueueFull, TooLarge
 from model.translator import Translator
 
 JSON = dict[str, Any]
@@ -32,18 +31,19 @@ JSON = dict[str, Any]
 def make_settings(model_dir: Path, **overrides: Any) -> Settings:
     """Settings for a test: defaults plus ``overrides``, whatever NMT_* the shell has set.
 
-    Quantization is off unless asked for: the tests compare answers with ``translate_batch`` in
-    float32, exactly, and int8's activation scale depends on the other rows of the batch.
+    Quantization is off unless asked for (the tests compare answers with ``translate_batch`` in
+    float32), and one worker process with one thread is enough.
     """
     clean_env = {k: v for k, v in os.environ.items() if not k.startswith("NMT_")}
-    values = {"model_dir": model_dir, "device": "cpu", "quantization": "none", **overrides}
+    values = {"model_dir": model_dir, "device": "cpu", "quantization": "none", "replicas": 1, "threads": 1}
+    values.update(overrides)
     with mock.patch.dict(os.environ, clean_env, clear=True):
         return Settings(**values)
 
 
 @contextmanager
 def serve(settings: Settings) -> Iterator[TestClient]:
-    """A client of a started app (the lifespan loads the model and starts the engine)."""
+    """A client of a started app (the lifespan starts the workers, which load the model)."""
     with TestClient(create_app(settings)) as client:
         yield client
 
@@ -175,22 +175,22 @@ def test_unknown_fields_are_ignored(client: TestClient, translator: Translator) 
 def test_empty_texts_translate_to_empty_without_model_work(
     client: TestClient, translator: Translator, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    engine = client.app.state.engine  # type: ignore[attr-defined]
-    calls: list[list[str]] = []
-    real = engine.translate
+    scheduler = client.app.state.scheduler  # type: ignore[attr-defined]
+    calls: list[int] = []
+    real = scheduler.submit
 
-    async def spy(sentences: list[str], **kwargs: Any) -> Any:
-        calls.append(list(sentences))
-        return await real(sentences, **kwargs)
+    def spy(sources: list[list[int]], **kwargs: Any) -> Any:
+        calls.append(len(sources))
+        return real(sources, **kwargs)
 
-    monkeypatch.setattr(engine, "translate", spy)
+    monkeypatch.setattr(scheduler, "submit", spy)
     assert translate(client, q="").json() == {"translatedText": ""}
     assert translate(client, q=["", "  \n ", "\n"]).json() == {"translatedText": ["", "", ""]}
     assert translate(client, q=[]).json() == {"translatedText": []}
     assert calls == []
     mixed = translate(client, q=["", "Ein Mann spielt.", " "]).json()
     assert mixed == {"translatedText": ["", best(translator, ["Ein Mann spielt."])[0], ""]}
-    assert calls == [["Ein Mann spielt."]]  # one engine call; blank texts are not sent
+    assert calls == [1]  # one request to the workers; blank texts are not sent
 
 
 # --- Bad input: a 4xx with an "error" message, never a 500 --------------------------------------
@@ -236,6 +236,14 @@ def test_wrong_types_are_422_naming_the_field(client: TestClient, body: JSON, fi
 def test_unsupported_pair_is_400_naming_supported_pairs(client: TestClient) -> None:
     assert_error(translate(client, q="Hallo", target="fr"), 400, "'fr'", "de->en")
     assert_error(translate(client, q="Hallo", source="en"), 400, "'en'", "de->en")
+
+
+def test_more_sentences_than_the_queue_holds_is_413(model_dir: Path) -> None:
+    with serve(make_settings(model_dir, max_queue=2, warmup=False)) as small:
+        assert_error(
+            small.post("/translate", json={"q": ["Ein Hund."] * 3, "target": "en"}), 413, "sentences"
+        )
+        assert small.post("/translate", json={"q": ["Ein Hund."] * 2, "target": "en"}).status_code == 200
 
 
 def test_html_format_is_400(client: TestClient) -> None:
@@ -333,6 +341,7 @@ def test_odd_bodies_never_give_500(client: TestClient, content: bytes, headers: 
     ("error", "status", "retry_after"),
     [
         (QueueFull("full"), 503, "1"),
+        (TooLarge("big"), 413, None),
         (DeadlineExceeded("late"), 504, None),
         (EngineStopped("gone"), 503, None),
     ],
@@ -344,30 +353,48 @@ def test_engine_errors_map_to_status_codes(
     status: int,
     retry_after: str | None,
 ) -> None:
-    async def failing(sentences: list[str], **kwargs: Any) -> Any:
+    def failing(sources: list[list[int]], **kwargs: Any) -> Any:
         raise error
 
-    monkeypatch.setattr(client.app.state.engine, "translate", failing)  # type: ignore[attr-defined]
+    monkeypatch.setattr(client.app.state.scheduler, "submit", failing)  # type: ignore[attr-defined]
     response = translate(client, q="Hallo Welt.")
     assert_error(response, status)
     assert response.headers.get("retry-after") == retry_after
 
 
-def test_real_queue_limit_and_deadline(model_dir: Path) -> None:
-    settings = make_settings(model_dir, max_queue=1, request_timeout_s=1e-6, warmup=False)
-    with serve(settings) as strict:
-        full = strict.post("/translate", json={"q": ["Ein Hund.", "Eine Katze."], "target": "en"})
-        assert_error(full, 503, "queue")
-        assert full.headers["retry-after"] == "1"
+def test_a_full_queue_refuses_before_reading_the_body(
+    client: TestClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    scheduler = client.app.state.scheduler  # type: ignore[attr-defined]
+    monkeypatch.setattr(scheduler, "enter", lambda: False)
+    read: list[bool] = []
+
+    def body() -> Iterator[bytes]:  # streamed: it is read only if the server asks for it
+        read.append(True)
+        yield b'{"q": "Hallo", "target": "en"}'
+
+    busy = client.post("/translate", content=body(), headers=_JSON_TYPE)
+    assert_error(busy, 503, "busy")
+    assert busy.headers["retry-after"] == "1"
+    assert client.get("/health").status_code == 200  # only translations are refused
+    monkeypatch.undo()
+    assert translate(client, q="Hallo").status_code == 200
+    assert scheduler.enter()  # every place held at the gate was given back
+    scheduler.leave()
+
+
+def test_a_request_past_its_deadline_is_504(model_dir: Path) -> None:
+    with serve(make_settings(model_dir, request_timeout_s=1e-6, warmup=False)) as strict:
         late = strict.post("/translate", json={"q": "Der Hund läuft im Wasser.", "target": "en"})
         assert_error(late, 504, "timed out")
+        assert strict.app.state.scheduler.waiting == 0  # type: ignore[attr-defined]
 
 
 def test_a_bug_is_a_500_with_an_error_body(client: TestClient, monkeypatch: pytest.MonkeyPatch) -> None:
-    async def broken(sentences: list[str], **kwargs: Any) -> Any:
+    def broken(sources: list[list[int]], **kwargs: Any) -> Any:
         raise RuntimeError("boom")
 
-    monkeypatch.setattr(client.app.state.engine, "translate", broken)  # type: ignore[attr-defined]
+    monkeypatch.setattr(client.app.state.scheduler, "submit", broken)  # type: ignore[attr-defined]
     lenient = TestClient(client.app, raise_server_exceptions=False)  # same app, already started
     assert lenient.post("/translate", json={"q": "Hallo", "target": "en"}).json() == {
         "error": "internal server error"
@@ -444,7 +471,7 @@ def test_not_ready_before_the_model_is_loaded(model_dir: Path) -> None:
 
 def test_not_ready_when_the_engine_has_stopped(model_dir: Path) -> None:
     with serve(make_settings(model_dir, warmup=False)) as stopping:
-        stopping.app.state.engine.stop()  # type: ignore[attr-defined]
+        stopping.app.state.scheduler.stop()  # type: ignore[attr-defined]
         assert_error(stopping.get("/health"), 503, "engine")
         assert stopping.get("/health/live").status_code == 200
         assert_error(stopping.post("/translate", json={"q": "Hallo", "target": "en"}), 503)
@@ -458,6 +485,7 @@ def test_info(client: TestClient, translator: Translator) -> None:
     assert (info["device"], info["dtype"]) == ("cpu", "float32")
     assert info["batching"]["mode"] == "continuous"
     assert info["batching"]["max_batch_size"] == 64
+    assert (info["batching"]["scheduling"], info["batching"]["replicas"]) == ("fair", 1)
     assert info["limits"]["max_chars"] == 5000
     assert info["version"]
     assert info["quantization"] == "none"  # what the tests asked for
@@ -481,12 +509,10 @@ def test_int8_needs_cpu_and_float32(model_dir: Path) -> None:
 
 
 def test_metrics(client: TestClient) -> None:
-    registry = client.app.state.metrics.registry  # type: ignore[attr-defined]
+    metrics = client.app.state.metrics  # type: ignore[attr-defined]
 
     def requests(endpoint: str, status: str) -> float:
-        return (
-            registry.get_sample_value("nmt_requests_total", {"endpoint": endpoint, "status": status}) or 0.0
-        )
+        return metrics.sample("nmt_requests_total", {"endpoint": endpoint, "status": status})
 
     before_ok, before_other = requests("/translate", "200"), requests("other", "404")
     assert translate(client, q="Hallo Welt.").status_code == 200
@@ -502,40 +528,10 @@ def test_metrics(client: TestClient) -> None:
     assert "nmt_queue_depth_sentences 0.0" in text
     assert "nmt_active_sequences 0.0" in text
     assert 'nmt_model_info{device="cpu",dtype="float32",model="tiny-de-en"' in text
-    assert (registry.get_sample_value("nmt_model_load_seconds") or 0.0) > 0.0
-
-
-def test_a_disconnect_drops_the_request_from_the_real_engine(translator: Translator) -> None:
-    """End to end with the engine: after the client is gone, the request's sentences leave the
-    queue and the running batch instead of being translated for nobody."""
-
-    metrics = Metrics()
-    total = 60
-
-    async def scenario() -> tuple[tuple[bool, object], int, int]:
-        engine = Engine(translator, max_batch_size=8, metrics=metrics)  # two beams of 4 at a time
-        engine.start()
-        try:
-            work = engine.translate(
-                ["Der Hund läuft im Wasser und schaut auf die Straße."] * total, beam_size=4
-            )
-            outcome = await run_until_disconnect(work, asyncio.sleep(0.01))  # the client leaves at once
-            for _ in range(500):  # the worker drops abandoned jobs at its next step
-                if engine.queue_depth == 0 and engine.active_sequences == 0:
-                    break
-                await asyncio.sleep(0.01)
-            return outcome, engine.queue_depth, engine.active_sequences
-        finally:
-            engine.stop()
-
-    outcome, queued, active = asyncio.run(scenario())
-    assert outcome == (False, None)
-    assert (queued, active) == (0, 0)
-    registry = metrics.registry
-    abandoned = registry.get_sample_value("nmt_sentences_total", {"outcome": "abandoned"}) or 0.0
-    translated = registry.get_sample_value("nmt_sentences_total", {"outcome": "translated"}) or 0.0
-    assert abandoned > 0
-    assert abandoned + translated == total
+    assert metrics.sample("nmt_model_load_seconds") > 0.0
+    # Samples of the worker process, merged into the same view (prometheus_client's multiprocess mode).
+    assert metrics.sample("nmt_sentences_total", {"outcome": "translated"}) >= 1
+    assert metrics.sample("nmt_decode_steps_total") >= 1
 
 
 def test_openapi_documents_the_translate_body(client: TestClient) -> None:

@@ -43,14 +43,24 @@ class Server:
 
 
 def start_server(log: Path, **env: str) -> Server:
-    """``uvicorn app.main:app`` with only the given NMT_* variables (plus cpu, one thread, float32:
-    answers are compared with ``translate_batch`` exactly, and int8 depends on the batch)."""
+    """``uvicorn app.main:app`` as deployed, with only the given NMT_* variables (plus cpu, one
+    worker with one thread, float32: answers are compared with ``translate_batch`` exactly)."""
     port = free_port()
     clean = {k: v for k, v in os.environ.items() if not k.startswith("NMT_")}
-    full_env = {**clean, "NMT_DEVICE": "cpu", "NMT_THREADS": "1", "NMT_QUANTIZATION": "none", **env}
+    full_env = {
+        **clean,
+        "NMT_DEVICE": "cpu",
+        "NMT_REPLICAS": "1",
+        "NMT_THREADS": "1",
+        "NMT_QUANTIZATION": "none",
+        **env,
+    }
     with log.open("wb") as out:  # a file, not a pipe: a full pipe would block the server
         process = subprocess.Popen(
-            [sys.executable, "-m", "uvicorn", "app.main:app", "--host", "127.0.0.1", "--port", str(port)],
+            [
+                *[sys.executable, "-m", "uvicorn", "app.main:app", "--loop", "asyncio", "--no-access-log"],
+                *["--host", "127.0.0.1", "--port", str(port)],
+            ],
             cwd=REPO,
             env=full_env,
             stdout=out,
@@ -157,7 +167,7 @@ def test_client_disconnect_abandons_the_translation(server: Server) -> None:
 
 
 def test_health_and_metrics_answer_while_the_model_is_busy(server: Server) -> None:
-    """The model runs on the engine's worker thread, never on the event loop."""
+    """The model runs in a worker process, never on the event loop."""
     texts = ["Zwei kleinen Kinder sitzen auf dem roten Ball vor einem großen Gebäude im Park mit Hut."] * 20
     body = {"q": texts, "source": "de", "target": "en", "beam_size": 8}
     busy = threading.Thread(target=lambda: httpx.post(f"{server.url}/translate", json=body, timeout=120))
@@ -198,6 +208,19 @@ def test_bad_start_exits_nonzero_with_a_clear_message(
     assert message.format(tmp=tmp_path) in server.output()
 
 
+def test_a_worker_that_cannot_load_its_model_stops_the_start_with_the_reason(
+    model_dir_copy: Path, tmp_path: Path
+) -> None:
+    (model_dir_copy / "model.safetensors").write_bytes(b"not weights")
+    server = start_server(tmp_path / "uvicorn.log", NMT_MODEL_DIR=str(model_dir_copy))
+    try:
+        code = server.process.wait(timeout=START_TIMEOUT_S)
+    finally:
+        stop(server)
+    assert code != 0
+    assert "cannot start a model worker" in server.output() and "model.safetensors" in server.output()
+
+
 def test_64_concurrent_requests_share_model_batches(
     model_dir: Path, tmp_path: Path, translator: Translator
 ) -> None:
@@ -235,3 +258,48 @@ def test_64_concurrent_requests_share_model_batches(
     rows = metric(scrape, "nmt_batch_size_sequences_sum")
     assert steps > 0 and rows / steps > 1.0, (rows, steps)  # shared batches, not one sentence at a time
     assert metric(scrape, 'nmt_requests_total{endpoint="/translate",status="200"}') == 64
+
+
+def test_sigterm_drains_the_requests_in_flight(model_dir: Path, tmp_path: Path) -> None:
+    """SIGTERM (docker stop, a Kubernetes rollout): readiness fails, new connections are refused,
+    and what was accepted is answered before the process exits, with the workers stopped after."""
+    texts = ["Zwei kleinen Kinder sitzen auf dem roten Ball vor einem großen Gebäude im Park mit Hut."] * 12
+    srv = start_server(tmp_path / "uvicorn.log", NMT_MODEL_DIR=str(model_dir), NMT_MAX_BATCH_SIZE="2")
+    try:
+        wait_ready(srv)
+        answers: list[httpx.Response] = []
+        body = {"q": texts, "source": "de", "target": "en", "beam_size": 2}
+        busy = threading.Thread(
+            target=lambda: answers.append(httpx.post(f"{srv.url}/translate", json=body, timeout=120))
+        )
+        busy.start()
+        deadline = time.monotonic() + 20
+        while metric(httpx.get(f"{srv.url}/metrics", timeout=5).text, "nmt_active_sequences") < 1:
+            assert time.monotonic() < deadline, "the request never started decoding"
+            time.sleep(0.02)
+        workers = _children(srv.process.pid)
+        srv.process.send_signal(signal.SIGTERM)
+        busy.join(timeout=120)
+        code = srv.process.wait(timeout=60)
+    finally:
+        stop(srv)
+    assert [a.status_code for a in answers] == [200], srv.output()
+    assert len(answers[0].json()["translatedText"]) == len(texts)
+    assert code in (0, -signal.SIGTERM) and "Application shutdown complete" in srv.output()
+    assert workers
+    deadline = time.monotonic() + 10
+    while any(Path(f"/proc/{pid}").exists() for pid in workers):  # stopped with it, not orphaned
+        assert time.monotonic() < deadline, workers
+        time.sleep(0.1)
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                    out.append(int(entry.name))
+            except (OSError, IndexError, ValueError):
+                continue
+    return out

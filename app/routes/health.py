@@ -2,7 +2,7 @@
 
 Orchestrators restart on a failing liveness probe and stop routing on a failing readiness probe,
 so liveness never depends on the model, and readiness turns 503 while loading, while shutting
-down, and when the engine's worker thread is gone (requests would only get errors).
+down, and while no model worker is running (one that exited is being started again).
 """
 
 from __future__ import annotations
@@ -17,15 +17,13 @@ router = APIRouter(tags=["health"])
 
 def readiness(request: Request) -> JSONResponse:
     state = request.app.state
-    if not state.ready or state.engine is None or state.translator is None:
+    if not state.ready or state.scheduler is None or state.model is None:
         return JSONResponse({"status": "loading", "error": "the model is not ready"}, status_code=503)
-    if not state.engine.alive:  # the worker thread has stopped or died
+    if not state.scheduler.alive:  # every worker has exited (being started again) or stopped
         return JSONResponse(
             {"status": "error", "error": "the translation engine is not running"}, status_code=503
         )
-    body = HealthResponse(
-        status="ok", model=state.settings.model_dir.name, device=str(state.translator.device)
-    )
+    body = HealthResponse(status="ok", model=state.model.name, device=state.model.description.device)
     return JSONResponse(body.model_dump())
 
 

@@ -7,41 +7,37 @@ from typing import Any
 from fastapi import APIRouter
 
 from app.config import service_version
-from app.deps import SettingsDep, TranslatorDep
+from app.deps import ModelDep, SettingsDep
 from app.languages import languages
-from model.translator import Translator
 
 router = APIRouter(tags=["info"])
 
 
-def dtype_name(translator: Translator) -> str:
-    return str(translator.dtype).removeprefix("torch.")
-
-
 @router.get("/info", summary="Model, device, batching and limits")
-async def info(settings: SettingsDep, translator: TranslatorDep) -> dict[str, Any]:
-    meta = translator.info
+async def info(settings: SettingsDep, model: ModelDep) -> dict[str, Any]:
+    meta = model.info
     return {
         "version": service_version(),
         # The directory's name only: its full path says nothing useful to clients.
         "model": {
-            "name": settings.model_dir.name,
+            "name": model.name,
             "source": meta.source_lang,
             "target": meta.target_lang,
             "config": meta.config.to_dict(),
             "training": meta.training,
         },
         "languages": languages(meta),
-        "device": str(translator.device),
-        "dtype": dtype_name(translator),
-        "quantization": translator.quantization,
+        "device": model.description.device,
+        "dtype": model.description.dtype,
+        "quantization": model.description.quantization,
         "batching": {
             "mode": settings.batching,
             "max_batch_size": settings.max_batch_size,
             "max_batch_tokens": settings.max_batch_tokens,
             "max_queue": settings.max_queue,
             "max_wait_ms": settings.max_wait_ms,
-            "replicas": settings.replicas,  # each with its own batch, queue and limits above
+            "scheduling": settings.scheduling,
+            "replicas": settings.replicas,  # worker processes, each with its own batch, queue and limits
         },
         "limits": {
             "max_chars": settings.max_chars,

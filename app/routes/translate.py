@@ -1,8 +1,8 @@
 """POST /translate, LibreTranslate-compatible.
 
-Each text is split into sentences (app.text); all sentences of one request go to the engine in a
-single call, so they share batches with each other and with other requests, and their
-translations are put back into each text's layout.
+Each text is split into sentences (app.text) and tokenized here; all sentences of one request go
+to a model worker as one request (app.serving), where they share batches with each other and
+with other requests, and their translations are put back into each text's layout.
 """
 
 from __future__ import annotations
@@ -18,10 +18,13 @@ from starlette.types import Receive
 
 from app.body import parse_translate_request
 from app.config import Settings
-from app.deps import EngineDep, SettingsDep, TranslatorDep
-from app.engine import DeadlineExceeded, EngineError, EngineStopped, QueueFull, SentenceResult
+from app.deps import ModelDep, SchedulerDep, SettingsDep
 from app.languages import supported_pairs
 from app.schemas import DetectedLanguage, ErrorResponse, TranslateRequest, TranslateResponse
+from app.served import ServedModel
+from app.serving.errors import DeadlineExceeded, EngineError, EngineStopped, QueueFull, TooLarge
+from app.serving.scheduler import Scheduler
+from app.shedding import RETRY_AFTER_S, passed
 from app.text import SplitText, split_text
 from model.checkpoint import ModelInfo
 
@@ -30,7 +33,6 @@ T = TypeVar("T")
 router = APIRouter(tags=["translate"])
 
 CLIENT_CLOSED_REQUEST = 499  # nginx's status for "the client went away before the answer"
-RETRY_AFTER_S = "1"
 AUTO = "auto"
 
 _BODY_SCHEMA = {"schema": TranslateRequest.model_json_schema()}
@@ -39,8 +41,8 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
     for code, text in {
         400: "Unsupported language pair, format, beam size or alternatives; invalid UTF-8",
         403: "Missing or invalid api_key (when the server requires keys)",
-        413: "Too many texts, too many characters or too large a body",
-        503: "Queue full (see Retry-After), engine stopped, or model not loaded yet",
+        413: "Too many texts, characters, sentences or too large a body",
+        503: "Every queue full (see Retry-After), engine stopped, or model not loaded yet",
         504: "The translation did not finish within the request timeout",
     }.items()
 }
@@ -61,6 +63,11 @@ _OPENAPI_BODY = {
 class SearchPlan:
     beam_size: int
     n_best: int  # alternatives + 1
+
+
+@dataclass(frozen=True)
+class SentenceResult:
+    hypotheses: list[str]  # n-best translations, best first
 
 
 def shorten(value: str, limit: int = 32) -> str:
@@ -129,6 +136,8 @@ def search_plan(req: TranslateRequest, settings: Settings) -> SearchPlan:
 def engine_error(exc: EngineError) -> HTTPException:
     if isinstance(exc, QueueFull):
         return HTTPException(503, "server busy: translation queue is full", {"Retry-After": RETRY_AFTER_S})
+    if isinstance(exc, TooLarge):
+        return HTTPException(413, f"too many sentences: {exc}")
     if isinstance(exc, DeadlineExceeded):
         return HTTPException(504, "translation timed out")
     if isinstance(exc, EngineStopped):
@@ -147,9 +156,9 @@ async def wait_for_disconnect(receive: Receive) -> None:
 async def run_until_disconnect(work: Awaitable[T], disconnected: Awaitable[None]) -> tuple[bool, T | None]:
     """Await ``work``, cancelling it if ``disconnected`` completes first.
 
-    Returns ``(True, result)``, or ``(False, None)`` after a disconnect. Cancelling makes the
-    engine drop the request's queued and running sentences, so an abandoned request stops
-    costing model time. Both are cancelled if this coroutine itself is. (The earlier version polled
+    Returns ``(True, result)``, or ``(False, None)`` after a disconnect (the caller then withdraws
+    the request, so that an abandoned request stops costing model time). Both are cancelled if this
+    coroutine itself is. (The earlier version polled
     ``Request.is_disconnected`` every 50 ms per request: at 64 concurrent requests the event loop
     spent most of a core on it, which the model's thread then lacked.)
     """
@@ -166,6 +175,43 @@ async def run_until_disconnect(work: Awaitable[T], disconnected: Awaitable[None]
             task.cancel()
             # Collect its outcome so that nothing is reported as "exception never retrieved".
             task.add_done_callback(lambda t: t.cancelled() or t.exception())
+
+
+async def translate_sentences(
+    request: Request,
+    sentences: list[str],
+    model: ServedModel,
+    scheduler: Scheduler,
+    plan: SearchPlan,
+    timeout_s: float,
+) -> list[SentenceResult] | None:
+    """Each sentence's n-best translations (blank sentences give "" without model work), or None if
+    the client went away first (its sentences are then withdrawn from the worker)."""
+    todo = [i for i, s in enumerate(sentences) if s.strip()]
+    results = [SentenceResult([""] * plan.n_best)] * len(sentences)
+    passed(request.scope)  # admission counts its sentences now
+    if not todo:
+        return results
+    try:
+        pending = scheduler.submit(
+            model.source_ids([sentences[i] for i in todo]),
+            beam_size=plan.beam_size,
+            n_best=plan.n_best,
+            timeout_s=timeout_s,
+        )
+    except EngineError as e:
+        raise engine_error(e) from e
+    try:
+        finished, found = await run_until_disconnect(pending.future, wait_for_disconnect(request.receive))
+    except EngineError as e:
+        raise engine_error(e) from e
+    finally:
+        scheduler.withdraw(pending)
+    if not finished or found is None:
+        return None
+    for i, texts in zip(todo, model.texts(found), strict=True):
+        results[i] = SentenceResult(texts)
+    return results
 
 
 def hypothesis(result: SentenceResult, k: int) -> str:
@@ -213,28 +259,24 @@ def build_response(req: TranslateRequest, outputs: list[list[str]], source_lang:
     summary="Translate text (LibreTranslate-compatible)",
 )
 async def translate(
-    request: Request, settings: SettingsDep, translator: TranslatorDep, engine: EngineDep
-) -> TranslateResponse | Response:
+    request: Request, settings: SettingsDep, model: ModelDep, scheduler: SchedulerDep
+) -> Response:
     req = await parse_translate_request(request, settings.max_body_bytes)
     texts = req.texts
     check_limits(texts, settings)
     check_encodable(req)
     check_api_key(req.api_key, settings.api_keys)
-    check_languages(req, translator.info)
+    check_languages(req, model.info)
     plan = search_plan(req, settings)
 
-    layouts = [split_text(text, translator.info.source_lang) for text in texts]
+    layouts = [split_text(text, model.info.source_lang) for text in texts]
     sentences = [s for layout in layouts for s in layout.sentences]
-    results: list[SentenceResult] = []
-    if sentences:  # blank texts need no model work
-        work = engine.translate(
-            sentences, beam_size=plan.beam_size, n_best=plan.n_best, timeout_s=settings.request_timeout_s
-        )
-        try:
-            finished, answer = await run_until_disconnect(work, wait_for_disconnect(request.receive))
-        except EngineError as e:
-            raise engine_error(e) from e
-        if not finished or answer is None:
-            return Response(status_code=CLIENT_CLOSED_REQUEST)
-        results = answer
-    return build_response(req, assemble(layouts, results, plan.n_best), translator.info.source_lang)
+    results = await translate_sentences(
+        request, sentences, model, scheduler, plan, settings.request_timeout_s
+    )
+    if results is None:
+        return Response(status_code=CLIENT_CLOSED_REQUEST)
+    body = build_response(req, assemble(layouts, results, plan.n_best), model.info.source_lang)
+    # The response as JSON here: FastAPI then skips validating it against the response model again
+    # (the model still documents it in OpenAPI).
+    return Response(body.model_dump_json(exclude_none=True), media_type="application/json")

@@ -1,0 +1,380 @@
+"""The scheduler: admission, the queue, fair order, deadlines and retries, in the HTTP front end.
+
+Plain Python on the event loop, no torch: it decides *what* runs next; the workers decide *how*
+(``app.serving.executor``, in processes of their own). A test drives it with fake workers.
+
+- **Admission** from exact counts, without asking anyone: at most ``max_queue`` sentences wait
+  here for a worker; a request that does not fit is refused at once (``QueueFull``: 503 with
+  Retry-After), one that could never fit too (``TooLarge``: 413). Before that, ``app.shedding``
+  lets a request's body be read only if there is room (``enter``): each request let through holds
+  a place until it is admitted or refused, so that when one place frees up, one request is parsed,
+  not every request that arrived meanwhile.
+- **Dispatch**: each worker is given sentences up to ``1 + prefetch`` times its running batch's
+  rows, as places free up: when an answer arrives, the next sentences leave in the same turn of
+  the event loop. Under overload a turn of the loop takes a few hundred milliseconds of HTTP work
+  (thousands of connections to read and refuse), and workers given half a batch ahead ran dry
+  meanwhile (0.63-0.73x capacity at 2,048 connections, BENCHMARKS.md); two batches ahead cover it.
+- **Fair order** (``app.serving.fairqueue``): round-robin over the requests that have sentences
+  waiting, one sentence per request per turn (``policy="fair"``), so a one-line request waits
+  behind at most one sentence of each other request, not behind whole documents; a worker takes
+  what it was given in the same order, so the sentences given ahead do not undo it.
+  ``policy="fifo"`` serves sentences in arrival order (what the service did before; kept to
+  measure the difference).
+- **Deadlines and cancellation**: a request's sentences leave the queue, and its workers drop
+  the ones they have, when its deadline passes or its client goes away.
+- **Retries**: a worker that exits (a crash, a kill) is started again; its sentences go back to the
+  head of the queue, for another worker or the same one once back (``MAX_ATTEMPTS`` in all):
+  nothing accepted is lost.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from app.metrics import Metrics
+from app.serving.errors import DeadlineExceeded, EngineError, EngineStopped, QueueFull, TooLarge
+from app.serving.fairqueue import FairQueue, Policy
+
+log = logging.getLogger("uvicorn.error").getChild("scheduler")
+
+# A finished sentence's n-best: (token ids without bos/eos, length-normalised log-probability).
+Hypotheses = list[tuple[list[int], float]]
+
+MAX_ATTEMPTS = 3  # workers a sentence may be given to, when the ones before exited with it
+RESTART_DELAYS_S = (0.0, 1.0, 2.0, 5.0, 10.0, 30.0)  # before each try to start a worker again
+PREFETCH = 2.0  # rows given to a worker beyond its running batch, in batches
+
+
+class Worker(Protocol):
+    """What the scheduler needs of a worker (``app.serving.worker.WorkerProcess``)."""
+
+    name: str
+    running: bool  # started, ready, and not stopped or exited since
+    listener: Any  # told of messages and exits: ``on_message(worker, message)``, ``on_exit(worker)``
+
+    @property
+    def pid(self) -> int | None: ...
+
+    def send(self, message: tuple[Any, ...]) -> bool: ...
+
+    async def start(self) -> Any: ...
+
+    def stop(self) -> None: ...
+
+
+@dataclass(eq=False)
+class Request:
+    id: int
+    beam_size: int
+    n_best: int
+    future: asyncio.Future[list[Hypotheses]]  # the n-best of each sentence, or why it failed
+    results: list[Hypotheses | None]
+    left: int = 0  # sentences not finished yet
+    deadline: float | None = None  # time.monotonic()
+    timer: asyncio.TimerHandle | None = None
+
+    @property
+    def done(self) -> bool:
+        return self.future.done()
+
+
+@dataclass(eq=False)
+class Sentence:
+    id: int  # unique in this scheduler: the workers' name for it
+    request: Request
+    index: int  # its position in the request
+    src: list[int]  # source token ids, eos included
+    enqueued: float  # time.monotonic() when admitted
+    worker: WorkerState | None = None  # where it is being translated
+    attempts: int = 0
+
+    @property
+    def rows(self) -> int:
+        return self.request.beam_size
+
+    @property
+    def message(self) -> tuple[Any, ...]:
+        r = self.request
+        return (self.id, r.id, self.src, r.beam_size, r.n_best, r.deadline, self.enqueued)
+
+
+@dataclass(eq=False)
+class WorkerState:
+    worker: Worker
+    capacity: int  # rows it may hold
+    sentences: dict[int, Sentence] = field(default_factory=dict)  # given to it, not finished
+    rows: int = 0
+    # A send failed: the process is gone, but the event loop has not read its end of file yet
+    # (``on_exit`` will). Nothing more is given to it until it is started again.
+    unreachable: bool = False
+
+    @property
+    def usable(self) -> bool:
+        return self.worker.running and not self.unreachable
+
+    @property
+    def free(self) -> int:
+        return self.capacity - self.rows if self.usable else 0
+
+
+class Scheduler:
+    def __init__(
+        self,
+        workers: Sequence[Worker],
+        *,
+        max_queue: int,
+        max_batch_size: int,
+        policy: Policy = "fair",
+        prefetch: float = PREFETCH,
+        metrics: Metrics | None = None,
+    ) -> None:
+        capacity = max_batch_size + int(max_batch_size * prefetch)
+        self.workers = [WorkerState(w, capacity) for w in workers]
+        for worker in workers:
+            worker.listener = self
+        self.max_queue = max_queue
+        self.metrics = metrics
+        self._queue: FairQueue[Sentence] = FairQueue(policy)  # not given to a worker yet
+        self._ids = itertools.count()
+        self._entered = 0  # requests let in by ``enter`` and not admitted or refused yet
+        self._stopping = False
+        self._restarts: set[asyncio.Task[None]] = set()
+
+    # -- workers ---------------------------------------------------------------------------------------
+    async def start(self) -> list[Any]:
+        """Start every worker (what each reports when ready); the first failure is raised, after
+        stopping the others."""
+        started = await asyncio.gather(*(s.worker.start() for s in self.workers), return_exceptions=True)
+        failures = [e for e in started if isinstance(e, BaseException)]
+        if failures:
+            self.stop()
+            raise failures[0]
+        return started
+
+    def stop(self) -> None:
+        """Stop the workers; whatever is not answered yet fails with ``EngineStopped``."""
+        self._stopping = True
+        for task in self._restarts:
+            task.cancel()
+        for state in self.workers:
+            state.worker.stop()
+        stopped = EngineStopped("the translation service stopped")
+        given = {s.request for state in self.workers for s in state.sentences.values()}
+        for request in [*given, *self._queue.owners()]:
+            self._fail(request, stopped)  # type: ignore[arg-type]
+
+    @property
+    def waiting(self) -> int:
+        """Sentences in the queue, not given to a worker yet."""
+        return len(self._queue)
+
+    @property
+    def active(self) -> int:
+        """Sentences given to workers and not finished."""
+        return sum(len(s.sentences) for s in self.workers)
+
+    @property
+    def alive(self) -> bool:
+        """Some worker is running (one that exited is being started again meanwhile)."""
+        return not self._stopping and any(s.worker.running for s in self.workers)
+
+    # -- admission -------------------------------------------------------------------------------------
+    def enter(self) -> bool:
+        """Before a request's body is read: whether the queue has room for one more sentence,
+        counting the requests let in before and not admitted yet; if so, it holds a place until
+        ``leave``."""
+        if self.waiting + self._entered >= self.max_queue:
+            return False
+        self._entered += 1
+        return True
+
+    def leave(self) -> None:
+        """The request let in by ``enter`` is being admitted, or was refused, or failed."""
+        self._entered -= 1
+
+    def submit(
+        self, sources: list[list[int]], *, beam_size: int, n_best: int, timeout_s: float | None = None
+    ) -> Request:
+        """Admit a request (source token ids, eos included, at least one); its future gives the
+        n-best of each source, in order, or raises ``DeadlineExceeded`` or ``EngineError``.
+        Raises ``QueueFull``, ``TooLarge`` or ``EngineStopped`` at once."""
+        if self._stopping:
+            raise EngineStopped("the translation service is shutting down")
+        n = len(sources)
+        if n == 0:
+            raise ValueError("a request needs at least one sentence")
+        if n > self.max_queue:
+            raise TooLarge(f"{n} sentences in one request; the queue holds at most {self.max_queue}")
+        if self.waiting + n > self.max_queue:
+            raise QueueFull(f"{self.waiting} sentences are waiting (limit {self.max_queue})")
+        loop = asyncio.get_running_loop()
+        now = time.monotonic()
+        request = Request(next(self._ids), beam_size, n_best, loop.create_future(), [None] * n, left=n)
+        if timeout_s is not None:
+            request.deadline = now + timeout_s
+            request.timer = loop.call_later(timeout_s, self._expire, request, timeout_s)
+        self._queue.push(
+            request, [Sentence(next(self._ids), request, i, s, now) for i, s in enumerate(sources)]
+        )
+        self._queued()
+        self._dispatch()
+        return request
+
+    def withdraw(self, request: Request) -> None:
+        """Its client went away (or stopped waiting): drop what is left of it."""
+        if not request.done:
+            request.future.cancel()
+        self._drop(request)
+
+    async def translate(
+        self, sources: list[list[int]], *, beam_size: int, n_best: int, timeout_s: float | None = None
+    ) -> list[Hypotheses]:
+        """``submit`` and wait for the answer (withdrawn if the caller is cancelled)."""
+        request = self.submit(sources, beam_size=beam_size, n_best=n_best, timeout_s=timeout_s)
+        try:
+            return await request.future
+        finally:
+            self.withdraw(request)
+
+    # -- dispatch --------------------------------------------------------------------------------------
+    def _dispatch(self) -> None:
+        """Give waiting sentences to workers with free rows, in the queue's order."""
+        batches: dict[int, list[Sentence]] = {}
+        while (sentence := self._queue.peek()) is not None:
+            state = max(self.workers, key=lambda s: s.free)
+            if not state.usable or (state.free < sentence.rows and state.rows):
+                break  # (an idle worker takes any one sentence, however many rows)
+            self._queue.pop()
+            sentence.worker = state
+            sentence.attempts += 1
+            state.sentences[sentence.id] = sentence
+            state.rows += sentence.rows
+            batches.setdefault(id(state), []).append(sentence)
+        if not batches:
+            return
+        self._queued()
+        for state in self.workers:
+            given = batches.get(id(state))
+            if given and not state.worker.send(("translate", [s.message for s in given])):
+                state.unreachable = True  # gone meanwhile: its exit is on its way
+                for sentence in given:
+                    sentence.attempts -= 1  # it never reached the worker
+                self._lost(state)
+
+    def _queued(self) -> None:
+        if self.metrics is not None:
+            self.metrics.queue_depth.set(len(self._queue))
+
+    # -- answers ---------------------------------------------------------------------------------------
+    def on_message(self, worker: Worker, message: tuple[Any, ...]) -> None:
+        """A worker's answers: ``("answers", [("done", id, n-best) | ("failed", id, reason), ...])``."""
+        state = self._state(worker)
+        for kind, sid, payload in message[1]:
+            sentence = state.sentences.pop(sid, None)
+            if sentence is None:
+                continue  # withdrawn meanwhile
+            state.rows -= sentence.rows
+            request = sentence.request
+            if request.done:
+                continue
+            if kind == "done":
+                request.results[sentence.index] = payload
+                request.left -= 1
+                if not request.left:
+                    self._finish(request)
+            else:
+                self._fail(request, EngineError(payload))
+        self._dispatch()
+
+    def _finish(self, request: Request) -> None:
+        if request.timer is not None:
+            request.timer.cancel()
+        request.future.set_result([r for r in request.results if r is not None])
+
+    def _fail(self, request: Request, error: BaseException) -> None:
+        if not request.done:
+            request.future.set_exception(error)
+        self._drop(request)
+
+    def _expire(self, request: Request, timeout_s: float) -> None:
+        self._fail(request, DeadlineExceeded(f"not translated within {timeout_s:g} s"))
+
+    def _drop(self, request: Request) -> None:
+        """Take what is left of a request out of the queue and out of its workers."""
+        if request.timer is not None:
+            request.timer.cancel()
+            request.timer = None
+        dropped = self._queue.drop(request)
+        if dropped:
+            if self.metrics is not None:
+                self.metrics.sentences.labels("abandoned").inc(len(dropped))
+            self._queued()
+        cancels: list[tuple[WorkerState, list[int]]] = []
+        for state in self.workers:
+            mine = [sid for sid, s in state.sentences.items() if s.request is request]
+            for sid in mine:
+                state.rows -= state.sentences.pop(sid).rows
+            if mine:
+                cancels.append((state, mine))
+        for state, sids in cancels:
+            state.worker.send(("cancel", sids))  # they stop costing model time
+        if cancels:
+            self._dispatch()
+
+    # -- a worker that exits ---------------------------------------------------------------------------
+    def on_exit(self, worker: Worker) -> None:
+        log.error("%s (pid %s) exited; starting it again", worker.name, worker.pid)
+        if self.metrics is not None and worker.pid is not None:
+            self.metrics.process_exited(worker.pid)
+        state = self._state(worker)
+        self._lost(state)
+        state.unreachable = False  # ``running`` says when it is back
+        task = asyncio.ensure_future(self._start_again(worker))
+        self._restarts.add(task)
+        task.add_done_callback(self._restarts.discard)
+
+    def _lost(self, state: WorkerState) -> None:
+        """The worker is gone with its sentences: back to the head of the queue, in order, for the
+        other workers (or this one once it is back)."""
+        lost: dict[Request, list[Sentence]] = {}
+        for sentence in sorted(state.sentences.values(), key=lambda s: (s.request.id, s.index)):
+            sentence.worker = None
+            lost.setdefault(sentence.request, []).append(sentence)
+        state.sentences.clear()
+        state.rows = 0
+        for request, sentences in reversed(lost.items()):  # the oldest request ends up first
+            if request.done:
+                continue
+            attempts = max(s.attempts for s in sentences)
+            if attempts >= MAX_ATTEMPTS:
+                self._fail(request, EngineError(f"a worker exited while translating it, {attempts} times"))
+                continue
+            if self.metrics is not None:
+                self.metrics.retried.inc(len(sentences))
+            self._queue.push(request, sentences, first=True)
+        self._queued()
+        self._dispatch()
+
+    async def _start_again(self, worker: Worker) -> None:
+        for attempt in itertools.count():
+            await asyncio.sleep(RESTART_DELAYS_S[min(attempt, len(RESTART_DELAYS_S) - 1)])
+            if self._stopping:
+                return
+            try:
+                await worker.start()
+            except (RuntimeError, TimeoutError) as e:  # it stays down meanwhile; deadlines still hold
+                log.error("%s could not be started again: %s", worker.name, e)
+                continue
+            if self.metrics is not None:
+                self.metrics.worker_restarts.inc()
+            self._dispatch()
+            return
+
+    def _state(self, worker: Worker) -> WorkerState:
+        return next(s for s in self.workers if s.worker is worker)

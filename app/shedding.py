@@ -1,0 +1,68 @@
+"""Load shedding: refuse translation requests before anything reads them when there is no room.
+
+Under overload most requests are refused, and each refusal costs the front end CPU that the
+workers could use. Here it costs as little as an answer can: checked first thing
+(``app.main.TranslationApp``, before FastAPI's own layers), no body read, no routing, no
+validation, a fixed response. A request let through holds a place (``Scheduler.enter``) until the
+route is about to admit it (``passed``) or it ends, so that one freed place lets one request be
+parsed, not every one that arrived meanwhile; its sentences are then counted exactly at admission
+(``Scheduler.submit``).
+
+A client that retries at once, ignoring Retry-After, is held to it: the connection that got the
+503 is not read again for ``RETRY_AFTER_S`` (its answer was sent at once; its next request waits in
+the socket, costing nothing). Without that, 2,048 connections retrying in a loop kept the front
+end reading and refusing ~1,600 requests a second, and each turn of its event loop took so long
+that a new connection waited 1.7-2 s for ``/health`` (BENCHMARKS.md, "Overload").
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from starlette.datastructures import State
+from starlette.types import Scope, Send
+
+SHED_PATHS = frozenset({"/translate"})
+RETRY_AFTER_S = "1"
+BUSY_BODY = b'{"error":"server busy: every translation queue is full, retry later"}'
+BUSY_HEADERS = [
+    (b"content-type", b"application/json"),
+    (b"content-length", str(len(BUSY_BODY)).encode()),
+    (b"retry-after", RETRY_AFTER_S.encode()),
+]
+GATE_KEY = "nmt.gate"  # in the scope: the scheduler whose place the request holds
+
+
+async def refused(state: State, scope: Scope, send: Send) -> bool:
+    """Answer 503 at once if ``scope`` is a translation request and there is no room for it."""
+    scheduler = state.scheduler
+    if scope["type"] != "http" or scheduler is None or scope["path"] not in SHED_PATHS:
+        return False
+    if scheduler.enter():
+        scope[GATE_KEY] = scheduler
+        return False
+    await send({"type": "http.response.start", "status": 503, "headers": BUSY_HEADERS})
+    await send({"type": "http.response.body", "body": BUSY_BODY})
+    state.metrics.requests.labels(endpoint=scope["path"], status="503").inc()
+    hold_back(send, float(RETRY_AFTER_S))
+    return True
+
+
+def hold_back(send: Send, seconds: float) -> None:
+    """Read nothing more from this connection for ``seconds``, where the server lets us: uvicorn's
+    ``send`` is a method of the request's cycle, whose flow control pauses and resumes reading (it
+    resumed it when the answer above was complete). Elsewhere, nothing happens."""
+    flow: Any = getattr(getattr(send, "__self__", None), "flow", None)
+    if flow is None or not hasattr(flow, "pause_reading") or not hasattr(flow, "resume_reading"):
+        return
+    flow.pause_reading()
+    asyncio.get_running_loop().call_later(seconds, flow.resume_reading)
+
+
+def passed(scope: Scope) -> None:
+    """The request no longer needs the place it held at the gate (its sentences are about to be
+    counted, or it ended); a second call does nothing."""
+    scheduler = scope.pop(GATE_KEY, None)
+    if scheduler is not None:
+        scheduler.leave()

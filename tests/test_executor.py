@@ -1,0 +1,436 @@
+"""A worker's running batch, with the tiny real model: shared batches give the same answers as
+translating alone, continuous batching lets short sentences overtake long ones, newcomers join in
+groups, cancelled and expired sentences leave, and a failed step fails only the running batch. The
+executor is driven by hand, one ``iteration()`` at a time, from an ``Inbox``; and the inbox itself."""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Literal
+
+import pytest
+import torch
+from conftest import SENTENCES, synthetic_sentences
+
+from app.metrics import process_metrics
+from app.serving.executor import JOIN_RATIO, JOIN_WAIT_STEPS, Executor
+from app.serving.scheduler import Hypotheses
+from app.serving.worker import Inbox, WorkerJob
+from model.cache import CacheSlots
+from model.checkpoint import load_model, load_tokenizer, read_info
+from model.translator import Translator
+
+LONG = [
+    "Zwei kleinen Kinder sitzen auf dem roten Ball vor einem großen Gebäude im Park mit Hut und Hund.",
+    "Der Hund läuft im Wasser und schaut auf die Straße vor dem großen blauen Gebäude im Park.",
+]
+SHORT = "Ein Mann."
+
+_ids = itertools.count()
+Finished = dict[int, tuple[int, Hypotheses | BaseException]]  # job id -> (iteration, outcome)
+
+
+@pytest.fixture(scope="module")
+def endless(model_dir: Path) -> Translator:
+    """The tiny model, changed so that eos is never the best token: every output runs to its length
+    limit (a*source_length + b), so long sources take many steps and short ones few."""
+    info = read_info(model_dir)
+    model = load_model(model_dir, info)
+    with torch.no_grad():
+        assert model.decoder_norm is not None and model.out_proj is not None
+        model.decoder_norm.weight[0] = 0.0  # feature 0 of the final LayerNorm is the constant 1...
+        model.decoder_norm.bias[0] = 1.0
+        model.out_proj.weight[model.cfg.eos_id] = 0.0
+        model.out_proj.weight[model.cfg.eos_id, 0] = -100.0  # ...so eos's logit is always -100
+    return Translator(model, load_tokenizer(model_dir), info, torch.device("cpu"))
+
+
+def job(
+    translator: Translator, text: str, beam_size: int = 1, n_best: int = 1, deadline: float | None = None
+) -> WorkerJob:
+    src = translator.source_ids([text])[0]
+    return WorkerJob(next(_ids), 0, src, beam_size, n_best, deadline, time.monotonic())
+
+
+def drive(
+    executor: Executor, inbox: Inbox, arrivals: dict[int, list[WorkerJob]] | None = None, *, start: int = 0
+) -> Finished:
+    """Iterate until nothing runs or waits; ``arrivals[i]`` join the inbox before iteration ``i``."""
+    arrivals = dict(arrivals or {})
+    finished: Finished = {}
+    with torch.inference_mode():
+        for i in itertools.count(start):
+            if i in arrivals:
+                inbox.add(arrivals.pop(i))
+            if not (arrivals or inbox.waiting or executor.busy):
+                return finished
+            assert i < 5000, "the executor does not finish"
+            for done, result in executor.iteration():
+                assert inbox.release(done)  # somebody waits for every outcome
+                finished[done.id] = (i, result)
+    raise AssertionError("unreachable")
+
+
+def tokens(outcome: Hypotheses | BaseException) -> list[list[int]]:
+    assert not isinstance(outcome, BaseException), outcome
+    return [t for t, _ in outcome]
+
+
+def scores(outcome: Hypotheses | BaseException) -> list[float]:
+    assert not isinstance(outcome, BaseException), outcome
+    return [s for _, s in outcome]
+
+
+def sample(name: str, labels: dict[str, str] | None = None) -> float:
+    return process_metrics().sample(name, labels)
+
+
+# -- the same answers as translating alone -----------------------------------------------------------
+def test_jobs_joining_a_running_batch_get_what_they_get_alone(
+    translator: Translator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    texts = synthetic_sentences(40, seed=7)[::2]  # the German-looking ones
+    beams = [1 if i % 3 else 3 for i in range(len(texts))]
+    alone = [translator.translate_batch([t], beam_size=b)[0] for t, b in zip(texts, beams, strict=True)]
+    moved: list[int] = []  # rows moved into the places of finished ones, per removal
+    remove = CacheSlots.remove
+
+    def counting_remove(slots: CacheSlots, leaving: list[int]) -> dict[int, int]:
+        moves = remove(slots, leaving)
+        moved.append(len(moves))
+        return moves
+
+    monkeypatch.setattr(CacheSlots, "remove", counting_remove)
+    joined_running: list[int] = []  # jobs that joined a batch already decoding
+    inbox = Inbox()
+    executor = Executor(translator, inbox, max_batch_size=32, metrics=process_metrics())
+    admit = executor._admit
+
+    def recording_admit(jobs: list[Any]) -> None:
+        if executor.busy:
+            joined_running.extend(j.id for j in jobs)
+        admit(jobs)
+
+    monkeypatch.setattr(executor, "_admit", recording_admit)
+    steps, rows = sample("nmt_batch_size_sequences_count"), sample("nmt_batch_size_sequences_sum")
+    translated = sample("nmt_sentences_total", {"outcome": "translated"})
+    jobs = [job(translator, t, b) for t, b in zip(texts, beams, strict=True)]
+    finished = drive(executor, inbox, {2 * i: [j] for i, j in enumerate(jobs)})  # staggered arrivals
+
+    for j, expected in zip(jobs, alone, strict=True):
+        assert tokens(finished[j.id][1]) == expected.tokens[:1], j.id
+        if j.beam_size > 1:  # (greedy jobs skip the log-softmax: their score is 0.0 by design)
+            assert scores(finished[j.id][1]) == pytest.approx(expected.scores[:1], abs=1e-4)
+    assert len(joined_running) >= len(jobs) // 2  # most joined a batch at a later step than others
+    steps = sample("nmt_batch_size_sequences_count") - steps
+    rows = sample("nmt_batch_size_sequences_sum") - rows
+    assert steps > 0 and rows / steps > 2.0  # the model really ran shared batches
+    assert sample("nmt_sentences_total", {"outcome": "translated"}) == translated + len(jobs)
+    assert executor.running.rows == 0 and inbox.waiting == 0
+    # Finished rows left while others ran on: rows from the end of the batch took their places,
+    # beams included (jobs of 3 rows), without changing anyone's result.
+    assert max(moved) > 0
+
+
+def test_n_best_hypotheses_are_translate_batchs(translator: Translator) -> None:
+    cases = [(SHORT, 3, 2), (LONG[0], 2, 2), (SENTENCES[3], 4, 4), (SENTENCES[2], 1, 1)]
+    inbox = Inbox()
+    executor = Executor(translator, inbox)
+    jobs = [job(translator, text, b, n) for text, b, n in cases]
+    finished = drive(executor, inbox, {0: jobs[:2], 1: jobs[2:]})
+    for j, (text, b, n) in zip(jobs, cases, strict=True):
+        expected = translator.translate_batch([text], beam_size=b, n_best=n)[0]
+        assert len(tokens(finished[j.id][1])) == n
+        assert tokens(finished[j.id][1]) == expected.tokens
+        if b > 1:  # (greedy jobs skip the log-softmax: their score is 0.0 by design)
+            assert scores(finished[j.id][1]) == pytest.approx(expected.scores, abs=1e-4)
+
+
+@pytest.mark.parametrize(("max_batch_size", "max_batch_tokens"), [(4, 8192), (64, 100)])
+def test_the_running_batch_stays_within_its_limits(
+    translator: Translator, monkeypatch: pytest.MonkeyPatch, max_batch_size: int, max_batch_tokens: int
+) -> None:
+    texts = [*LONG, *SENTENCES]
+    inbox = Inbox()
+    executor = Executor(translator, inbox, max_batch_size=max_batch_size, max_batch_tokens=max_batch_tokens)
+    seen: list[tuple[int, int, int]] = []  # (rows, rows x source width, jobs) after each admission
+    admit = executor._admit
+
+    def recording_admit(jobs: list[Any]) -> None:
+        admit(jobs)
+        run = executor.running
+        seen.append((run.rows, run.rows * run.cache.width, len(run.jobs)))
+
+    monkeypatch.setattr(executor, "_admit", recording_admit)
+    jobs = [job(translator, t, 2) for t in texts] + [job(translator, SHORT, 5)]  # 5 rows: wider than 4
+    finished = drive(executor, inbox, {0: jobs})
+    for j, text in zip(jobs, texts + [SHORT], strict=True):
+        expected = translator.translate_batch([text], beam_size=j.beam_size)[0]
+        assert tokens(finished[j.id][1]) == expected.tokens
+    for rows, area, n in seen:
+        assert n == 1 or (rows <= max_batch_size and area <= max_batch_tokens), seen
+    assert max(n for _, _, n in seen) > 1  # some batches were shared all the same
+
+
+def test_beam_rows_moved_out_of_job_order_keep_their_own_tokens(endless: Translator) -> None:
+    """A greedy job leaves first and the last beam row moves into its place: a job's rows are then
+    neither consecutive nor in job order, and every later step must still read and write the right
+    rows (moved rows included, in steps where no beam is reordered)."""
+    cases = [(SHORT, 1), (LONG[0], 2), (LONG[1], 2)]
+    inbox = Inbox()
+    executor = Executor(endless, inbox)
+    run = executor.running
+    jobs = [job(endless, text, b) for text, b in cases]
+    inbox.add(jobs)
+    finished: Finished = {}
+    out_of_order = 0  # steps that started with rows out of job order
+    with torch.inference_mode():
+        while inbox.waiting or executor.busy:
+            out_of_order += run.row_index(list(range(len(run.jobs)))) != list(range(run.rows))
+            finished.update((j.id, (0, r)) for j, r in executor.iteration())
+    assert out_of_order > 3
+    for j, (text, b) in zip(jobs, cases, strict=True):
+        assert tokens(finished[j.id][1]) == endless.translate_batch([text], beam_size=b)[0].tokens[:1]
+
+
+# -- continuous batching -----------------------------------------------------------------------------
+@pytest.mark.parametrize("mode", ["continuous", "dynamic"])
+def test_a_short_job_overtakes_a_long_batch_only_with_continuous_batching(
+    endless: Translator, mode: Literal["continuous", "dynamic"]
+) -> None:
+    inbox = Inbox()
+    executor = Executor(endless, inbox, mode=mode, max_wait_ms=1.0)
+    long_jobs = [job(endless, t, 2) for t in LONG]
+    short = job(endless, SHORT)
+    finished = drive(executor, inbox, {0: long_jobs, 3: [short]})  # the long batch is decoding
+    short_done = finished[short.id][0]
+    long_done = min(finished[j.id][0] for j in long_jobs)
+    if mode == "continuous":
+        # It joined the running batch, finished and left while the long batch decoded on.
+        assert short_done < long_done - 10
+    else:
+        assert short_done > max(finished[j.id][0] for j in long_jobs)  # it waited for the whole batch
+    expected = endless.translate_batch([SHORT], beam_size=1)[0].tokens
+    assert tokens(finished[short.id][1]) == expected
+
+
+def test_newcomers_join_a_running_batch_in_groups(endless: Translator) -> None:
+    """While 5 long sentences decode, a lone newcomer joins only JOIN_WAIT_STEPS steps after the
+    last join; two newcomers (>= JOIN_RATIO x the running ones) join at the next step."""
+    inbox = Inbox()
+    # Outputs of 3 x the source length: the long sentences outlast the short ones.
+    executor = Executor(endless, inbox, max_length_a=3.0, max_length_b=0)
+    run = executor.running
+
+    def steps_until_taken() -> int:
+        steps = 0
+        while inbox.waiting:
+            assert executor.iteration() == []
+            steps += 1
+            # Greedy jobs only: rows follow job order, so a step's logits need no reordering.
+            assert run.row_index(list(range(len(run.jobs)))) == list(range(run.rows))
+        return steps
+
+    inbox.add([job(endless, t) for t in LONG * 2 + LONG[:1]])
+    with torch.inference_mode():
+        assert steps_until_taken() == 1 and len(run.jobs) == 5
+        inbox.add([job(endless, SHORT)])
+        assert steps_until_taken() == JOIN_WAIT_STEPS and len(run.jobs) == 6
+        assert 1 < JOIN_RATIO * len(run.jobs) <= 2  # the arithmetic this test relies on
+        pair = [job(endless, SHORT), job(endless, SENTENCES[0])]
+        inbox.add(pair)
+        assert steps_until_taken() == 1 and run.jobs[-2:] == pair  # together, at once
+        inbox.add([job(endless, SENTENCES[4])])  # alone again: it waits as long as the first one
+        assert steps_until_taken() == JOIN_WAIT_STEPS
+        finished = 0
+        while executor.busy:  # the short ones leave first: rows move into their places
+            finished += len(executor.iteration())
+            assert run.row_index(list(range(len(run.jobs)))) == list(range(run.rows))
+    assert finished == 9
+
+
+# -- jobs nobody waits for -----------------------------------------------------------------------------
+def test_cancelled_and_expired_jobs_leave_the_batch_and_the_inbox(endless: Translator) -> None:
+    inbox = Inbox(process_metrics())
+    executor = Executor(endless, inbox, metrics=process_metrics())
+    abandoned = sample("nmt_sentences_total", {"outcome": "abandoned"})
+    translated = sample("nmt_sentences_total", {"outcome": "translated"})
+    cancelled, expired, stays = job(endless, LONG[0], 2), job(endless, LONG[1], 2), job(endless, LONG[1])
+    inbox.add([cancelled, expired, stays])
+    with torch.inference_mode():
+        for _ in range(3):
+            assert executor.iteration() == []
+        assert executor.running.rows == 5
+        waiting_cancelled, waiting_expired = job(endless, SHORT), job(endless, SHORT, deadline=0.0)
+        inbox.add([waiting_cancelled, waiting_expired])
+        inbox.cancel([cancelled.id, waiting_cancelled.id])
+        expired.deadline = time.monotonic() - 1.0
+        assert executor.iteration() == []  # no outcome: nobody waits for them
+    assert executor.running.jobs == [stays] and executor.running.rows == 1 and inbox.waiting == 0
+    assert sample("nmt_sentences_total", {"outcome": "abandoned"}) == abandoned + 4
+    for gone in (cancelled, expired, waiting_cancelled, waiting_expired):
+        assert not inbox.release(gone)  # forgotten already
+    finished = drive(executor, inbox)
+    assert list(finished) == [stays.id]  # its row moved into a leaving one's place: the same result
+    assert tokens(finished[stays.id][1]) == endless.translate_batch([LONG[1]], beam_size=1)[0].tokens
+    assert sample("nmt_sentences_total", {"outcome": "translated"}) == translated + 1
+
+
+def test_active_sequences_drop_to_zero_when_every_running_job_is_cancelled(endless: Translator) -> None:
+    inbox = Inbox()
+    executor = Executor(endless, inbox, metrics=process_metrics())
+    jobs = [job(endless, t) for t in LONG]
+    inbox.add(jobs)
+    with torch.inference_mode():
+        executor.iteration()
+        assert sample("nmt_active_sequences") == 2
+        inbox.cancel([j.id for j in jobs])
+        executor.iteration()
+    assert not executor.busy
+    assert sample("nmt_active_sequences") == 0
+
+
+# -- failures ----------------------------------------------------------------------------------------
+def test_a_failed_step_fails_only_the_running_jobs(
+    endless: Translator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    inbox = Inbox()
+    executor = Executor(endless, inbox)
+    texts = synthetic_sentences(10, seed=3)[::2]
+    running = [job(endless, t, 1 + i % 2) for i, t in enumerate(texts)]
+    inbox.add(running)
+    step = endless.model.decode_step
+    calls = 0
+
+    def failing_once(*args: Any, **kwargs: Any) -> Any:
+        nonlocal calls
+        calls += 1
+        if calls == 3:
+            raise RuntimeError("CUDA out of memory")
+        return step(*args, **kwargs)
+
+    monkeypatch.setattr(endless.model, "decode_step", failing_once)
+    newcomer = job(endless, SHORT)
+    with torch.inference_mode():
+        assert executor.iteration() == []
+        inbox.add([newcomer])  # 1 < JOIN_RATIO x 5 running: it waits to join
+        assert executor.iteration() == []
+        outcomes = executor.iteration()
+    assert {j.id for j, _ in outcomes} == {j.id for j in running}
+    for _, result in outcomes:
+        assert isinstance(result, RuntimeError) and "CUDA out of memory" in str(result)
+    assert all(inbox.release(j) for j, _ in outcomes)
+    assert not executor.busy and executor.running.rows == 0 and inbox.waiting == 1  # the newcomer waits on
+    again = job(endless, texts[1], 2)
+    finished = drive(executor, inbox, {3: [again]}, start=3)  # and the executor goes on
+    assert tokens(finished[newcomer.id][1]) == endless.translate_batch([SHORT], beam_size=1)[0].tokens
+    assert tokens(finished[again.id][1]) == endless.translate_batch([texts[1]], beam_size=2)[0].tokens
+
+
+def test_jobs_whose_admission_fails_are_answered(
+    endless: Translator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    inbox = Inbox()
+    executor = Executor(endless, inbox)
+    encode = endless.model.encode
+    calls = 0
+
+    def failing_once(*args: Any, **kwargs: Any) -> Any:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            raise RuntimeError("CUDA out of memory")
+        return encode(*args, **kwargs)
+
+    monkeypatch.setattr(endless.model, "encode", failing_once)
+    newcomer = job(endless, SHORT)
+    inbox.add([newcomer])
+    with torch.inference_mode():
+        outcomes = executor.iteration()
+    answered = [j.id for j, _ in outcomes]
+    assert answered == [newcomer.id] or inbox.waiting == 1  # failed, or still waiting for a later step
+
+
+# -- the inbox -----------------------------------------------------------------------------------------
+def test_inbox_take_stops_at_the_first_job_that_does_not_fit() -> None:
+    inbox = Inbox()
+    jobs = [WorkerJob(i, 0, [5, 2], beam, 1, None, time.monotonic()) for i, beam in enumerate([1, 2, 3, 1])]
+    inbox.add(jobs)
+    rows = 0
+
+    def fits(j: Any) -> bool:
+        nonlocal rows
+        if rows + j.beam_size > 3:
+            return False
+        rows += j.beam_size
+        return True
+
+    assert inbox.take(fits) == jobs[:2]  # the last one would fit, but the order is the scheduler's
+    assert inbox.waiting == 2
+    assert inbox.take(lambda j: True) == jobs[2:]
+    assert inbox.waiting == 0 and inbox.take(lambda j: True) == []
+
+
+def test_inbox_drops_cancelled_and_expired_jobs_and_forgets_them() -> None:
+    inbox = Inbox(process_metrics())
+    abandoned = sample("nmt_sentences_total", {"outcome": "abandoned"})
+    now = time.monotonic()
+    keep, cancelled, expired, later = (
+        WorkerJob(i, 0, [5, 2], 1, 1, deadline, now)
+        for i, deadline in enumerate([None, None, now - 1, now + 60])
+    )
+    inbox.add([keep, cancelled, expired, later])
+    inbox.cancel([cancelled.id, 99])  # an id it does not know is ignored
+    assert cancelled.cancelled and not keep.cancelled
+    assert inbox.take(lambda j: True) == [keep, later]
+    assert sample("nmt_sentences_total", {"outcome": "abandoned"}) == abandoned + 2
+    assert not inbox.release(cancelled) and not inbox.release(expired)
+    inbox.cancel([later.id])  # while it runs: the executor drops it at its next step
+    assert later.expired(time.monotonic())
+    assert not inbox.release(later)  # nobody waits for it
+    assert inbox.release(keep) and not inbox.release(keep)
+
+
+def within(seconds: float, call: Callable[[], bool]) -> bool:
+    """``call()`` on another thread; fails instead of hanging if it blocks for longer than ``seconds``."""
+    result: list[bool] = []
+    thread = threading.Thread(target=lambda: result.append(call()), daemon=True)
+    thread.start()
+    thread.join(seconds)
+    assert result, f"still blocked after {seconds} s"
+    return result[0]
+
+
+def test_inbox_wait_returns_when_there_is_work_and_false_once_stopped() -> None:
+    inbox = Inbox()
+    assert within(5.0, lambda: inbox.wait(lambda: True))  # a batch is running
+    job_ = WorkerJob(0, 0, [5, 2], 1, 1, None, time.monotonic())
+    later = threading.Timer(0.05, inbox.add, [[job_]])
+    started = time.monotonic()
+    later.start()
+    assert within(5.0, lambda: inbox.wait(lambda: False))  # blocks until the job arrives
+    assert time.monotonic() - started >= 0.04 and inbox.waiting == 1
+    later.join()
+    stopper = threading.Timer(0.02, inbox.stop)
+    stopper.start()
+    inbox.take(lambda j: True)
+    assert not within(5.0, lambda: inbox.wait(lambda: False))  # woken by stop
+    stopper.join()
+    inbox.add([WorkerJob(1, 0, [5, 2], 1, 1, None, time.monotonic())])
+    assert not within(5.0, lambda: inbox.wait(lambda: True))  # stopping wins over work
+
+
+def test_inbox_wait_for_more_waits_for_rows_or_the_timeout() -> None:
+    inbox = Inbox()
+    inbox.add([WorkerJob(0, 0, [5, 2], 2, 1, None, time.monotonic())])
+    started = time.monotonic()
+    inbox.wait_for_more(4, 0.05)  # 2 rows wait, not 4
+    assert time.monotonic() - started >= 0.04
+    inbox.add([WorkerJob(1, 0, [5, 2], 2, 1, None, time.monotonic())])
+    started = time.monotonic()
+    inbox.wait_for_more(4, 10.0)
+    assert time.monotonic() - started < 1.0

@@ -1,0 +1,487 @@
+"""The scheduler in the front end, with fake workers: admission, dispatch in rows to the least-loaded
+worker, fair order, answers in request order, failures, deadlines, withdrawal, and retries when a
+worker exits. No model: a fake worker records what it is sent, and the test answers for it."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+import pytest
+
+import app.serving.scheduler as scheduler_module
+from app.metrics import process_metrics
+from app.serving.errors import DeadlineExceeded, EngineError, EngineStopped, QueueFull, TooLarge
+from app.serving.scheduler import MAX_ATTEMPTS, Hypotheses, Policy, Request, Scheduler
+
+EOS = 2
+Job = tuple[int, list[int], int, int, float | None, float]  # what a worker is sent per sentence
+
+
+class FakeWorker:
+    """A worker without a process: it records what it is sent; the test answers in its name."""
+
+    def __init__(self, name: str, *, running: bool = True) -> None:
+        self.name = name
+        self.running = running
+        self.listener: Any = None
+        self.sent: list[tuple[Any, ...]] = []  # every message, in order
+        self.requests: list[int] = []  # the request id of every sentence given, in order
+        self.pending: dict[int, Job] = {}  # given, not answered, cancelled or lost in an exit
+        self.accepts = True  # what send() answers (False: the pipe is broken)
+        self.starts = 0
+        self.failing_starts = 0  # the next start() calls that fail
+        self.gate: asyncio.Event | None = None  # if set, start() waits for it
+
+    @property
+    def pid(self) -> int | None:
+        return None  # (a real pid would make the scheduler drop that process's live gauges)
+
+    def send(self, message: tuple[Any, ...]) -> bool:
+        if not self.accepts:
+            return False
+        if message[0] == "translate":  # the request id (2nd field) left out: the tests read the others
+            self.requests.extend(job[1] for job in message[1])
+            message = ("translate", [(job[0], *job[2:]) for job in message[1]])
+        self.sent.append(message)
+        if message[0] == "translate":
+            self.pending.update((job[0], job) for job in message[1])
+        elif message[0] == "cancel":
+            for sid in message[1]:
+                self.pending.pop(sid)  # (KeyError: a cancel for something it was never given)
+        return True
+
+    async def start(self) -> str:
+        self.starts += 1
+        if self.gate is not None:
+            await self.gate.wait()
+        await asyncio.sleep(0)
+        if self.failing_starts:
+            self.failing_starts -= 1
+            raise RuntimeError(f"{self.name} could not start")
+        self.running = True
+        return f"{self.name} ready"
+
+    def stop(self) -> None:
+        self.running = False
+
+    # -- what the test does in the worker's name -------------------------------------------------------
+    def given(self) -> list[Job]:
+        """Every sentence it was sent, in order (repeats included)."""
+        return [job for kind, *rest in self.sent if kind == "translate" for job in rest[0]]
+
+    def cancelled(self) -> list[int]:
+        return [sid for kind, *rest in self.sent if kind == "cancel" for sid in rest[0]]
+
+    def answer(self, *jobs: Job, failed: str | None = None) -> None:
+        """Answer these sentences in one message: done (the n-best echoes the source), or failed."""
+        answers: list[tuple[Any, ...]] = []
+        for job in jobs:
+            del self.pending[job[0]]
+            answers.append(("failed", job[0], failed) if failed else ("done", job[0], echo(job[1])))
+        self.listener.on_message(self, ("answers", answers))
+
+    def crash(self) -> None:
+        """The process exits: what it was given is lost."""
+        self.running = False
+        self.pending.clear()
+        self.listener.on_exit(self)
+
+
+def echo(src: list[int]) -> Hypotheses:
+    return [(src[:-1], -float(len(src)))]
+
+
+def sources(n: int, tag: int = 0) -> list[list[int]]:
+    """``n`` distinct sources; ``tag`` tells requests apart in what a worker is sent."""
+    return [[100 + tag, 3 + i, EOS] for i in range(n)]
+
+
+def run(main: Callable[[], Coroutine[Any, Any, None]]) -> None:
+    asyncio.run(main())
+
+
+async def until(condition: Callable[[], bool], timeout: float = 5.0) -> None:
+    end = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < end, "condition not reached"
+        await asyncio.sleep(0.001)
+
+
+def scheduler(
+    workers: list[FakeWorker], *, max_batch_size: int = 2, max_queue: int = 1000, policy: Policy = "fair"
+) -> Scheduler:
+    """A scheduler with the process's metrics; each worker holds max_batch_size * 1.5 rows."""
+    return Scheduler(
+        workers,
+        max_queue=max_queue,
+        max_batch_size=max_batch_size,
+        policy=policy,
+        prefetch=0.5,
+        metrics=process_metrics(),
+    )
+
+
+def sample(name: str, labels: dict[str, str] | None = None) -> float:
+    return process_metrics().sample(name, labels)
+
+
+@pytest.fixture
+def no_restart_delay(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(scheduler_module, "RESTART_DELAYS_S", (0.0, 0.0))
+
+
+# -- admission ---------------------------------------------------------------------------------------
+def test_admission_refuses_what_does_not_fit_in_the_queue() -> None:
+    async def main() -> None:
+        worker = FakeWorker("w", running=False)  # no room anywhere: everything admitted waits
+        s = scheduler([worker], max_queue=4)
+        with pytest.raises(ValueError):
+            s.submit([], beam_size=1, n_best=1)
+        with pytest.raises(TooLarge):
+            s.submit(sources(5), beam_size=1, n_best=1)  # could never fit: retrying will not help
+        first = s.submit(sources(3), beam_size=1, n_best=1)
+        assert s.waiting == 3
+        with pytest.raises(QueueFull):
+            s.submit(sources(2), beam_size=1, n_best=1)  # 3 + 2 > 4: later, maybe
+        second = s.submit(sources(1), beam_size=1, n_best=1)  # 3 + 1 fits exactly
+        with pytest.raises(QueueFull):
+            s.submit(sources(1), beam_size=1, n_best=1)
+        assert s.waiting == 4 and worker.sent == []
+        s.stop()
+        for request in (first, second):  # what was admitted fails, not hangs
+            with pytest.raises(EngineStopped):
+                await request.future
+        assert s.waiting == 0 and not s.alive
+        with pytest.raises(EngineStopped):
+            s.submit(sources(1), beam_size=1, n_best=1)
+
+    run(main)
+
+
+def test_admission_counts_only_sentences_that_wait_for_a_worker() -> None:
+    async def main() -> None:
+        worker = FakeWorker("w")
+        s = scheduler([worker], max_queue=3, max_batch_size=2)  # the worker holds 3 rows
+        s.submit(sources(3), beam_size=1, n_best=1)  # all given to the worker at once
+        assert s.waiting == 0 and len(worker.pending) == 3
+        s.submit(sources(3), beam_size=1, n_best=1)  # all wait
+        assert s.waiting == 3
+        with pytest.raises(QueueFull):
+            s.submit(sources(1), beam_size=1, n_best=1)
+
+    run(main)
+
+
+def test_enter_holds_a_place_in_the_queue_until_leave() -> None:
+    async def main() -> None:
+        s = scheduler([FakeWorker("w", running=False)], max_queue=3)
+        assert [s.enter() for _ in range(4)] == [True, True, True, False]
+        s.leave()
+        assert s.enter()
+        assert not s.enter()
+        for _ in range(3):
+            s.leave()
+        s.submit(sources(2), beam_size=1, n_best=1)  # 2 wait: one place left
+        assert s.enter()
+        assert not s.enter()
+        s.leave()
+        assert s.enter()
+
+    run(main)
+
+
+# -- dispatch ----------------------------------------------------------------------------------------
+def test_a_worker_is_given_sentences_up_to_its_capacity_in_rows() -> None:
+    async def main() -> None:
+        worker = FakeWorker("w")
+        s = scheduler([worker], max_batch_size=4)  # 4 + 2 = 6 rows
+        request = s.submit(sources(5), beam_size=2, n_best=2, timeout_s=None)
+        assert [job[0] for job in worker.given()] == [job[0] for job in worker.pending.values()]
+        assert len(worker.given()) == 3 and s.waiting == 2 and s.active == 3  # 3 x 2 rows
+        sid, src, beam_size, n_best, deadline, enqueued = worker.given()[0]
+        assert (src, beam_size, n_best, deadline) == (sources(5)[0], 2, 2, None)
+        assert abs(enqueued - time.monotonic()) < 1.0
+        worker.answer(worker.given()[0])  # 2 rows free: one more sentence
+        assert len(worker.given()) == 4 and s.waiting == 1
+        wide = s.submit(sources(1, tag=1), beam_size=4, n_best=1)  # 4 rows: waits for room
+        worker.answer(worker.given()[1])
+        assert len(worker.given()) == 5 and s.waiting == 1  # the last of the first request, 2 rows
+        worker.answer(worker.given()[2])  # 2 rows free, not enough
+        assert len(worker.given()) == 5 and s.waiting == 1
+        worker.answer(worker.given()[3])  # 4 rows free now
+        assert worker.given()[-1][1] == sources(1, tag=1)[0] and s.waiting == 0
+        worker.answer(*worker.pending.values())
+        assert request.future.done() and wide.future.done() and s.active == 0
+
+    run(main)
+
+
+def test_an_idle_worker_takes_one_sentence_wider_than_its_capacity() -> None:
+    async def main() -> None:
+        worker = FakeWorker("w")
+        s = scheduler([worker], max_batch_size=2)  # 3 rows
+        request = s.submit(sources(2), beam_size=5, n_best=1)
+        assert len(worker.given()) == 1 and s.waiting == 1  # one at a time, never two
+        worker.answer(worker.given()[0])
+        assert len(worker.given()) == 2 and s.waiting == 0
+        worker.answer(worker.given()[1])
+        assert request.future.result() == [echo(src) for src in sources(2)]
+
+    run(main)
+
+
+def test_sentences_go_to_the_least_loaded_running_worker() -> None:
+    async def main() -> None:
+        down, w1, w2 = FakeWorker("down", running=False), FakeWorker("w1"), FakeWorker("w2")
+        s = scheduler([down, w1, w2], max_batch_size=4)  # 6 rows each
+        s.submit(sources(1), beam_size=4, n_best=1)  # w1 (a tie: the first), 2 rows left
+        s.submit(sources(3, tag=1), beam_size=1, n_best=1)  # w2 has more room for each: 6, 5, 4
+        assert (len(w1.pending), len(w2.pending)) == (1, 3)
+        s.submit(sources(2, tag=2), beam_size=2, n_best=1)  # w2 (3 free > 2), then w1 (2 free > 1)
+        assert [job[1][0] for job in w1.given()] == [100, 102]
+        assert [job[1][0] for job in w2.given()] == [101, 101, 101, 102]
+        assert down.sent == [] and s.waiting == 0
+
+    run(main)
+
+
+# -- fair order --------------------------------------------------------------------------------------
+@pytest.mark.parametrize("policy", ["fair", "fifo"])
+def test_a_short_request_waits_behind_one_sentence_of_each_long_one_not_behind_whole_documents(
+    policy: Policy,
+) -> None:
+    """8 requests of 40 sentences, then one of 1, on one worker of 3 rows; the worker answers in the
+    order it was given sentences. Fair: the short one is served within the first round; FIFO: last."""
+    long_requests, long_sentences = 8, 40
+
+    async def main() -> tuple[list[int], int]:
+        worker = FakeWorker("w")
+        s = scheduler([worker], max_batch_size=2, policy=policy)
+        requests = [s.submit(sources(long_sentences, tag=i), beam_size=1, n_best=1) for i in range(8)]
+        short = s.submit(sources(1, tag=long_requests), beam_size=1, n_best=1)
+        requests.append(short)
+        finished: list[int] = []  # request tags, in the order they completed
+        while worker.pending:
+            worker.answer(next(iter(worker.pending.values())))  # the oldest first
+            finished += [i for i, r in enumerate(requests) if r.future.done() and i not in finished]
+        tags = [job[1][0] - 100 for job in worker.given()]
+        assert short.future.result() == [echo(sources(1, tag=long_requests)[0])]
+        return finished, tags.index(long_requests)
+
+    finished, short_given_at = asyncio.run(main())
+    assert sorted(finished) == list(range(long_requests + 1))
+    before_short = finished.index(long_requests)  # long requests that completed before the short one
+    if policy == "fair":
+        # The worker's first 3 sentences, then one of each long request: the short one is next.
+        assert short_given_at <= 3 + long_requests
+        assert before_short <= 1
+    else:
+        assert short_given_at == long_requests * long_sentences
+        assert before_short == long_requests
+
+
+# -- answers -----------------------------------------------------------------------------------------
+def test_results_come_back_in_request_order_whatever_order_answers_arrive_in() -> None:
+    async def main() -> None:
+        worker = FakeWorker("w")
+        s = scheduler([worker], max_batch_size=8)
+        task = asyncio.create_task(s.translate(sources(5), beam_size=2, n_best=1))
+        await asyncio.sleep(0)
+        jobs = worker.given()
+        assert len(jobs) == 5
+        worker.answer(jobs[4])
+        worker.answer(jobs[2], jobs[0])
+        worker.answer(jobs[3])
+        assert not task.done()
+        worker.answer(jobs[1])
+        assert await task == [echo(src) for src in sources(5)]
+        assert s.active == 0 and s.waiting == 0
+
+    run(main)
+
+
+def test_a_failed_sentence_fails_its_request_and_cancels_the_rest() -> None:
+    async def main() -> None:
+        worker = FakeWorker("w")
+        s = scheduler([worker], max_batch_size=2)  # 3 rows
+        request = s.submit(sources(3), beam_size=1, n_best=1)
+        other = s.submit(sources(1, tag=1), beam_size=1, n_best=1)  # waits for room
+        jobs = worker.given()
+        worker.answer(jobs[0])
+        worker.answer(jobs[1], failed="out of memory")
+        error = request.future.exception()
+        assert type(error) is EngineError and "out of memory" in str(error)
+        assert worker.cancelled() == [jobs[2][0]]  # the one still being translated
+        assert worker.given()[-1][1] == sources(1, tag=1)[0]  # its room went to the next request
+        worker.listener.on_message(worker, ("answers", [("done", jobs[2][0], echo(jobs[2][1]))]))  # late
+        worker.answer(worker.given()[-1])
+        assert other.future.result() == [echo(sources(1, tag=1)[0])]
+        assert s.active == 0
+
+    run(main)
+
+
+# -- deadlines and withdrawal ------------------------------------------------------------------------
+def test_a_request_past_its_deadline_leaves_the_queue_and_its_worker() -> None:
+    async def main() -> None:
+        worker = FakeWorker("w")
+        s = scheduler([worker], max_batch_size=2)  # 3 rows
+        abandoned = sample("nmt_sentences_total", {"outcome": "abandoned"})
+        request = s.submit(sources(5), beam_size=1, n_best=1, timeout_s=0.05)
+        assert s.waiting == 2 and sample("nmt_queue_depth_sentences") == 2
+        deadline = worker.given()[0][4]
+        assert deadline is not None and 0.0 < deadline - time.monotonic() <= 0.05  # workers know it
+        with pytest.raises(DeadlineExceeded):
+            await asyncio.wait_for(request.future, 5.0)
+        assert s.waiting == 0 and sample("nmt_queue_depth_sentences") == 0
+        assert sorted(worker.cancelled()) == sorted(job[0] for job in worker.given())
+        assert worker.pending == {} and s.active == 0
+        assert sample("nmt_sentences_total", {"outcome": "abandoned"}) == abandoned + 2  # the 2 waiting
+        s.submit(sources(1, tag=1), beam_size=1, n_best=1)  # the worker's room is free again
+        assert len(worker.pending) == 1
+
+    run(main)
+
+
+def test_a_withdrawn_request_frees_its_workers_room_for_others() -> None:
+    async def main() -> None:
+        worker = FakeWorker("w")
+        s = scheduler([worker], max_batch_size=2)  # 3 rows
+        task = asyncio.create_task(s.translate(sources(3), beam_size=1, n_best=1))
+        await asyncio.sleep(0)
+        first = [job[0] for job in worker.given()]
+        other: Request = s.submit(sources(4, tag=1), beam_size=1, n_best=1)
+        assert len(first) == 3 and s.waiting == 4
+        task.cancel()  # the client went away
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert sorted(worker.cancelled()) == sorted(first)
+        assert [job[1][0] for job in worker.pending.values()] == [101] * 3 and s.waiting == 1
+        s.withdraw(other)
+        assert other.future.cancelled() and s.waiting == 0 and worker.pending == {} and s.active == 0
+
+    run(main)
+
+
+# -- workers that exit -------------------------------------------------------------------------------
+@pytest.mark.usefixtures("no_restart_delay")
+def test_sentences_of_a_worker_that_exits_go_to_another_one() -> None:
+    async def main() -> None:
+        w1, w2 = FakeWorker("w1"), FakeWorker("w2")
+        s = scheduler([w1, w2], max_batch_size=4)  # 6 rows each
+        retried, restarts = sample("nmt_retried_sentences_total"), sample("nmt_worker_restarts_total")
+        task = asyncio.create_task(s.translate(sources(4), beam_size=1, n_best=1))
+        await asyncio.sleep(0)
+        assert len(w1.pending) == len(w2.pending) == 2
+        lost = list(w1.pending)
+        w2.answer(*w2.pending.values())
+        w1.crash()
+        assert sorted(w2.pending) == sorted(lost)  # given again at once, to the live worker
+        assert sample("nmt_retried_sentences_total") == retried + 2
+        w2.answer(*w2.pending.values())
+        assert await task == [echo(src) for src in sources(4)]  # nothing lost, nothing failed
+        await until(lambda: w1.running)
+        assert w1.starts == 1 and sample("nmt_worker_restarts_total") == restarts + 1
+
+    run(main)
+
+
+@pytest.mark.usefixtures("no_restart_delay")
+def test_sentences_of_the_only_worker_wait_until_it_is_back() -> None:
+    async def main() -> None:
+        worker = FakeWorker("w")
+        s = scheduler([worker], max_batch_size=2)  # 3 rows
+        retried, restarts = sample("nmt_retried_sentences_total"), sample("nmt_worker_restarts_total")
+        request = s.submit(sources(4), beam_size=1, n_best=1)
+        worker.answer(worker.given()[1])
+        lost = [job[0] for job in worker.given()[2:] + worker.given()[:1]]  # the 3rd went out 2nd
+        assert len(lost) == 3 and s.waiting == 0
+        worker.gate, worker.failing_starts = asyncio.Event(), 1  # it comes back on the 2nd try
+        worker.crash()
+        await asyncio.sleep(0.01)
+        assert s.waiting == 3 and sample("nmt_queue_depth_sentences") == 3
+        assert len(worker.given()) == 4 and not request.future.done()  # nothing sent to a dead worker
+        assert sample("nmt_retried_sentences_total") == retried + 3
+        worker.gate.set()
+        await until(lambda: worker.running)
+        assert worker.starts == 2 and sample("nmt_worker_restarts_total") == restarts + 1
+        again = [job[0] for job in worker.given()[4:]]
+        assert sorted(again) == sorted(lost) and s.waiting == 0  # back in their order
+        assert again == sorted(lost)
+        worker.answer(*worker.pending.values())
+        assert request.future.result() == [echo(src) for src in sources(4)]
+
+    run(main)
+
+
+@pytest.mark.usefixtures("no_restart_delay")
+def test_a_sentence_fails_after_max_attempts_workers_exited_with_it() -> None:
+    async def main() -> None:
+        worker = FakeWorker("w")
+        s = scheduler([worker], max_batch_size=2)
+        doomed = s.submit(sources(1), beam_size=1, n_best=1)
+        sid = worker.given()[0][0]
+        later: Request | None = None
+        for attempt in range(1, MAX_ATTEMPTS + 1):
+            assert sid in worker.pending and not doomed.future.done()
+            if attempt == MAX_ATTEMPTS:
+                later = s.submit(sources(1, tag=1), beam_size=1, n_best=1)  # given once so far
+            worker.crash()
+            await until(lambda: worker.running)
+        assert [job[0] for job in worker.given()].count(sid) == MAX_ATTEMPTS
+        error = doomed.future.exception()
+        assert type(error) is EngineError and "exited" in str(error)
+        assert later is not None and not later.future.done()  # its count is its own: it is retried
+        assert [job[1][0] for job in worker.pending.values()] == [101]
+        worker.answer(*worker.pending.values())
+        assert later.future.result() == [echo(sources(1, tag=1)[0])]
+
+    run(main)
+
+
+def test_a_sentence_whose_send_fails_goes_to_a_live_worker() -> None:
+    async def main() -> None:
+        broken, healthy = FakeWorker("broken"), FakeWorker("healthy")
+        s = scheduler([broken, healthy], max_batch_size=2)
+        broken.accepts = False  # its process died; the event loop has not read the end of file yet
+        request = s.submit(sources(1), beam_size=1, n_best=1)
+        assert not request.future.done(), request.future.exception()
+        assert len(healthy.pending) == 1
+        healthy.answer(*healthy.pending.values())
+        assert request.future.result() == [echo(sources(1)[0])]
+
+    run(main)
+
+
+# -- starting and stopping ---------------------------------------------------------------------------
+def test_start_starts_every_worker_and_stop_fails_what_is_pending() -> None:
+    async def main() -> None:
+        w1, w2 = FakeWorker("w1", running=False), FakeWorker("w2", running=False)
+        s = scheduler([w1, w2], max_batch_size=2)
+        assert w1.listener is s and w2.listener is s and not s.alive
+        assert await s.start() == ["w1 ready", "w2 ready"]
+        assert s.alive
+        given = s.submit(sources(6), beam_size=1, n_best=1)  # 3 rows each
+        waiting = s.submit(sources(1, tag=1), beam_size=1, n_best=1)
+        assert s.active == 6 and s.waiting == 1
+        s.stop()
+        for request in (given, waiting):
+            assert isinstance(request.future.exception(), EngineStopped)
+        assert not s.alive and not w1.running and s.waiting == 0
+
+    run(main)
+
+
+def test_start_fails_if_a_worker_does_not_start_and_stops_the_others() -> None:
+    async def main() -> None:
+        good, bad = FakeWorker("good", running=False), FakeWorker("bad", running=False)
+        bad.failing_starts = 1
+        s = scheduler([good, bad])
+        with pytest.raises(RuntimeError, match="bad could not start"):
+            await s.start()
+        assert not good.running and not s.alive
+
+    run(main)
