@@ -1,0 +1,189 @@
+"""Fairness: does a one-line request wait behind other clients' documents?
+
+For each scheduling policy (``NMT_SCHEDULING``: ``fair``, round-robin over requests, and ``fifo``,
+first come first served, what the service did before) a server is started as deployed and
+``--documents`` clients each post a document of ``--sentences`` test_2016 sentences, wait for its
+translation and post the next, for ``--duration`` seconds. Every ``--interval`` seconds one more
+client posts a single sentence. Reported per policy:
+
+- the documents' throughput: sentences translated per second;
+- for each one-line request, how many of the documents in flight when it was sent finished before
+  it did, and its latency (the issue's target: it finishes before at least 7 of 8).
+
+The clients are a few asyncio connections (a dozen requests a second in all), so unlike a load
+generator they take little of the server's CPU.
+
+    .venv/bin/python -m benchmarks.fairness --json fairness.json      # ~2 min on 2 cores
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from benchmarks.common import DATA, DEFAULT_MODEL
+from benchmarks.load import machine, serve, wait_idle
+from training.data import read_lines
+
+
+@dataclass
+class Document:
+    sent: float
+    done: float | None = None
+
+
+@dataclass
+class Line:
+    sent: float
+    done: float
+    overtaken: int  # documents in flight when it was sent that finished before it
+    in_flight: int  # documents in flight when it was sent
+
+
+@dataclass
+class PolicyResult:
+    policy: str
+    duration_s: float
+    documents: int
+    sentences_per_s: float
+    lines: list[Line] = field(default_factory=list)
+
+    @property
+    def worst_overtaken(self) -> int:
+        return max((line.overtaken for line in self.lines), default=0)
+
+
+async def post(host: str, port: int, body: bytes) -> int:
+    """One POST /translate on its own connection; the status."""
+    reader, writer = await asyncio.open_connection(host, port)
+    head = (
+        f"POST /translate HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+    ).encode()
+    writer.write(head + body)
+    await writer.drain()
+    data = await reader.read()
+    writer.close()
+    return int(data.split(b" ", 2)[1])
+
+
+def body(texts: list[str]) -> bytes:
+    return json.dumps({"q": texts, "source": "de", "target": "en", "beam_size": 1}).encode()
+
+
+async def run_policy(
+    url: str, texts: list[str], args: argparse.Namespace
+) -> tuple[list[Document], list[Line], float]:
+    host, port = url.removeprefix("http://").split(":")
+    documents: list[Document] = []
+    lines: list[Line] = []
+    stop = time.monotonic() + args.duration
+
+    async def document_client(i: int) -> None:
+        k = i * args.sentences
+        while time.monotonic() < stop:
+            doc = [texts[(k + j) % len(texts)] for j in range(args.sentences)]
+            k += args.sentences * args.documents
+            record = Document(time.monotonic())
+            documents.append(record)
+            status = await post(host, int(port), body(doc))
+            if status != 200:
+                raise RuntimeError(f"a document got {status}")
+            record.done = time.monotonic()
+
+    async def line_client() -> None:
+        k = 0
+        await asyncio.sleep(args.interval)
+        while time.monotonic() < stop - 2:
+            in_flight = [d for d in documents if d.done is None]
+            sent = time.monotonic()
+            status = await post(host, int(port), body([texts[k % len(texts)]]))
+            if status != 200:
+                raise RuntimeError(f"a line got {status}")
+            done = time.monotonic()
+            overtaken = sum(1 for d in in_flight if d.done is not None and d.done < done)
+            lines.append(Line(sent, done, overtaken, len(in_flight)))
+            k += 1
+            await asyncio.sleep(args.interval)
+
+    started = time.monotonic()
+    await asyncio.gather(*(document_client(i) for i in range(args.documents)), line_client())
+    return documents, lines, time.monotonic() - started
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", type=Path, default=DEFAULT_MODEL)
+    p.add_argument("--src", type=Path, default=DATA / "test_2016_flickr.de.gz")
+    p.add_argument("--policies", nargs="+", default=["fair", "fifo"])
+    p.add_argument("--documents", type=int, default=8, help="concurrent document clients")
+    p.add_argument("--sentences", type=int, default=40, help="sentences per document")
+    p.add_argument("--duration", type=float, default=40.0)
+    p.add_argument("--interval", type=float, default=1.0, help="seconds between one-line requests")
+    p.add_argument("--env", nargs="*", default=[], help="VAR=VALUE for every server")
+    p.add_argument("--json", type=Path)
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    texts = read_lines(args.src)
+    results: list[PolicyResult] = []
+    with tempfile.TemporaryDirectory(prefix="nmt-fairness-") as tmp:
+        for policy in args.policies:
+            env = {"NMT_MODEL_DIR": str(args.model.resolve()), "NMT_SCHEDULING": policy}
+            env.update(kv.split("=", 1) for kv in args.env)
+            with serve(env, Path(tmp) / f"{policy}.log") as server:
+                asyncio.run(
+                    run_policy(server.url, texts, argparse.Namespace(**{**vars(args), "duration": 5}))
+                )
+                wait_idle(server)  # (a warm-up round, not counted)
+                documents, lines, wall = asyncio.run(run_policy(server.url, texts, args))
+            finished = [d for d in documents if d.done is not None]
+            results.append(
+                PolicyResult(policy, wall, len(finished), len(finished) * args.sentences / wall, lines)
+            )
+            r = results[-1]
+            print(
+                f"{policy}: {r.sentences_per_s:.1f} document sentences/s; one-line requests: {len(lines)}, "
+                f"overtaken by at most {r.worst_overtaken} of the documents in flight, latency median "
+                f"{statistics.median([(x.done - x.sent) * 1000 for x in lines]):.0f} ms",
+                flush=True,
+            )
+    print(f"\n{machine()}\n")
+    print(
+        "| policy | document sentences/s | one-line requests | documents in flight when sent (median) | "
+        "overtaken by (median / max) | one-line latency ms (median / max) |"
+    )
+    print("|---|---:|---:|---:|---:|---:|")
+    for r in results:
+        lat = [(x.done - x.sent) * 1000 for x in r.lines]
+        print(
+            f"| {r.policy} | {r.sentences_per_s:.1f} | {len(r.lines)} | "
+            f"{statistics.median([x.in_flight for x in r.lines]):.0f} | "
+            f"{statistics.median([x.overtaken for x in r.lines]):.0f} / {r.worst_overtaken} | "
+            f"{statistics.median(lat):.0f} / {max(lat):.0f} |"
+        )
+    if len(results) == 2:
+        print(
+            f"\nthroughput {results[0].policy} / {results[1].policy}: "
+            f"{results[0].sentences_per_s / results[1].sentences_per_s:.3f}"
+        )
+    if args.json:
+        report: dict[str, Any] = {
+            "machine": machine(),
+            "args": {k: str(v) for k, v in vars(args).items()},
+            "results": [asdict(r) for r in results],
+        }
+        args.json.write_text(json.dumps(report, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
