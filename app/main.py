@@ -16,7 +16,7 @@ import os
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from fastapi import FastAPI
 from pydantic import ValidationError
@@ -150,6 +150,14 @@ class TranslationApp(FastAPI):
             await super().__call__(scope, receive, send)
         finally:
             passed(scope)
+
+    def openapi(self) -> dict[str, Any]:
+        """FastAPI's document; once the model is loaded, with its languages and the limits."""
+        document = super().openapi()  # built once and cached by FastAPI
+        model: ServedModel | None = self.state.model
+        if model is None:
+            return document
+        return translate.document_served(document, model.info, self.state.settings)
 
 
 def create_app(settings: Settings | None = None) -> TranslationApp:

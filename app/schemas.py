@@ -18,7 +18,7 @@ class TranslateRequest(BaseModel):
     q: str | list[str] = Field(description="Text, or list of texts, to translate")
     source: str = Field("auto", description='Source language code, or "auto"')
     target: str = Field(description="Target language code")
-    format: Literal["text", "html"] = "text"
+    format: Literal["text"] = Field("text", description="Only plain text for now (html: 422)")
     alternatives: int = Field(0, ge=0, description="Number of alternative translations to return")
     api_key: str | None = None
     beam_size: int | None = Field(None, ge=1, description="Beam size (extension; default from settings)")
@@ -59,7 +59,19 @@ class ErrorResponse(BaseModel):
     error: str
 
 
+class ValidationErrorResponse(BaseModel):
+    """422: ``error`` names the fields in one line; ``detail`` is FastAPI's usual list."""
+
+    error: str
+    detail: list[dict[str, Any]]
+
+
 class HealthResponse(BaseModel):
     status: str
     model: str | None = None
     device: str | None = None
+
+
+class NotReadyResponse(BaseModel):
+    status: str  # "loading" or "error"
+    error: str

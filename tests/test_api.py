@@ -246,8 +246,8 @@ def test_more_sentences_than_the_queue_holds_is_413(model_dir: Path) -> None:
         assert small.post("/translate", json={"q": ["Ein Hund."] * 2, "target": "en"}).status_code == 200
 
 
-def test_html_format_is_400(client: TestClient) -> None:
-    assert_error(translate(client, q="<p>Hallo</p>", format="html"), 400, "text")
+def test_html_format_is_422_until_supported(client: TestClient) -> None:
+    assert_error(translate(client, q="<p>Hallo</p>", format="html"), 422, "format")
 
 
 def test_invalid_utf8_is_400(client: TestClient) -> None:

@@ -7,12 +7,17 @@ down, and while no model worker is running (one that exited is being started aga
 
 from __future__ import annotations
 
+from typing import Any
+
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
-from app.schemas import HealthResponse
+from app.schemas import HealthResponse, NotReadyResponse
 
 router = APIRouter(tags=["health"])
+_NOT_READY: dict[int | str, dict[str, Any]] = {
+    503: {"model": NotReadyResponse, "description": "Loading, shutting down, or no model worker running"}
+}
 
 
 def readiness(request: Request) -> JSONResponse:
@@ -27,12 +32,17 @@ def readiness(request: Request) -> JSONResponse:
     return JSONResponse(body.model_dump())
 
 
-@router.get("/health", response_model=HealthResponse, summary="Ready to translate (200) or not (503)")
+@router.get(
+    "/health",
+    response_model=HealthResponse,
+    responses=_NOT_READY,
+    summary="Ready to translate (200) or not (503)",
+)
 async def health(request: Request) -> JSONResponse:
     return readiness(request)
 
 
-@router.get("/health/ready", response_model=HealthResponse, summary="Readiness probe")
+@router.get("/health/ready", response_model=HealthResponse, responses=_NOT_READY, summary="Readiness probe")
 async def ready(request: Request) -> JSONResponse:
     return readiness(request)
 

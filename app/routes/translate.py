@@ -8,6 +8,7 @@ with other requests, and their translations are put back into each text's layout
 from __future__ import annotations
 
 import asyncio
+import copy
 import hmac
 from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass
@@ -20,7 +21,13 @@ from app.body import parse_translate_request
 from app.config import Settings
 from app.deps import ModelDep, SchedulerDep, SettingsDep
 from app.languages import supported_pairs
-from app.schemas import DetectedLanguage, ErrorResponse, TranslateRequest, TranslateResponse
+from app.schemas import (
+    DetectedLanguage,
+    ErrorResponse,
+    TranslateRequest,
+    TranslateResponse,
+    ValidationErrorResponse,
+)
 from app.served import ServedModel
 from app.serving.errors import DeadlineExceeded, EngineError, EngineStopped, QueueFull, TooLarge
 from app.serving.scheduler import Scheduler
@@ -39,24 +46,67 @@ _BODY_SCHEMA = {"schema": TranslateRequest.model_json_schema()}
 _ERRORS: dict[int | str, dict[str, Any]] = {
     code: {"model": ErrorResponse, "description": text}
     for code, text in {
-        400: "Unsupported language pair, format, beam size or alternatives; invalid UTF-8",
+        400: "Unsupported language pair, beam size or alternatives; invalid UTF-8",
         403: "Missing or invalid api_key (when the server requires keys)",
         413: "Too many texts, characters, sentences or too large a body",
         503: "Every queue full (see Retry-After), engine stopped, or model not loaded yet",
         504: "The translation did not finish within the request timeout",
     }.items()
 }
+_ERRORS[422] = {
+    "model": ValidationErrorResponse,
+    "description": "Malformed body, a field of the wrong type or an unknown format",
+}
+
+
+def form_schema(schema: dict[str, Any]) -> dict[str, Any]:
+    """``schema`` as a form can carry it: a field is text or repeated text, never null (an optional
+    field is left out instead), and a list has at least one item (an empty one is no field)."""
+    properties = {}
+    for name, field in schema["properties"].items():
+        kinds = [kind for kind in field.get("anyOf", ()) if kind.get("type") != "null"]
+        kinds = [{**kind, "minItems": 1} if kind.get("type") == "array" else kind for kind in kinds]
+        if len(kinds) == 1:
+            field = {**{k: v for k, v in field.items() if k not in ("anyOf", "default")}, **kinds[0]}
+        elif kinds:
+            field = {**field, "anyOf": kinds}
+        properties[name] = field
+    return {**schema, "properties": properties}
+
+
+_FORM_SCHEMA = {"schema": form_schema(_BODY_SCHEMA["schema"])}
 # The body is parsed by app.body (three content types), so its schema is declared here for /docs.
 _OPENAPI_BODY = {
     "requestBody": {
         "required": True,
         "content": {
             "application/json": _BODY_SCHEMA,
-            "application/x-www-form-urlencoded": _BODY_SCHEMA,
-            "multipart/form-data": _BODY_SCHEMA,
+            "application/x-www-form-urlencoded": _FORM_SCHEMA,
+            "multipart/form-data": _FORM_SCHEMA,
         },
     }
 }
+
+
+def document_served(openapi: dict[str, Any], info: ModelInfo, settings: Settings) -> dict[str, Any]:
+    """A copy of the OpenAPI document whose /translate body states what this server accepts, known
+    only once the model is loaded: the served language codes and the limits. (Those on characters
+    and sentences summed over ``q`` cannot be said in JSON Schema: they are 413s.)"""
+    document = copy.deepcopy(openapi)
+    content = document["paths"]["/translate"]["post"]["requestBody"]["content"]
+    for media in content.values():
+        fields = media["schema"]["properties"]
+        fields["source"]["enum"] = [AUTO, info.source_lang]
+        fields["target"]["enum"] = [info.target_lang]
+        fields["alternatives"]["maximum"] = settings.max_alternatives
+        for kind in fields["q"]["anyOf"]:
+            if kind["type"] == "array":
+                kind["maxItems"] = settings.max_texts
+        beam = fields["beam_size"]
+        next((kind for kind in beam.get("anyOf", ()) if kind.get("type") == "integer"), beam)["maximum"] = (
+            settings.max_beam_size
+        )
+    return document
 
 
 @dataclass(frozen=True)
@@ -121,8 +171,6 @@ def check_languages(req: TranslateRequest, info: ModelInfo) -> None:
 
 
 def search_plan(req: TranslateRequest, settings: Settings) -> SearchPlan:
-    if req.format != "text":
-        raise HTTPException(400, "only format 'text' is supported")
     if req.alternatives > settings.max_alternatives:
         raise HTTPException(400, f"alternatives must be at most {settings.max_alternatives}")
     n_best = req.alternatives + 1

@@ -1,0 +1,73 @@
+"""One answer per input: how many sentences translate differently alone than among neighbours?
+
+Every sentence of the test set is translated alone (batch of one), then all of them in batches of
+``--batch-size`` in a shuffled order, with the service's default model settings (``--quantization
+auto``: int8 on CPU) or another. Reported per search (greedy, beam 5): sentences whose best
+translation differs, and BLEU of both runs against the references. Not a timing: it counts, so it
+is stable on a busy machine.
+
+    .venv/bin/python -m benchmarks.determinism                     # ~3 min on 2 cores
+    .venv/bin/python -m benchmarks.determinism --quantization none --limit 300
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+from pathlib import Path
+
+import sacrebleu
+import torch
+
+from benchmarks.common import DATA, DEFAULT_MODEL
+from model.translator import Translator
+from training.data import read_lines
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", type=Path, default=DEFAULT_MODEL)
+    p.add_argument("--src", type=Path, default=DATA / "test_2016_flickr.de.gz")
+    p.add_argument("--ref", type=Path, default=DATA / "test_2016_flickr.en.gz")
+    p.add_argument("--limit", type=int, default=None, help="first N sentences only")
+    p.add_argument("--quantization", default="auto", choices=["auto", "none", "int8"])
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--beams", type=int, nargs="+", default=[1, 5])
+    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--json", type=Path)
+    args = p.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    src, ref = read_lines(args.src)[: args.limit], read_lines(args.ref)[: args.limit]
+    translator = Translator.load(args.model, device="cpu", quantization=args.quantization)
+    order = list(range(len(src)))
+    random.Random(0).shuffle(order)
+    report = {"quantization": translator.quantization, "sentences": len(src), "results": []}
+    for beam in args.beams:
+        alone = [translator.translate_batch([s], beam_size=beam)[0].hypotheses[0] for s in src]
+        shuffled = translator.translate_batch(
+            [src[i] for i in order], beam_size=beam, max_batch_size=args.batch_size
+        )
+        batched = [""] * len(src)
+        for i, result in zip(order, shuffled, strict=True):
+            batched[i] = result.hypotheses[0]
+        differ = sum(a != b for a, b in zip(alone, batched, strict=True))
+        row = {
+            "beam": beam,
+            "differ": differ,
+            "bleu_alone": sacrebleu.corpus_bleu(alone, [ref]).score,
+            "bleu_batched": sacrebleu.corpus_bleu(batched, [ref]).score,
+        }
+        report["results"].append(row)  # type: ignore[attr-defined]
+        print(
+            f"{translator.quantization} beam {beam}: {differ} of {len(src)} differ alone vs in batches of "
+            f"{args.batch_size}; BLEU {row['bleu_alone']:.2f} alone, {row['bleu_batched']:.2f} batched",
+            flush=True,
+        )
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
