@@ -78,6 +78,7 @@ class Request:
     left: int = 0  # sentences not finished yet
     deadline: float | None = None  # time.monotonic()
     timer: asyncio.TimerHandle | None = None
+    sentences: list[Sentence] = field(default_factory=list)  # all of them, in order
 
     @property
     def done(self) -> bool:
@@ -219,9 +220,8 @@ class Scheduler:
         if timeout_s is not None:
             request.deadline = now + timeout_s
             request.timer = loop.call_later(timeout_s, self._expire, request, timeout_s)
-        self._queue.push(
-            request, [Sentence(next(self._ids), request, i, s, now) for i, s in enumerate(sources)]
-        )
+        request.sentences = [Sentence(next(self._ids), request, i, s, now) for i, s in enumerate(sources)]
+        self._queue.push(request, request.sentences)
         self._queued()
         self._dispatch()
         return request
@@ -315,14 +315,13 @@ class Scheduler:
             if self.metrics is not None:
                 self.metrics.sentences.labels("abandoned").inc(len(dropped))
             self._queued()
-        cancels: list[tuple[WorkerState, list[int]]] = []
-        for state in self.workers:
-            mine = [sid for sid, s in state.sentences.items() if s.request is request]
-            for sid in mine:
-                state.rows -= state.sentences.pop(sid).rows
-            if mine:
-                cancels.append((state, mine))
-        for state, sids in cancels:
+        cancels: dict[int, tuple[WorkerState, list[int]]] = {}
+        for sentence in request.sentences:  # (not the workers' sentences: thousands under load)
+            state = sentence.worker
+            if state is not None and state.sentences.get(sentence.id) is sentence:
+                state.rows -= state.sentences.pop(sentence.id).rows
+                cancels.setdefault(id(state), (state, []))[1].append(sentence.id)
+        for state, sids in cancels.values():
             state.worker.send(("cancel", sids))  # they stop costing model time
         if cancels:
             self._dispatch()
