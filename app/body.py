@@ -8,6 +8,7 @@ parser falls back to) or replaced by U+FFFD.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 from urllib.parse import parse_qsl
@@ -21,6 +22,7 @@ from app.schemas import TranslateRequest
 
 URLENCODED = "application/x-www-form-urlencoded"
 MULTIPART = "multipart/form-data"
+BODY_TIMEOUT_S = 10.0
 LIST_FIELDS = frozenset({"q"})  # form fields that become a list when repeated (q=a&q=b)
 
 
@@ -130,8 +132,16 @@ def validate_request(data: Any) -> TranslateRequest:
 
 
 async def parse_translate_request(request: Request, limit: int) -> TranslateRequest:
-    """Read, decode and validate the body of a /translate request (4xx on any problem)."""
-    body = await read_body(request, limit)
+    """Read, decode and validate the body of a /translate request (4xx on any problem).
+
+    A body that takes over ``BODY_TIMEOUT_S`` to arrive is a 408: while it is read the request
+    holds one of the few turns to be parsed (``app.shedding.take_turn``), which a handful of
+    slow uploads must not keep from everyone else."""
+    try:
+        async with asyncio.timeout(BODY_TIMEOUT_S):
+            body = await read_body(request, limit)
+    except TimeoutError as e:
+        raise HTTPException(408, f"request body not received within {BODY_TIMEOUT_S:g} s") from e
     text = decode_utf8(body)
     kind = media_type(request)
     if kind == URLENCODED:

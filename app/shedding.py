@@ -8,6 +8,12 @@ route is about to admit it (``passed``) or it ends, so that one freed place lets
 parsed, not every one that arrived meanwhile; its sentences are then counted exactly at admission
 (``Scheduler.submit``).
 
+A request let through then waits for its turn (``take_turn``): at most ``TURNS`` requests at a
+time are between the gate and admission, where the front end spends its CPU on them (reading,
+parsing, validating, splitting, tokenizing). Without that bound, a burst (2,048 clients connecting
+at once, or held-back clients all coming back) was let through in one turn of the event loop,
+which then spent over a second on it before anything else, /health included, got its turn.
+
 A client that retries at once, ignoring Retry-After, is held to it: the connection that got the
 503 is not read again for ``RETRY_AFTER_S`` (its answer was sent at once; its next request waits in
 the socket, costing nothing). Without that, 2,048 connections retrying in a loop kept the front
@@ -32,6 +38,8 @@ BUSY_HEADERS = [
     (b"retry-after", RETRY_AFTER_S.encode()),
 ]
 GATE_KEY = "nmt.gate"  # in the scope: the scheduler whose place the request holds
+TURN_KEY = "nmt.turn"  # in the scope: the semaphore whose turn the request holds
+TURNS = 32  # requests parsed at a time: ~15 ms of the event loop's time per turn, not seconds
 
 
 async def refused(state: State, scope: Scope, send: Send) -> bool:
@@ -60,9 +68,22 @@ def hold_back(send: Send, seconds: float) -> None:
     asyncio.get_running_loop().call_later(seconds, flow.resume_reading)
 
 
+async def take_turn(state: State, scope: Scope) -> None:
+    """Wait until fewer than ``TURNS`` requests let through by the gate are being parsed (only
+    those: other requests go on at once). The turn is given back by ``passed``."""
+    turns: asyncio.Semaphore | None = state.turns
+    if turns is None or GATE_KEY not in scope:
+        return
+    await turns.acquire()
+    scope[TURN_KEY] = turns
+
+
 def passed(scope: Scope) -> None:
-    """The request no longer needs the place it held at the gate (its sentences are about to be
-    counted, or it ended); a second call does nothing."""
+    """The request no longer needs the place it held at the gate, nor its turn (its sentences are
+    about to be counted, or it ended); a second call does nothing."""
     scheduler = scope.pop(GATE_KEY, None)
     if scheduler is not None:
         scheduler.leave()
+    turns = scope.pop(TURN_KEY, None)
+    if turns is not None:
+        turns.release()

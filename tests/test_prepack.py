@@ -87,7 +87,7 @@ def test_int8_linear_is_close_to_the_float_layer() -> None:
     with torch.inference_mode():
         want = ref(x)
         got = Int8Linear(ref.weight, ref.bias)(x)
-    # 8-bit weights per output feature and 7-bit activations: about 1% of the output's scale, and
+    # 8-bit weights per output feature, 8-bit activations per row: about 1% of the output's scale, and
     # far from exact (a bug that dropped the scales or the bias would be off by orders of magnitude).
     error = (got - want).abs().max() / want.abs().max()
     assert 1e-5 < error < 0.03

@@ -48,6 +48,7 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
     for code, text in {
         400: "Unsupported language pair, beam size or alternatives; invalid UTF-8",
         403: "Missing or invalid api_key (when the server requires keys)",
+        408: "The request body did not arrive within 10 s",
         413: "Too many texts, characters, sentences or too large a body",
         503: "Every queue full (see Retry-After), engine stopped, or model not loaded yet",
         504: "The translation did not finish within the request timeout",

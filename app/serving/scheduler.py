@@ -321,6 +321,11 @@ class Scheduler:
             if state is not None and state.sentences.get(sentence.id) is sentence:
                 state.rows -= state.sentences.pop(sentence.id).rows
                 cancels.setdefault(id(state), (state, []))[1].append(sentence.id)
+        # Sentence.request and Request.sentences form cycles: broken here, so that a finished
+        # request is freed at once rather than by the cyclic garbage collector, whose full passes
+        # over the objects of thousands of open connections held the event loop for 0.3-0.4 s
+        # every 1.5 s under overload.
+        request.sentences = []
         for state, sids in cancels.values():
             state.worker.send(("cancel", sids))  # they stop costing model time
         if cancels:

@@ -315,6 +315,9 @@ class WorkerProcess:
         self.running = False  # first: the exit that follows is not a crash
         if self.process is None:
             return
+        if self.process.pid is None:  # never started (another worker's start failed first)
+            self._close_pipe()
+            return
         self.send(("stop",))
         self.process.join(STOP_TIMEOUT_S)
         if self.process.is_alive():  # pragma: no cover - a worker that ignores "stop"
