@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 
 class TranslateRequest(BaseModel):
@@ -22,6 +22,14 @@ class TranslateRequest(BaseModel):
     alternatives: int = Field(0, ge=0, description="Number of alternative translations to return")
     api_key: str | None = None
     beam_size: int | None = Field(None, ge=1, description="Beam size (extension; default from settings)")
+
+    @field_validator("alternatives", "beam_size", mode="before")
+    @classmethod
+    def not_a_boolean(cls, value: Any) -> Any:
+        """``true`` is not a number of alternatives (pydantic would read it as 1); a form's "2" is."""
+        if isinstance(value, bool):
+            raise ValueError("must be an integer, not a boolean")
+        return value
 
     @property
     def texts(self) -> list[str]:

@@ -222,6 +222,8 @@ def test_malformed_json_is_422_with_position(client: TestClient) -> None:
         ({"q": "Hallo", "target": "en", "alternatives": "many"}, "alternatives"),
         ({"q": "Hallo", "target": "en", "alternatives": -1}, "alternatives"),
         ({"q": "Hallo", "target": "en", "beam_size": 0}, "beam_size"),
+        ({"q": "Hallo", "target": "en", "beam_size": True}, "beam_size"),
+        ({"q": "Hallo", "target": "en", "alternatives": False}, "alternatives"),
         ({"q": "Hallo", "target": "en", "format": "pdf"}, "format"),
         ({"target": "en"}, "q"),
         ({"q": "Hallo"}, "target"),
