@@ -541,3 +541,20 @@ def test_openapi_documents_the_translate_body(client: TestClient) -> None:
     body = schema["paths"]["/translate"]["post"]["requestBody"]["content"]
     assert set(body) == {"application/json", "application/x-www-form-urlencoded", "multipart/form-data"}
     assert "q" in body["application/json"]["schema"]["properties"]
+
+
+def test_every_request_gives_back_its_gate_place_and_its_turn(client: TestClient) -> None:
+    """Translated, refused by a route check or malformed: none keeps (or gives back twice) the
+    admission place and the parsing turn it took (app.shedding)."""
+    from app.shedding import TURNS
+
+    assert translate(client, q="Ein Mann.").status_code == 200
+    assert translate(client, q=["Eins.", "Zwei."]).status_code == 200
+    assert client.post("/translate", json={"q": "x", "source": "xx", "target": "en"}).status_code == 400
+    assert (
+        client.post("/translate", content=b"{", headers={"content-type": "application/json"}).status_code
+        == 422
+    )
+    state = client.app.state  # type: ignore[attr-defined]
+    assert state.scheduler._entered == 0
+    assert state.turns._value == TURNS
