@@ -8,7 +8,7 @@ from pathlib import Path
 
 from app.serving.scheduler import Hypotheses
 from app.serving.worker import ModelDescription
-from model.checkpoint import ModelDirError, ModelInfo, load_tokenizer, read_info
+from model.checkpoint import ModelInfo, read_info_and_tokenizer
 from model.tokenizer import EOS_ID, Tokenizer
 
 MAX_INPUT_TOKENS = 250  # longer sentences are truncated (and the model's positions are finite)
@@ -24,14 +24,7 @@ class ServedModel:
     @classmethod
     def open(cls, model_dir: Path) -> tuple[ModelInfo, Tokenizer]:
         """The directory's metadata and vocabulary; ``ModelDirError`` naming a missing or broken file."""
-        info = read_info(model_dir)
-        tokenizer = load_tokenizer(model_dir)
-        if tokenizer.vocab_size != info.config.vocab_size:
-            raise ModelDirError(
-                f"{model_dir}: sentencepiece.model has {tokenizer.vocab_size} pieces, "
-                f"config.json says vocab_size={info.config.vocab_size}"
-            )
-        return info, tokenizer
+        return read_info_and_tokenizer(model_dir)
 
     @property
     def max_input_tokens(self) -> int:

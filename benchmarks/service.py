@@ -86,6 +86,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from benchmarks.common import DATA, DEFAULT_MODEL, REPO, OtherLoad, cpu_busy_seconds, cpu_name
+from benchmarks.load import free_port
 
 if TYPE_CHECKING:  # imported when the reference starts: --no-ct2 runs never load torch or CTranslate2
     from benchmarks.engine import Worker
@@ -584,12 +585,6 @@ class Server:
 
     def log_tail(self, lines: int = 40) -> str:
         return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind((HOST, 0))
-        return int(s.getsockname()[1])
 
 
 def server_env(mode: str, model: Path, threads: int, beam: int) -> dict[str, str]:

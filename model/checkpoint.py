@@ -93,6 +93,18 @@ def load_tokenizer(path: str | Path) -> Tokenizer:
         raise ModelDirError(str(e)) from e
 
 
+def read_info_and_tokenizer(path: str | Path) -> tuple[ModelInfo, Tokenizer]:
+    """The directory's metadata and vocabulary, checked against each other (``ModelDirError``)."""
+    info = read_info(path)
+    tokenizer = load_tokenizer(path)
+    if tokenizer.vocab_size != info.config.vocab_size:
+        raise ModelDirError(
+            f"{path}: sentencepiece.model has {tokenizer.vocab_size} pieces, "
+            f"config.json says vocab_size={info.config.vocab_size}"
+        )
+    return info, tokenizer
+
+
 def load_model(
     path: str | Path,
     info: ModelInfo,

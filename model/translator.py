@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 
 from model.allocator import keep_freed_memory
-from model.checkpoint import ModelDirError, ModelInfo, load_model, load_tokenizer, read_info
+from model.checkpoint import ModelInfo, load_model, read_info_and_tokenizer
 from model.layers import aligned
 from model.prepack import prepack as prepack_linears
 from model.search import Hypothesis, beam_search, greedy_search, max_lengths
@@ -85,13 +85,7 @@ class Translator:
         cpu_float32 = dev.type == "cpu" and resolve_dtype(dtype) == torch.float32
         if quantization == "int8" and not cpu_float32:
             raise ValueError("int8 quantization runs on CPU with dtype float32 only")
-        info = read_info(model_dir)
-        tokenizer = load_tokenizer(model_dir)
-        if tokenizer.vocab_size != info.config.vocab_size:
-            raise ModelDirError(
-                f"{model_dir}: sentencepiece.model has {tokenizer.vocab_size} pieces, "
-                f"config.json says vocab_size={info.config.vocab_size}"
-            )
+        info, tokenizer = read_info_and_tokenizer(model_dir)
         model = strip_dropout(load_model(model_dir, info, device=dev, dtype=resolve_dtype(dtype)))
         if dev.type == "cpu":
             keep_freed_memory()  # CPU decoding allocates and frees large caches at every step
