@@ -20,7 +20,14 @@ RUN make install VENV=/opt/venv EXTRAS= TORCH_INDEX=${TORCH_INDEX} \
     && find /opt/venv -name '__pycache__' -prune -exec rm -rf {} +
 
 FROM python:${PYTHON_VERSION}-slim AS runtime
-RUN useradd --create-home --uid 10001 nmt
+# g++: TorchInductor compiles the decoding step into C++ when a worker starts (NMT_COMPILE; cached
+# in /home/nmt/.cache/nmt-service, a volume in docker-compose.yml). Without it the workers decode
+# eagerly, slower, and /info says "decoding": "eager".
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends g++ \
+    && rm -rf /var/lib/apt/lists/*
+RUN useradd --create-home --uid 10001 nmt \
+    && mkdir -p /home/nmt/.cache/nmt-service && chown -R nmt /home/nmt/.cache
 WORKDIR /app
 COPY --from=build /opt/venv /opt/venv
 COPY --from=build /app /app

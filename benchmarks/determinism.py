@@ -1,12 +1,14 @@
 """One answer per input: how many sentences translate differently alone than among neighbours?
 
-Every sentence of the test set is translated alone (batch of one), then all of them in batches of
-``--batch-size`` in a shuffled order, with the service's default model settings (``--quantization
-auto``: int8 on CPU) or another. Reported per search (greedy, beam 5): sentences whose best
-translation differs, and BLEU of both runs against the references. Not a timing: it counts, so it
-is stable on a busy machine.
+Every sentence of the test set is translated alone (batch of one, the eager step), then all of them
+in batches of ``--batch-size`` in a shuffled order, and all of them through the serving executor
+with the compiled decoding step (``model.static_slots``, as the workers run it: arrivals spread
+over the steps in a shuffled order, joining and leaving the running batch), with the service's
+default model settings (``--quantization auto``: int8 on CPU) or another. Reported per search
+(greedy, beam 5): sentences whose best translation differs from the one alone, and BLEU of each
+run against the references. Not a timing: it counts, so it is stable on a busy machine.
 
-    .venv/bin/python -m benchmarks.determinism                     # ~3 min on 2 cores
+    .venv/bin/python -m benchmarks.determinism                     # ~4 min on 2 cores
     .venv/bin/python -m benchmarks.determinism --quantization none --limit 300
 """
 
@@ -15,14 +17,52 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import time
 from pathlib import Path
 
 import sacrebleu
 import torch
 
+from app.serving.executor import Executor
+from app.serving.worker import Inbox, WorkerJob
 from benchmarks.common import DATA, DEFAULT_MODEL
+from model.static_slots import CompiledDecoder
 from model.translator import Translator
 from training.data import read_lines
+
+
+def served(
+    translator: Translator,
+    decoder: CompiledDecoder | None,
+    sentences: list[str],
+    beams: list[int],
+    seed: int = 5,
+) -> list[list[int]]:
+    """Best tokens of each sentence through a worker's executor: arrivals of 0-6 sentences before
+    each step, in a shuffled order, greedy and beam rows side by side (``decoder``: the compiled
+    step, warmed up; None: the eager step)."""
+    inbox = Inbox()
+    executor = Executor(translator, inbox, max_batch_size=64, decoder=decoder)
+    sources = translator.source_ids(sentences)
+    rng = random.Random(seed)
+    pending = [
+        WorkerJob(i, i, src, beam, 1, None, time.monotonic())
+        for i, (src, beam) in enumerate(zip(sources, beams, strict=True))
+    ]
+    rng.shuffle(pending)
+    results: dict[int, list[int]] = {}
+    with torch.inference_mode():
+        while pending or executor.busy or inbox.waiting:
+            if pending:
+                k = rng.randint(0, 6)
+                inbox.add(pending[:k])
+                pending = pending[k:]
+            for job, result in executor.iteration():
+                if isinstance(result, BaseException):
+                    raise result
+                inbox.release(job)
+                results[job.id] = result[0][0]
+    return [results[i] for i in range(len(sentences))]
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -41,6 +81,8 @@ def main(argv: list[str] | None = None) -> None:
         torch.set_num_threads(args.threads)
     src, ref = read_lines(args.src)[: args.limit], read_lines(args.ref)[: args.limit]
     translator = Translator.load(args.model, device="cpu", quantization=args.quantization)
+    decoder = CompiledDecoder(translator.model, top=16)
+    decoder.warm_up(64)
     order = list(range(len(src)))
     random.Random(0).shuffle(order)
     report = {"quantization": translator.quantization, "sentences": len(src), "results": []}
@@ -52,17 +94,23 @@ def main(argv: list[str] | None = None) -> None:
         batched = [""] * len(src)
         for i, result in zip(order, shuffled, strict=True):
             batched[i] = result.hypotheses[0]
+        compiled = translator.tokenizer.decode(served(translator, decoder, src, [beam] * len(src)))
         differ = sum(a != b for a, b in zip(alone, batched, strict=True))
+        differ_compiled = sum(a != b for a, b in zip(alone, compiled, strict=True))
         row = {
             "beam": beam,
             "differ": differ,
+            "differ_compiled": differ_compiled,
             "bleu_alone": sacrebleu.corpus_bleu(alone, [ref]).score,
             "bleu_batched": sacrebleu.corpus_bleu(batched, [ref]).score,
+            "bleu_compiled": sacrebleu.corpus_bleu(compiled, [ref]).score,
         }
         report["results"].append(row)  # type: ignore[attr-defined]
         print(
             f"{translator.quantization} beam {beam}: {differ} of {len(src)} differ alone vs in batches of "
-            f"{args.batch_size}; BLEU {row['bleu_alone']:.2f} alone, {row['bleu_batched']:.2f} batched",
+            f"{args.batch_size}, {differ_compiled} alone vs served with the compiled step; BLEU "
+            f"{row['bleu_alone']:.2f} alone, {row['bleu_batched']:.2f} batched, "
+            f"{row['bleu_compiled']:.2f} compiled",
             flush=True,
         )
     if args.json:

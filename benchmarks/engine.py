@@ -27,7 +27,7 @@ import statistics
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
@@ -51,6 +51,7 @@ class Run:
     tokens: int  # generated tokens of the best hypotheses, eos excluded
     seconds: float
     cpu_seconds: float = 0.0  # CPU time of the engine's process during the run (all its threads)
+    latencies: list[float] = field(default_factory=list)  # with batch 1: seconds per sentence
 
 
 @dataclass
@@ -85,12 +86,20 @@ def ours(translator: Translator, max_length: int) -> Engine:
 
 def ctranslate2_engine(ct2: ctranslate2.Translator, tokenizer: Tokenizer, max_length: int) -> Engine:
     def run(texts: list[str], beam: int, batch: int) -> Run:
+        if batch == 1:  # one request at a time: each sentence timed on its own
+            runs = [run([text], beam, 0) for text in texts]
+            return Run(
+                [r.texts[0] for r in runs],
+                sum(r.tokens for r in runs),
+                sum(r.seconds for r in runs),
+                latencies=[r.seconds for r in runs],
+            )
         t0 = time.perf_counter()
         pieces = tokenizer.sp.encode(texts, out_type=str)
         results = ct2.translate_batch(
             pieces,
             beam_size=beam,
-            max_batch_size=batch,
+            max_batch_size=max(batch, 1),
             max_decoding_length=max_length - 1,  # ours counts the eos in the budget, CTranslate2 does not
             max_input_length=0,
         )
@@ -126,7 +135,7 @@ def build_engine(name: str, spec: dict[str, Any]) -> Engine:
         spec["ct2_dir"],
         device="cuda" if spec["device"].startswith("cuda") else "cpu",
         compute_type="int8" if name == "ctranslate2-int8" else spec["ct2_compute_type"],
-        inter_threads=1,
+        inter_threads=spec.get("inter_threads", 1),  # >1: that many batches translated at a time
         intra_threads=spec["threads"],
     )
     return ctranslate2_engine(

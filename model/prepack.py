@@ -28,6 +28,7 @@ from __future__ import annotations
 import logging
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from model.transformer import Transformer, replace_modules
@@ -65,8 +66,13 @@ class PackedLinear(PreparedLinear):
     def __init__(self, weight: Tensor, bias: Tensor | None, *, keep: bool = True) -> None:
         super().__init__(weight, bias, keep=keep)
         self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None)
+        self.plain = weight.detach()  # the same storage as ``weight`` (or the tied embedding)
 
     def forward(self, x: Tensor) -> Tensor:
+        if torch.compiler.is_compiling():
+            # In a compiled graph (model.static_step) TorchInductor lowers a plain linear itself;
+            # it cannot take a packed weight that is not a constant of the graph.
+            return F.linear(x, self.plain, self.bias)
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
 
 

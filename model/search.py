@@ -12,12 +12,16 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 
 from model.cache import KVCache
 from model.transformer import EncoderOutput, Transformer
+
+if TYPE_CHECKING:
+    from model.static_slots import StepChoice
 
 
 @dataclass
@@ -135,7 +139,7 @@ class Beam:
         return [0]
 
 
-def argmax_rows(x: Tensor, block: int = 64) -> Tensor:
+def argmax_rows(x: Tensor, block: int = 64, min_rows: int = 8) -> Tensor:
     """``x.argmax(-1)`` for (N, V) rows, ties to the first index as torch's: 5x faster at N = 64.
 
     torch's CPU argmax walks the row one element at a time; a max without the index is vectorized.
@@ -143,7 +147,7 @@ def argmax_rows(x: Tensor, block: int = 64) -> Tensor:
     argmax inside that block only.
     """
     n, v = x.shape
-    if n < 8 or v % block or not x.is_contiguous():  # small batches: the plain argmax is cheaper
+    if n < min_rows or v % block or not x.is_contiguous():  # small batches: the plain argmax is cheaper
         return x.argmax(-1)
     blocks = x.view(n, v // block, block)  # (N, V/block, block)
     first = blocks.amax(-1).argmax(-1)  # (N,)
@@ -198,16 +202,66 @@ def search_step(
         cand = BeamSearch(k).step(lp, scores)
         for i, s, t, b in zip(members, *(c.tolist() for c in cand), strict=True):
             parents[i] = beams[i].advance(s, t, b, eos, length_penalty)
+    return _next_rows(beams, offsets, parents, logits.device)
+
+
+def choose_step(
+    beams: list[Beam], step: StepChoice, *, eos: int, length_penalty: float = 1.0
+) -> tuple[Tensor | None, Tensor]:
+    """``search_step`` for the compiled step (``model.static_slots``), which chose in its graph: the
+    argmax of every row (greedy inputs) and each row's best ``top`` log-probs (beam inputs: the
+    best 2K extensions of K beams are among each beam's own best 2K, so ``top`` >= 2K is exact).
+    Greedy scores are 0.0 as with ``search_step(greedy_scores=False)``. Same returns."""
+    offsets = [0]
+    for b in beams:
+        offsets.append(offsets[-1] + b.k)
+    parents: dict[int, list[int]] = {}
+    choice = step.choice.tolist()
+    beam_inputs = [i for i, b in enumerate(beams) if b.k > 1]
+    for i, b in enumerate(beams):
+        if b.k == 1:  # at the limit only eos may come: the greedy hypothesis ends either way
+            token = eos if b.steps + 1 >= b.limit else choice[offsets[i]]
+            parents[i] = b.extend(0.0, token, eos, length_penalty)
+    by_k: dict[int, list[int]] = {}
+    for i in beam_inputs:
+        by_k.setdefault(beams[i].k, []).append(i)
+    for k, members in by_k.items():  # one batched top-k per beam size
+        rows = torch.tensor([offsets[i] + j for i in members for j in range(k)], device=step.choice.device)
+        top = step.top_tokens.size(1)
+        assert top >= 2 * k, f"{top} candidates per row cannot serve a beam of {k}"
+        values = step.top_lprobs.index_select(0, rows).view(len(members), k, top)  # (A, K, top)
+        tokens = step.top_tokens.index_select(0, rows).view(len(members), k, top)
+        limited = [beams[i].steps + 1 >= beams[i].limit for i in members]
+        if any(limited):  # the last allowed token must be eos (with its own probability)
+            at_limit = torch.tensor(limited, device=values.device)[:, None, None]
+            eos_lp = step.eos_lprob.index_select(0, rows).view(len(members), k, 1)
+            first = torch.arange(top, device=values.device) == 0
+            values = torch.where(at_limit, torch.where(first, eos_lp, -math.inf), values)
+            tokens = torch.where(at_limit, torch.full_like(tokens, eos), tokens)
+        scores = torch.tensor([beams[i].scores for i in members], device=values.device)
+        total = (scores[:, :, None] + values).view(len(members), k * top)  # (A, K*top)
+        cand_scores, flat = total.topk(2 * k, dim=1)  # (A, 2K)
+        cand_tokens = tokens.view(len(members), k * top).gather(1, flat)
+        cand = (cand_scores, cand_tokens, flat // top)
+        for i, s, t, b in zip(members, *(c.tolist() for c in cand), strict=True):
+            parents[i] = beams[i].advance(s, t, b, eos, length_penalty)
+    return _next_rows(beams, offsets, parents, step.choice.device)
+
+
+def _next_rows(
+    beams: list[Beam], offsets: list[int], parents: dict[int, list[int]], device: torch.device
+) -> tuple[Tensor | None, Tensor]:
+    """The rows that feed the beams still not done (``None``: every row, in place) and their tokens."""
     keep: list[int] = []
     tokens: list[int] = []
     for i, b in enumerate(beams):
         if not b.done:
             keep += [offsets[i] + p for p in parents[i]]
             tokens += [h[-1] for h in b.history]
-    token_tensor = torch.tensor(tokens, dtype=torch.long, device=logits.device)
+    token_tensor = torch.tensor(tokens, dtype=torch.long, device=device)
     if keep == list(range(offsets[-1])):
         return None, token_tensor
-    return torch.tensor(keep, dtype=torch.long, device=logits.device), token_tensor
+    return torch.tensor(keep, dtype=torch.long, device=device), token_tensor
 
 
 @torch.inference_mode()

@@ -32,10 +32,19 @@ def make_settings(model_dir: Path, **overrides: Any) -> Settings:
     """Settings for a test: defaults plus ``overrides``, whatever NMT_* the shell has set.
 
     Quantization is off unless asked for (the tests compare answers with ``translate_batch`` in
-    float32), and one worker process with one thread is enough.
+    float32), one worker process with one thread is enough, and the decoding step is not compiled
+    unless asked for (tests/test_executor.py and tests/test_determinism.py test the compiled step;
+    compiling in every worker started here would take most of the suite's time).
     """
     clean_env = {k: v for k, v in os.environ.items() if not k.startswith("NMT_")}
-    values = {"model_dir": model_dir, "device": "cpu", "quantization": "none", "replicas": 1, "threads": 1}
+    values = {
+        "model_dir": model_dir,
+        "device": "cpu",
+        "quantization": "none",
+        "replicas": 1,
+        "threads": 1,
+        "compile": False,
+    }
     values.update(overrides)
     with mock.patch.dict(os.environ, clean_env, clear=True):
         return Settings(**values)
@@ -491,14 +500,17 @@ def test_info(client: TestClient, translator: Translator) -> None:
     assert info["limits"]["max_chars"] == 5000
     assert info["version"]
     assert info["quantization"] == "none"  # what the tests asked for
+    assert (info["decoding"], info["compile_seconds"]) == ("eager", 0.0)
 
 
-def test_default_quantization_is_int8_on_cpu(model_dir: Path) -> None:
+def test_defaults_on_cpu_are_int8_and_a_compiled_step(model_dir: Path) -> None:
     clean_env = {k: v for k, v in os.environ.items() if not k.startswith("NMT_")}
     with mock.patch.dict(os.environ, clean_env, clear=True):
         settings = Settings(model_dir=model_dir, device="cpu")  # everything else as deployed
-    with serve(settings) as client:
-        assert client.get("/info").json()["quantization"] == "int8"
+    with serve(settings) as client:  # ready only once the decoding step is compiled
+        info = client.get("/info").json()
+        assert info["quantization"] == "int8"
+        assert info["decoding"] == "compiled" and info["compile_seconds"] > 0
         assert 'quantization="int8"' in client.get("/metrics").text  # nmt_model_info
         r = translate(client, q="Ein Mann spielt.", beam_size=1)
         assert r.status_code == 200 and r.json()["translatedText"]

@@ -1,6 +1,8 @@
 """One answer per input: under the default settings, each of 64 test_2016 sentences translates to
 the same tokens alone as among any neighbours, greedy and beam 5: in batches of other sizes and
-orders, and in the serving executor's running batch, where sentences join and leave at every step.
+orders, and in the serving executor's running batch, where sentences join and leave at every step
+(decoded there by the compiled step, ``model.static_slots``, as deployed). And the compiled step in
+float32 gives the eager float32 translations.
 
 The shipped model with the service's defaults (int8 linear layers on CPU, ``model.prepack``): with
 one activation scale per batch, 137 of the 1,000 test_2016 sentences had come out differently alone
@@ -11,17 +13,16 @@ from __future__ import annotations
 
 import os
 import random
-import time
 from pathlib import Path
 from unittest import mock
 
 import pytest
-import torch
 
 from app.config import Settings
-from app.serving.executor import Executor
-from app.serving.worker import Inbox, WorkerJob, open_translator
+from app.serving.worker import compiled_decoder, open_translator
 from benchmarks.common import DATA, DEFAULT_MODEL
+from benchmarks.determinism import served
+from model.static_slots import CompiledDecoder
 from model.translator import Translator
 from tests.conftest import synthetic_sentences
 from training.data import read_lines
@@ -29,15 +30,21 @@ from training.data import read_lines
 N = 64
 
 
-@pytest.fixture(scope="module")
-def deployed() -> Translator:
-    """The shipped model as a worker loads it under the default settings."""
+def default_settings(**changes: str) -> Settings:
     clean = {k: v for k, v in os.environ.items() if not k.startswith("NMT_")}
     with mock.patch.dict(os.environ, clean, clear=True):
-        settings = Settings(model_dir=DEFAULT_MODEL)
+        return Settings(model_dir=DEFAULT_MODEL, **changes)  # type: ignore[arg-type]
+
+
+@pytest.fixture(scope="module")
+def deployed() -> tuple[Translator, CompiledDecoder]:
+    """The shipped model as a worker loads it under the default settings, with its compiled step."""
+    settings = default_settings()
     translator = open_translator(settings)
     assert translator.quantization == "int8"  # the default on CPU: what this test is about
-    return translator
+    decoder = compiled_decoder(translator, settings)
+    assert decoder is not None and decoder.compiled  # the default on CPU too
+    return translator, decoder
 
 
 # Where Multi30k may be: beside the checkout (as on the build machines), or the shared data folder.
@@ -59,9 +66,11 @@ def alone(translator: Translator, sentences: list[str], beam: int) -> list[list[
 
 
 @pytest.fixture(scope="module")
-def reference(deployed: Translator, sentences: list[str]) -> dict[int, list[list[int]]]:
-    """Each sentence translated alone, greedy and beam 5."""
-    return {beam: alone(deployed, sentences, beam) for beam in (1, 5)}
+def reference(
+    deployed: tuple[Translator, CompiledDecoder], sentences: list[str]
+) -> dict[int, list[list[int]]]:
+    """Each sentence translated alone (eager decoding), greedy and beam 5."""
+    return {beam: alone(deployed[0], sentences, beam) for beam in (1, 5)}
 
 
 def batched(translator: Translator, sentences: list[str], beam: int, size: int, seed: int) -> list[list[int]]:
@@ -74,43 +83,41 @@ def batched(translator: Translator, sentences: list[str], beam: int, size: int, 
     return out
 
 
-def served(translator: Translator, sentences: list[str], beams: list[int]) -> list[list[int]]:
-    """Through the executor: arrivals spread over the steps, greedy and beam rows side by side."""
-    inbox = Inbox()
-    executor = Executor(translator, inbox, max_batch_size=64)
-    sources = translator.source_ids(sentences)
-    jobs = [
-        WorkerJob(i, i, src, beam, 1, None, time.monotonic())
-        for i, (src, beam) in enumerate(zip(sources, beams, strict=True))
-    ]
-    rng = random.Random(5)
-    results: dict[int, list[int]] = {}
-    pending = list(jobs)
-    with torch.inference_mode():
-        while pending or executor.busy or inbox.waiting:
-            if pending:
-                k = rng.randint(0, 6)
-                inbox.add(pending[:k])
-                pending = pending[k:]
-            for job, result in executor.iteration():
-                assert not isinstance(result, BaseException), result
-                assert inbox.release(job)
-                results[job.id] = result[0][0]
-    return [results[i] for i in range(len(sentences))]
-
-
 @pytest.mark.parametrize("beam", [1, 5])
 def test_a_sentence_translates_the_same_alone_and_among_any_neighbours(
-    deployed: Translator, sentences: list[str], reference: dict[int, list[list[int]]], beam: int
+    deployed: tuple[Translator, CompiledDecoder],
+    sentences: list[str],
+    reference: dict[int, list[list[int]]],
+    beam: int,
 ) -> None:
     assert len(sentences) == N
-    assert batched(deployed, sentences, beam, size=64, seed=1) == reference[beam]
-    assert batched(deployed, sentences, beam, size=7, seed=2) == reference[beam]
+    assert batched(deployed[0], sentences, beam, size=64, seed=1) == reference[beam]
+    assert batched(deployed[0], sentences, beam, size=7, seed=2) == reference[beam]
 
 
 def test_the_serving_batch_gives_every_sentence_its_answer_alone(
-    deployed: Translator, sentences: list[str], reference: dict[int, list[list[int]]]
+    deployed: tuple[Translator, CompiledDecoder], sentences: list[str], reference: dict[int, list[list[int]]]
 ) -> None:
     beams = [1 if i % 3 else 5 for i in range(N)]
-    got = served(deployed, sentences, beams)
+    got = served(*deployed, sentences, beams)
     assert got == [reference[b][i] for i, b in enumerate(beams)]
+
+
+@pytest.fixture(scope="module")
+def float32() -> tuple[Translator, CompiledDecoder]:
+    settings = default_settings(quantization="none")
+    translator = open_translator(settings)
+    decoder = compiled_decoder(translator, settings)
+    assert decoder is not None and decoder.compiled
+    return translator, decoder
+
+
+@pytest.mark.parametrize("beam", [1, 5])
+def test_the_compiled_float32_step_translates_as_the_eager_one(
+    float32: tuple[Translator, CompiledDecoder], sentences: list[str], beam: int
+) -> None:
+    """float32 (NMT_QUANTIZATION=none): the compiled step's translations are the eager step's, so
+    BLEU is unchanged (the issue asks for 0.1 at most; the whole test_2016 set: BENCHMARKS.md)."""
+    translator, decoder = float32
+    eager = batched(translator, sentences, beam, size=64, seed=3)
+    assert served(translator, decoder, sentences, [beam] * len(sentences)) == eager

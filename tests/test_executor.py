@@ -22,6 +22,7 @@ from app.serving.scheduler import Hypotheses
 from app.serving.worker import Inbox, WorkerJob
 from model.cache import CacheSlots
 from model.checkpoint import load_model, load_tokenizer, read_info
+from model.static_slots import CompiledDecoder, StaticSlots
 from model.translator import Translator
 
 LONG = [
@@ -47,6 +48,28 @@ def endless(model_dir: Path) -> Translator:
         model.out_proj.weight[model.cfg.eos_id] = 0.0
         model.out_proj.weight[model.cfg.eos_id, 0] = -100.0  # ...so eos's logit is always -100
     return Translator(model, load_tokenizer(model_dir), info, torch.device("cpu"))
+
+
+_DECODERS: dict[tuple[int, str], tuple[Translator, CompiledDecoder]] = {}
+
+
+@pytest.fixture(params=["eager", "static", "compiled"])
+def make_executor(request: pytest.FixtureRequest) -> Callable[..., Executor]:
+    """``Executor(translator, inbox, **options)`` decoding with the eager ``decode_step`` over
+    ``CacheSlots``, with ``StaticStep`` over ``StaticSlots`` run eagerly, or with the same step
+    compiled (each model compiled once for the whole module)."""
+
+    def make(translator: Translator, inbox: Inbox, **options: Any) -> Executor:
+        if request.param == "eager":
+            return Executor(translator, inbox, **options)
+        key = (id(translator), request.param)
+        if key not in _DECODERS:
+            decoder = CompiledDecoder(translator.model, top=16, compile=request.param == "compiled")
+            decoder.warm_up(64)
+            _DECODERS[key] = (translator, decoder)  # the translator kept alive: its id stays its own
+        return Executor(translator, inbox, decoder=_DECODERS[key][1], **options)
+
+    return make
 
 
 def job(
@@ -91,23 +114,28 @@ def sample(name: str, labels: dict[str, str] | None = None) -> float:
 
 # -- the same answers as translating alone -----------------------------------------------------------
 def test_jobs_joining_a_running_batch_get_what_they_get_alone(
-    translator: Translator, monkeypatch: pytest.MonkeyPatch
+    make_executor: Callable[..., Executor], translator: Translator, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     texts = synthetic_sentences(40, seed=7)[::2]  # the German-looking ones
     beams = [1 if i % 3 else 3 for i in range(len(texts))]
     alone = [translator.translate_batch([t], beam_size=b)[0] for t, b in zip(texts, beams, strict=True)]
     moved: list[int] = []  # rows moved into the places of finished ones, per removal
-    remove = CacheSlots.remove
 
-    def counting_remove(slots: CacheSlots, leaving: list[int]) -> dict[int, int]:
-        moves = remove(slots, leaving)
-        moved.append(len(moves))
-        return moves
+    def counting(
+        remove: Callable[[Any, list[int]], dict[int, int]],
+    ) -> Callable[[Any, list[int]], dict[int, int]]:
+        def counting_remove(slots: Any, leaving: list[int]) -> dict[int, int]:
+            moves = remove(slots, leaving)
+            moved.append(len(moves))
+            return moves
 
-    monkeypatch.setattr(CacheSlots, "remove", counting_remove)
+        return counting_remove
+
+    for slots in (CacheSlots, StaticSlots):
+        monkeypatch.setattr(slots, "remove", counting(slots.remove))
     joined_running: list[int] = []  # jobs that joined a batch already decoding
     inbox = Inbox()
-    executor = Executor(translator, inbox, max_batch_size=32, metrics=process_metrics())
+    executor = make_executor(translator, inbox, max_batch_size=32, metrics=process_metrics())
     admit = executor._admit
 
     def recording_admit(jobs: list[Any]) -> None:
@@ -136,10 +164,12 @@ def test_jobs_joining_a_running_batch_get_what_they_get_alone(
     assert max(moved) > 0
 
 
-def test_n_best_hypotheses_are_translate_batchs(translator: Translator) -> None:
+def test_n_best_hypotheses_are_translate_batchs(
+    make_executor: Callable[..., Executor], translator: Translator
+) -> None:
     cases = [(SHORT, 3, 2), (LONG[0], 2, 2), (SENTENCES[3], 4, 4), (SENTENCES[2], 1, 1)]
     inbox = Inbox()
-    executor = Executor(translator, inbox)
+    executor = make_executor(translator, inbox)
     jobs = [job(translator, text, b, n) for text, b, n in cases]
     finished = drive(executor, inbox, {0: jobs[:2], 1: jobs[2:]})
     for j, (text, b, n) in zip(jobs, cases, strict=True):
@@ -152,11 +182,17 @@ def test_n_best_hypotheses_are_translate_batchs(translator: Translator) -> None:
 
 @pytest.mark.parametrize(("max_batch_size", "max_batch_tokens"), [(4, 8192), (64, 100)])
 def test_the_running_batch_stays_within_its_limits(
-    translator: Translator, monkeypatch: pytest.MonkeyPatch, max_batch_size: int, max_batch_tokens: int
+    make_executor: Callable[..., Executor],
+    translator: Translator,
+    monkeypatch: pytest.MonkeyPatch,
+    max_batch_size: int,
+    max_batch_tokens: int,
 ) -> None:
     texts = [*LONG, *SENTENCES]
     inbox = Inbox()
-    executor = Executor(translator, inbox, max_batch_size=max_batch_size, max_batch_tokens=max_batch_tokens)
+    executor = make_executor(
+        translator, inbox, max_batch_size=max_batch_size, max_batch_tokens=max_batch_tokens
+    )
     seen: list[tuple[int, int, int]] = []  # (rows, rows x source width, jobs) after each admission
     admit = executor._admit
 
@@ -176,13 +212,15 @@ def test_the_running_batch_stays_within_its_limits(
     assert max(n for _, _, n in seen) > 1  # some batches were shared all the same
 
 
-def test_beam_rows_moved_out_of_job_order_keep_their_own_tokens(endless: Translator) -> None:
+def test_beam_rows_moved_out_of_job_order_keep_their_own_tokens(
+    make_executor: Callable[..., Executor], endless: Translator
+) -> None:
     """A greedy job leaves first and the last beam row moves into its place: a job's rows are then
     neither consecutive nor in job order, and every later step must still read and write the right
     rows (moved rows included, in steps where no beam is reordered)."""
     cases = [(SHORT, 1), (LONG[0], 2), (LONG[1], 2)]
     inbox = Inbox()
-    executor = Executor(endless, inbox)
+    executor = make_executor(endless, inbox)
     run = executor.running
     jobs = [job(endless, text, b) for text, b in cases]
     inbox.add(jobs)
@@ -200,10 +238,10 @@ def test_beam_rows_moved_out_of_job_order_keep_their_own_tokens(endless: Transla
 # -- continuous batching -----------------------------------------------------------------------------
 @pytest.mark.parametrize("mode", ["continuous", "dynamic"])
 def test_a_short_job_overtakes_a_long_batch_only_with_continuous_batching(
-    endless: Translator, mode: Literal["continuous", "dynamic"]
+    make_executor: Callable[..., Executor], endless: Translator, mode: Literal["continuous", "dynamic"]
 ) -> None:
     inbox = Inbox()
-    executor = Executor(endless, inbox, mode=mode, max_wait_ms=1.0)
+    executor = make_executor(endless, inbox, mode=mode, max_wait_ms=1.0)
     long_jobs = [job(endless, t, 2) for t in LONG]
     short = job(endless, SHORT)
     finished = drive(executor, inbox, {0: long_jobs, 3: [short]})  # the long batch is decoding
@@ -218,12 +256,14 @@ def test_a_short_job_overtakes_a_long_batch_only_with_continuous_batching(
     assert tokens(finished[short.id][1]) == expected
 
 
-def test_newcomers_join_a_running_batch_in_groups(endless: Translator) -> None:
+def test_newcomers_join_a_running_batch_in_groups(
+    make_executor: Callable[..., Executor], endless: Translator
+) -> None:
     """While 5 long sentences decode, a lone newcomer joins only JOIN_WAIT_STEPS steps after the
     last join; two newcomers (>= JOIN_RATIO x the running ones) join at the next step."""
     inbox = Inbox()
     # Outputs of 3 x the source length: the long sentences outlast the short ones.
-    executor = Executor(endless, inbox, max_length_a=3.0, max_length_b=0)
+    executor = make_executor(endless, inbox, max_length_a=3.0, max_length_b=0)
     run = executor.running
 
     def steps_until_taken() -> int:
@@ -254,9 +294,11 @@ def test_newcomers_join_a_running_batch_in_groups(endless: Translator) -> None:
 
 
 # -- jobs nobody waits for -----------------------------------------------------------------------------
-def test_cancelled_and_expired_jobs_leave_the_batch_and_the_inbox(endless: Translator) -> None:
+def test_cancelled_and_expired_jobs_leave_the_batch_and_the_inbox(
+    make_executor: Callable[..., Executor], endless: Translator
+) -> None:
     inbox = Inbox(process_metrics())
-    executor = Executor(endless, inbox, metrics=process_metrics())
+    executor = make_executor(endless, inbox, metrics=process_metrics())
     abandoned = sample("nmt_sentences_total", {"outcome": "abandoned"})
     translated = sample("nmt_sentences_total", {"outcome": "translated"})
     cancelled, expired, stays = job(endless, LONG[0], 2), job(endless, LONG[1], 2), job(endless, LONG[1])
@@ -280,9 +322,11 @@ def test_cancelled_and_expired_jobs_leave_the_batch_and_the_inbox(endless: Trans
     assert sample("nmt_sentences_total", {"outcome": "translated"}) == translated + 1
 
 
-def test_active_sequences_drop_to_zero_when_every_running_job_is_cancelled(endless: Translator) -> None:
+def test_active_sequences_drop_to_zero_when_every_running_job_is_cancelled(
+    make_executor: Callable[..., Executor], endless: Translator
+) -> None:
     inbox = Inbox()
-    executor = Executor(endless, inbox, metrics=process_metrics())
+    executor = make_executor(endless, inbox, metrics=process_metrics())
     jobs = [job(endless, t) for t in LONG]
     inbox.add(jobs)
     with torch.inference_mode():

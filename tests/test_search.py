@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from copy import deepcopy
 
 import pytest
 import torch
@@ -19,7 +20,17 @@ from torch import Tensor
 
 from model.cache import KVCache
 from model.config import ModelConfig
-from model.search import Beam, Hypothesis, argmax_rows, beam_search, greedy_search, max_lengths, search_step
+from model.search import (
+    Beam,
+    Hypothesis,
+    argmax_rows,
+    beam_search,
+    choose_step,
+    greedy_search,
+    max_lengths,
+    search_step,
+)
+from model.static_slots import StepChoice
 from model.tokenizer import BOS_ID, EOS_ID, PAD_ID
 from model.transformer import EncoderOutput, Transformer
 
@@ -397,3 +408,27 @@ def test_inputs_are_independent_of_their_batch(make_model: Callable[..., Transfo
                 model, model.encode(row), limits[i : i + 1], beam_size=beam_size, n_best=beam_size
             )
             assert_same_hypotheses(alone, batched[i : i + 1])
+
+
+@pytest.mark.parametrize("k", [1, 2, 4])
+def test_choosing_among_each_rows_best_2k_is_searching_the_whole_vocabulary(k: int) -> None:
+    """``choose_step`` (the compiled step's candidates: argmax, each row's best 2K log-probs, eos's)
+    advances beams exactly as ``search_step`` over the full logits, limits and finished ones included."""
+    torch.manual_seed(k)
+    vocab, eos = 40, 3
+    full = [Beam.start(k, limit) for limit in (2, 5, 9, 9, 14)]
+    chosen = deepcopy(full)
+    while any(not b.done for b in full):
+        live = [i for i, b in enumerate(full) if not b.done]
+        logits = torch.randn(len(live) * k, vocab) * 3
+        logits[:, eos] -= 2.0  # hypotheses end, but not all at once
+        lp = torch.log_softmax(logits, dim=-1)
+        values, tokens = lp.topk(2 * k, dim=-1)
+        step = StepChoice(logits.argmax(-1), tokens, values, lp[:, eos])
+        expected = search_step([full[i] for i in live], logits, eos=eos, greedy_scores=False)
+        got = choose_step([chosen[i] for i in live], step, eos=eos)
+        for e, g in zip(expected, got, strict=True):
+            assert (e is None and g is None) or (e is not None and g is not None and torch.equal(e, g))
+        for a, b in zip(full, chosen, strict=True):
+            assert (a.history, a.scores, a.done) == (b.history, b.scores, b.done)
+            assert [(h.tokens, h.score) for h in a.finished] == [(h.tokens, h.score) for h in b.finished]

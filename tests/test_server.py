@@ -53,6 +53,7 @@ def start_server(log: Path, **env: str) -> Server:
         "NMT_REPLICAS": "1",
         "NMT_THREADS": "1",
         "NMT_QUANTIZATION": "none",
+        "NMT_COMPILE": "false",  # compiling takes 20-30 s a start; the test of shared batches compiles
         **env,
     }
     with log.open("wb") as out:  # a file, not a pipe: a full pipe would block the server
@@ -233,7 +234,8 @@ def test_64_concurrent_requests_share_model_batches(
         layout = split_text(text, "de")
         alone = [translator.translate_batch([s], beam_size=beam)[0].hypotheses[0] for s in layout.sentences]
         expected.append(layout.join(alone))
-    srv = start_server(tmp_path / "uvicorn.log", NMT_MODEL_DIR=str(model_dir))
+    # With the compiled decoding step, as deployed: ready only once compiled.
+    srv = start_server(tmp_path / "uvicorn.log", NMT_MODEL_DIR=str(model_dir), NMT_COMPILE="true")
     try:
         wait_ready(srv)
 

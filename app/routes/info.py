@@ -30,6 +30,10 @@ async def info(settings: SettingsDep, model: ModelDep) -> dict[str, Any]:
         "device": model.description.device,
         "dtype": model.description.dtype,
         "quantization": model.description.quantization,
+        # "compiled": each decoding step one TorchInductor graph, compiled at start-up in
+        # compile_seconds; "eager": operator by operator (NMT_COMPILE=false, or not on CPU).
+        "decoding": model.description.decoding,
+        "compile_seconds": model.description.compile_seconds,
         "batching": {
             "mode": settings.batching,
             "max_batch_size": settings.max_batch_size,

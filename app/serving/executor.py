@@ -28,7 +28,8 @@ from app.config import Settings
 from app.metrics import Metrics
 from app.serving.scheduler import Hypotheses
 from model.cache import CacheSlots
-from model.search import Beam, initial_capacity, max_lengths, search_step
+from model.search import Beam, choose_step, initial_capacity, max_lengths, search_step
+from model.static_slots import CompiledDecoder, StaticSlots
 from model.translator import Translator
 
 log = logging.getLogger(__name__)
@@ -80,7 +81,7 @@ class Running:
     jobs: list[Job] = field(default_factory=list)
     beams: list[Beam] = field(default_factory=list)
     job_rows: list[list[int]] = field(default_factory=list)  # per job, its beams' cache rows
-    cache: CacheSlots = field(default_factory=CacheSlots)
+    cache: CacheSlots | StaticSlots = field(default_factory=CacheSlots)
     tokens: torch.Tensor | None = None  # (R,) the next token of every row
 
     @property
@@ -124,6 +125,7 @@ class Executor:
         max_length_a: float = 1.5,
         max_length_b: int = 10,
         metrics: Metrics | None = None,
+        decoder: CompiledDecoder | None = None,
     ) -> None:
         """
         Args:
@@ -132,6 +134,9 @@ class Executor:
                 cross-attention of a step; the cache buffers keep the largest batch and input seen).
             mode: ``continuous`` joins and leaves at every step; ``dynamic`` runs batch by batch.
             max_wait_ms: ``dynamic`` only: how long to collect sentences before starting a batch.
+            decoder: the compiled step (``model.static_slots``; warmed up by the caller): the running
+                batch then lives in ``StaticSlots`` and each step is one graph. None: the eager
+                ``Transformer.decode_step`` over ``CacheSlots``.
         """
         self.translator = translator
         self.model = translator.model
@@ -143,13 +148,27 @@ class Executor:
         self.length_penalty = length_penalty
         self.max_length_a, self.max_length_b = max_length_a, max_length_b
         self.metrics = metrics
-        self.running = Running()
+        self.decoder = decoder
+        self.running = self._empty()
         self._joining: list[Job] = []  # taken from the source, being encoded into the batch
         self._steps_since_join = 0  # decoding steps since newcomers last joined the running batch
 
+    def _empty(self) -> Running:
+        if self.decoder is None:
+            return Running()
+        # Room for the largest batch, or one input's beams if they are more.
+        capacity = max(self.max_batch_size, self.decoder.top // 2)
+        return Running(cache=StaticSlots(self.model, capacity))
+
     @classmethod
     def from_settings(
-        cls, translator: Translator, source: JobSource, settings: Settings, *, metrics: Metrics | None
+        cls,
+        translator: Translator,
+        source: JobSource,
+        settings: Settings,
+        *,
+        metrics: Metrics | None,
+        decoder: CompiledDecoder | None = None,
     ) -> Executor:
         return cls(
             translator,
@@ -159,6 +178,7 @@ class Executor:
             mode=settings.batching,
             max_wait_ms=settings.max_wait_ms,
             metrics=metrics,
+            decoder=decoder,
         )
 
     @property
@@ -175,7 +195,7 @@ class Executor:
             log.exception("decoding step failed; failing the running batch")
             failed = RuntimeError(f"translation failed: {e}")
             jobs = self.running.jobs + [j for j in self._joining if j not in self.running.jobs]
-            self.running, self._joining = Running(), []
+            self.running, self._joining = self._empty(), []
             self._gauge()
             return [(job, failed) for job in jobs]
 
@@ -194,19 +214,31 @@ class Executor:
             return []
         assert run.tokens is not None
         self._steps_since_join += 1
-        logits, cache = self.model.decode_step(run.tokens, run.cache.view())
-        run.cache.advance(cache)
         jobs = list(range(len(run.jobs)))
-        rows = run.row_index(jobs)  # logits rows in job order, as search_step reads them
-        if rows != list(range(len(rows))):
-            logits = logits.index_select(0, torch.tensor(rows, device=logits.device))
-        keep, tokens = search_step(
-            run.beams,
-            logits,
-            eos=self.model.cfg.eos_id,
-            length_penalty=self.length_penalty,
-            greedy_scores=False,
-        )
+        rows = run.row_index(jobs)  # rows in job order, as the search reads them
+        in_order = rows == list(range(len(rows)))
+        index = None if in_order else torch.tensor(rows, device=run.tokens.device)
+        if isinstance(run.cache, StaticSlots):
+            assert self.decoder is not None
+            beams = any(b.k > 1 for b in run.beams)
+            step = run.cache.decode(self.decoder.beam if beams else self.decoder.greedy, run.tokens)
+            if index is not None:
+                step = step.select(index)
+            keep, tokens = choose_step(
+                run.beams, step, eos=self.model.cfg.eos_id, length_penalty=self.length_penalty
+            )
+        else:
+            logits, cache = self.model.decode_step(run.tokens, run.cache.view())
+            run.cache.advance(cache)
+            if index is not None:
+                logits = logits.index_select(0, index)
+            keep, tokens = search_step(
+                run.beams,
+                logits,
+                eos=self.model.cfg.eos_id,
+                length_penalty=self.length_penalty,
+                greedy_scores=False,
+            )
         self._place(rows, keep, tokens)
         done = [i for i in jobs if run.beams[i].done]
         outcomes: list[Outcome] = [
@@ -288,7 +320,9 @@ class Executor:
         )
         ks = torch.tensor([j.beam_size for j in jobs], device=src.device)
         rows = torch.arange(len(jobs), device=src.device).repeat_interleave(ks)
-        cache = self.model.start_cache(enc, capacity=initial_capacity(limits))
+        # The static slots hold every position already: the new rows' own buffer needs none.
+        static = isinstance(self.running.cache, StaticSlots)
+        cache = self.model.start_cache(enc, capacity=1 if static else initial_capacity(limits))
         if len(rows) > len(jobs):  # beams: k rows per job (with greedy only, no copy)
             cache = cache.index_select(rows)
         run = self.running

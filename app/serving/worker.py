@@ -31,6 +31,7 @@ import asyncio
 import contextlib
 import logging
 import multiprocessing
+import os
 import signal
 import threading
 import time
@@ -46,6 +47,7 @@ from app.config import Settings
 from app.metrics import Metrics, process_metrics
 from app.serving.executor import Executor, Job
 from app.serving.fairqueue import FairQueue, Policy
+from model.static_slots import CompiledDecoder
 from model.translator import Translator
 
 log = logging.getLogger("uvicorn.error").getChild("worker")
@@ -67,6 +69,8 @@ class ModelDescription:
     device: str
     dtype: str
     quantization: str
+    decoding: str = "eager"  # or "compiled" (model.static_slots)
+    compile_seconds: float = 0.0  # how long compiling the decoding step took at start-up
 
 
 def open_translator(settings: Settings) -> Translator:
@@ -76,11 +80,13 @@ def open_translator(settings: Settings) -> Translator:
     )
 
 
-def describe(translator: Translator) -> ModelDescription:
+def describe(translator: Translator, decoder: CompiledDecoder | None = None) -> ModelDescription:
     return ModelDescription(
         device=str(translator.device),
         dtype=str(translator.dtype).removeprefix("torch."),
         quantization=translator.quantization,
+        decoding="compiled" if decoder is not None and decoder.compiled else "eager",
+        compile_seconds=round(decoder.compile_seconds, 1) if decoder is not None else 0.0,
     )
 
 
@@ -198,7 +204,8 @@ def serve_worker(settings: Settings, threads: int | None, metrics_dir: str, conn
         metrics = process_metrics(metrics_dir)
         inbox = Inbox(metrics, settings.scheduling)
         translator = open_translator(settings)
-        executor = Executor.from_settings(translator, inbox, settings, metrics=None)
+        decoder = compiled_decoder(translator, settings)
+        executor = Executor.from_settings(translator, inbox, settings, metrics=None, decoder=decoder)
         if settings.warmup:  # without metrics: the warm-up is not traffic
             warm_up(executor, inbox)
         executor.metrics = metrics
@@ -207,7 +214,7 @@ def serve_worker(settings: Settings, threads: int | None, metrics_dir: str, conn
             conn.send(("failed", f"{type(e).__name__}: {e}"))
         conn.close()
         return
-    conn.send(("ready", describe(translator)))
+    conn.send(("ready", describe(translator, decoder)))
     threading.Thread(target=_read, args=(conn, inbox), name="nmt-worker-inbox", daemon=True).start()
     try:
         with torch.inference_mode():
@@ -225,6 +232,23 @@ def serve_worker(settings: Settings, threads: int | None, metrics_dir: str, conn
                         conn.send(("answers", answers))
     finally:
         conn.close()
+
+
+def compiled_decoder(translator: Translator, settings: Settings) -> CompiledDecoder | None:
+    """The compiled decoding step of ``settings``, compiled now (None: the eager step)."""
+    if not settings.compile or translator.device.type != "cpu":
+        return None
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(settings.compile_cache_dir))
+    decoder = CompiledDecoder(translator.model, top=2 * settings.max_beam_size)
+    try:
+        with torch.inference_mode():
+            decoder.warm_up(max(settings.max_batch_size, settings.max_beam_size))
+    except Exception:  # no C++ compiler, an unwritable cache...: slower, but serving
+        log.exception("compiling the decoding step failed; decoding eagerly (/info says which)")
+        torch.compiler.set_stance("default")
+        return None
+    log.info("decoding step compiled in %.1f s", decoder.compile_seconds)
+    return decoder
 
 
 def warm_up(executor: Executor, inbox: Inbox) -> None:
