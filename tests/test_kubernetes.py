@@ -570,6 +570,8 @@ def test_fetcher_copies_the_builtin_model_and_reports_failures(fetcher: ModuleTy
     dest = tmp_path / "current"
     fetcher.fetch("", "", dest, builtin=REPO / "artifacts" / "multi30k-de-en")
     read_info_and_tokenizer(dest)
+    with pytest.raises(fetcher.FetchError, match="MODEL_URL is empty"):
+        fetcher.fetch("", "", tmp_path / "other", builtin=tmp_path / "absent")
     # As the init container runs it: a failure is one line and a non-zero exit.
     proc = subprocess.run(
         [sys.executable, str(KUBE / "base" / "fetch_model.py")],

@@ -89,8 +89,10 @@ def fetch(url: str, sha256: str, dest: Path, builtin: Path = BUILTIN_MODEL) -> N
             unpacked = Path(work) / "unpacked"
             unpacked.mkdir()
             root = extract(download(url, Path(work), sha256), unpacked)
-        else:
+        elif builtin.is_dir():
             root = model_root(builtin)
+        else:
+            raise FetchError(f"MODEL_URL is empty and the image has no model in {builtin}")
         shutil.copytree(root, staging)
         if dest.exists():  # from an earlier run of this init container in the same pod
             shutil.rmtree(dest)
