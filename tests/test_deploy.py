@@ -121,21 +121,23 @@ def test_real_prometheus_scrapes_the_batching_metrics(model_dir: Path, tmp_path:
             body = {"q": [text] * 4, "source": "de", "target": "en"}
             assert httpx.post(f"{srv.url}/translate", json=body, timeout=30).status_code == 200
         deadline = time.monotonic() + 60
-        up = steps = batched = 0.0
+        up = steps = batched = answered = 0.0
         while time.monotonic() < deadline:
             try:
                 up = query(url, 'up{job="translator"}')
                 steps = query(url, "nmt_decode_steps_total")
                 batched = query(url, "nmt_batch_size_sequences_count")
+                # (in the loop too: a scrape between the first request and the last saw fewer)
+                answered = query(url, 'nmt_requests_total{endpoint="/translate",status="200"}')
             except httpx.TransportError:
                 pass  # Prometheus is still starting
-            if up == 1 and steps > 0 and batched > 0:
+            if up == 1 and steps > 0 and batched > 0 and answered >= 3:
                 break
             time.sleep(0.5)
         log = (tmp_path / "prometheus.log").read_text(errors="replace")
         assert up == 1, f"target not up\n{log[-2000:]}"
         assert steps > 0 and batched > 0, "batching metrics did not arrive"
-        assert query(url, 'nmt_requests_total{endpoint="/translate",status="200"}') >= 3
+        assert answered >= 3
     finally:
         prom.send_signal(signal.SIGTERM)
         try:
