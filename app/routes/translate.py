@@ -96,12 +96,16 @@ def document_served(openapi: dict[str, Any], info: ModelInfo, settings: Settings
     only once the model is loaded: the served language codes and the limits. (Those on characters
     and sentences summed over ``q`` cannot be said in JSON Schema: they are 413s.)"""
     document = copy.deepcopy(openapi)
+    pairs = served_pairs(info)
+    sources = [AUTO, *dict.fromkeys(s for s, _ in pairs)]
+    targets = list(dict.fromkeys(t for _, t in pairs))
+    for path in ("/translate", "/translate_file"):
+        for media in document["paths"][path]["post"]["requestBody"]["content"].values():
+            media["schema"]["properties"]["source"]["enum"] = sources
+            media["schema"]["properties"]["target"]["enum"] = targets
     content = document["paths"]["/translate"]["post"]["requestBody"]["content"]
     for media in content.values():
         fields = media["schema"]["properties"]
-        pairs = served_pairs(info)
-        fields["source"]["enum"] = [AUTO, *dict.fromkeys(s for s, _ in pairs)]
-        fields["target"]["enum"] = list(dict.fromkeys(t for _, t in pairs))
         fields["alternatives"]["maximum"] = settings.max_alternatives
         for kind in fields["q"]["anyOf"]:
             if kind["type"] == "array":
