@@ -57,7 +57,9 @@ def tags(markup: str) -> list[tuple[str, str, list[tuple[str, str | None]]]]:
 
 
 def test_a_sentence_with_nested_inline_markup_is_translated_whole() -> None:
-    markup = '<p>Ein <b>großer <i>roter</i> Hund</b> läuft. Die <a href="/k?a=1&amp;b=2">Katze</a> schläft.</p>'
+    markup = (
+        '<p>Ein <b>großer <i>roter</i> Hund</b> läuft. Die <a href="/k?a=1&amp;b=2">Katze</a> schläft.</p>'
+    )
     sentences, out = translate_html(markup)
     assert sentences == ("Ein großer roter Hund läuft.", "Die Katze schläft.")
     assert out == (
@@ -71,7 +73,9 @@ def test_inline_tags_follow_the_words_when_the_translation_changes_length() -> N
     markup = "<p>Ein <em>großer</em> Hund.</p>"
     out = translate_html(markup, lambda s: "A big dog.")[1]
     assert out == "<p>A <em>big</em> dog.</p>"
-    longer = translate_html("<p><b>Ein <i>großer</i> Hund</b> läuft.</p>", lambda s: "A very big dog is running.")[1]
+    longer = translate_html(
+        "<p><b>Ein <i>großer</i> Hund</b> läuft.</p>", lambda s: "A very big dog is running."
+    )[1]
     assert tags(longer) == tags("<p><b>Ein <i>großer</i> Hund</b> läuft.</p>")
     assert "<i></i>" not in longer and "<b></b>" not in longer
     shorter = translate_html("<p>Ein <b>sehr</b> <i>großer</i> Hund.</p>", lambda s: "Big.")[1]
@@ -121,7 +125,10 @@ def test_script_style_code_and_translate_no_are_not_translated() -> None:
 
 
 def test_attributes_and_entities_are_kept() -> None:
-    markup = "<p title='Ein &quot;Titel&quot;' data-x=1>AT&amp;T kauft &lt;Dinge&gt; f&uuml;r 5&nbsp;&euro; &copy;</p>"
+    markup = (
+        "<p title='Ein &quot;Titel&quot;' data-x=1>"
+        "AT&amp;T kauft &lt;Dinge&gt; f&uuml;r 5&nbsp;&euro; &copy;</p>"
+    )
     sentences, out = translate_html(markup, lambda s: s)
     assert sentences == ("AT&T kauft <Dinge> für 5 € ©",)  # the model reads characters
     assert out.startswith("<p title='Ein &quot;Titel&quot;' data-x=1>")
@@ -135,12 +142,16 @@ def test_text_without_markup_and_blank_documents() -> None:
 
 
 def test_a_document_without_changes_comes_back_as_it_was() -> None:
-    markup = '<div class="a">\n  <p>Ein <b>Hund</b> läuft.</p>\n  <p>Zwei <a href="#x">Katzen</a>!</p>\n</div>\n'
+    markup = (
+        '<div class="a">\n  <p>Ein <b>Hund</b> läuft.</p>\n  <p>Zwei <a href="#x">Katzen</a>!</p>\n</div>\n'
+    )
     layout = HtmlDocument.parse(markup).split("de")
     assert layout.join(layout.sentences) == markup
 
 
-@pytest.mark.parametrize("markup", ["<", "<p", "</", "<!", "<![CDATA[", "<?", "&", "&#", "&#x;", "<a <b>", "<p>x</q>"])
+@pytest.mark.parametrize(
+    "markup", ["<", "<p", "</", "<!", "<![CDATA[", "<?", "&", "&#", "&#x;", "<a <b>", "<p>x</q>"]
+)
 def test_broken_markup_gives_an_answer(markup: str) -> None:
     layout = HtmlDocument.parse(markup).split("de")
     layout.join([s for s in layout.sentences])  # no exception, whatever the tokenizer made of it

@@ -54,8 +54,13 @@ def test_detect_refuses_what_it_should(client: TestClient, keyed: TestClient) ->
 # --- format html -----------------------------------------------------------------------------------
 
 
-def test_html_is_translated_sentence_by_sentence_with_its_markup(client: TestClient, translator: Translator) -> None:
-    markup = '<p class="a">Ein <b>Mann</b> spielt. <a href="/x">Der Hund</a> läuft.</p><script>x = "Hund";</script>'
+def test_html_is_translated_sentence_by_sentence_with_its_markup(
+    client: TestClient, translator: Translator
+) -> None:
+    markup = (
+        '<p class="a">Ein <b>Mann</b> spielt. <a href="/x">Der Hund</a> läuft.</p>'
+        '<script>x = "Hund";</script>'
+    )
     response = client.post("/translate", json={"q": markup, "source": "de", "target": "en", "format": "html"})
     assert response.status_code == 200, response.text
     out = response.json()["translatedText"]
@@ -162,7 +167,10 @@ def test_frontend_settings(client: TestClient, keyed: TestClient) -> None:
         "suggestions": False,
         "filesTranslation": True,
         "supportedFilesFormat": [".txt", ".html", ".htm", ".docx"],
-        "language": {"source": {"code": "auto", "name": "Auto Detect"}, "target": {"code": "en", "name": "English"}},
+        "language": {
+            "source": {"code": "auto", "name": "Auto Detect"},
+            "target": {"code": "en", "name": "English"},
+        },
     }
     assert keyed.get("/frontend/settings").json()["keyRequired"] is True
 
