@@ -140,8 +140,9 @@ async def parse_translate_request(request: Request, limit: int) -> TranslateRequ
     return await parse_request(request, limit, TranslateRequest)
 
 
-async def read_within(request: Request, limit: int, timeout_s: float = BODY_TIMEOUT_S) -> bytes:
-    """``read_body``, or 408 if the body takes over ``timeout_s`` to arrive."""
+async def read_within(request: Request, limit: int, timeout_s: float | None = None) -> bytes:
+    """``read_body``, or 408 if the body takes over ``timeout_s`` (``BODY_TIMEOUT_S``) to arrive."""
+    timeout_s = BODY_TIMEOUT_S if timeout_s is None else timeout_s
     try:
         async with asyncio.timeout(timeout_s):
             return await read_body(request, limit)
