@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import json
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import parse_qsl
 
 from fastapi import HTTPException, Request
 from fastapi.exceptions import RequestValidationError
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 from starlette.types import Message
 
 from app.schemas import TranslateRequest
@@ -24,6 +24,7 @@ URLENCODED = "application/x-www-form-urlencoded"
 MULTIPART = "multipart/form-data"
 BODY_TIMEOUT_S = 10.0
 LIST_FIELDS = frozenset({"q"})  # form fields that become a list when repeated (q=a&q=b)
+Body = TypeVar("Body", bound=BaseModel)
 
 
 def too_large(limit: int) -> HTTPException:
@@ -101,12 +102,8 @@ def parse_urlencoded(text: str) -> dict[str, Any]:
     return group_fields(pairs)
 
 
-async def parse_multipart(request: Request, body: bytes, limit: int) -> dict[str, Any]:
-    """Parse with Starlette's multipart parser, replaying the body that was already read.
-
-    The whole body was checked to be UTF-8 before, so every field decodes as UTF-8 (boundaries
-    and headers are ASCII). File parts are refused: /translate takes text fields only.
-    """
+def replayed(request: Request, body: bytes) -> Request:
+    """``request`` with its body, already read, ready to be read again (by Starlette's parsers)."""
     sent = False
 
     async def replay() -> Message:
@@ -116,32 +113,50 @@ async def parse_multipart(request: Request, body: bytes, limit: int) -> dict[str
         sent = True
         return {"type": "http.request", "body": body, "more_body": False}
 
-    form_request = Request(request.scope, replay)
+    return Request(request.scope, replay)
+
+
+async def parse_multipart(request: Request, body: bytes, limit: int) -> dict[str, Any]:
+    """Parse with Starlette's multipart parser, replaying the body that was already read.
+
+    The whole body was checked to be UTF-8 before, so every field decodes as UTF-8 (boundaries
+    and headers are ASCII). File parts are refused: /translate takes text fields only.
+    """
     # Field count is bounded by the body size already; MAX_TEXTS is checked (413) on the result.
-    async with form_request.form(max_files=0, max_fields=limit, max_part_size=limit) as form:
+    async with replayed(request, body).form(max_files=0, max_fields=limit, max_part_size=limit) as form:
         pairs = [(key, value) for key, value in form.multi_items() if isinstance(value, str)]
     return group_fields(pairs)
 
 
-def validate_request(data: Any) -> TranslateRequest:
+def validate_request(data: Any, schema: type[Body]) -> Body:
     try:
-        return TranslateRequest.model_validate(data)
+        return schema.model_validate(data)
     except ValidationError as e:
         errors = [{**err, "loc": ("body", *err["loc"])} for err in e.errors(include_url=False)]
         raise RequestValidationError(errors) from e
 
 
 async def parse_translate_request(request: Request, limit: int) -> TranslateRequest:
-    """Read, decode and validate the body of a /translate request (4xx on any problem).
+    return await parse_request(request, limit, TranslateRequest)
+
+
+async def read_within(request: Request, limit: int, timeout_s: float | None = None) -> bytes:
+    """``read_body``, or 408 if the body takes over ``timeout_s`` (``BODY_TIMEOUT_S``) to arrive."""
+    timeout_s = BODY_TIMEOUT_S if timeout_s is None else timeout_s
+    try:
+        async with asyncio.timeout(timeout_s):
+            return await read_body(request, limit)
+    except TimeoutError as e:
+        raise HTTPException(408, f"request body not received within {timeout_s:g} s") from e
+
+
+async def parse_request(request: Request, limit: int, schema: type[Body]) -> Body:
+    """Read, decode and validate a body as JSON, urlencoded or multipart form (4xx on any problem).
 
     A body that takes over ``BODY_TIMEOUT_S`` to arrive is a 408: while it is read the request
     holds one of the few turns to be parsed (``app.shedding.take_turn``), which a handful of
     slow uploads must not keep from everyone else."""
-    try:
-        async with asyncio.timeout(BODY_TIMEOUT_S):
-            body = await read_body(request, limit)
-    except TimeoutError as e:
-        raise HTTPException(408, f"request body not received within {BODY_TIMEOUT_S:g} s") from e
+    body = await read_within(request, limit)
     text = decode_utf8(body)
     kind = media_type(request)
     if kind == URLENCODED:
@@ -150,4 +165,4 @@ async def parse_translate_request(request: Request, limit: int) -> TranslateRequ
         data = await parse_multipart(request, body, limit)
     else:  # JSON, also when the client forgot the Content-Type header
         data = parse_json(text)
-    return validate_request(data)
+    return validate_request(data, schema)

@@ -58,6 +58,13 @@ class Settings(BaseSettings):
     max_chars: PositiveInt = 5000  # summed over all texts of one request
     max_texts: PositiveInt = 128  # items in a q list
     max_body_bytes: PositiveInt = 1024 * 1024
+    # Files (POST /translate_file): the upload's size, the text in it to translate, and how long a
+    # translated file waits to be downloaded (it is deleted once downloaded, and kept in memory only).
+    max_file_bytes: PositiveInt = 2 * 1024 * 1024
+    max_file_chars: PositiveInt = 100_000
+    file_ttl_s: Annotated[float, Field(gt=0)] = 600.0
+    # The page at / (and LibreTranslate's /frontend/settings): quiet typing before it translates.
+    frontend_timeout_ms: PositiveInt = 500
     # Comma-separated in the environment ("k1,k2"); empty means no authentication.
     api_keys: Annotated[tuple[str, ...], NoDecode] = ()
 

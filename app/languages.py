@@ -56,16 +56,28 @@ def language_name(code: str) -> str:
     return LANGUAGE_NAMES.get(code.lower(), code)
 
 
+def served_pairs(info: ModelInfo) -> list[tuple[str, str]]:
+    """The (source, target) pairs the service translates: the one place that says so, for
+    /languages, the page's pickers, the checks of /translate and the candidates of detection."""
+    return [(info.source_lang, info.target_lang)]
+
+
+def source_languages(info: ModelInfo, target: str | None = None) -> list[str]:
+    """The languages the service translates from (into ``target``, if given), in served order:
+    what language identification chooses among for ``source: "auto"`` and /detect."""
+    codes = [s for s, t in served_pairs(info) if target is None or t.lower() == target.lower()]
+    return list(dict.fromkeys(codes))
+
+
 def languages(info: ModelInfo) -> list[dict[str, object]]:
-    """LibreTranslate's /languages list for the one pair a model directory serves."""
-    source, target = info.source_lang, info.target_lang
-    if source == target:  # e.g. a monolingual rewriting model: one entry, not a duplicate code
-        return [{"code": source, "name": language_name(source), "targets": [target]}]
+    """LibreTranslate's /languages list: every served language with the targets it translates into."""
+    pairs = served_pairs(info)
+    codes = list(dict.fromkeys(code for pair in pairs for code in pair))
     return [
-        {"code": source, "name": language_name(source), "targets": [target]},
-        {"code": target, "name": language_name(target), "targets": []},
+        {"code": code, "name": language_name(code), "targets": [t for s, t in pairs if s == code]}
+        for code in codes
     ]
 
 
 def supported_pairs(info: ModelInfo) -> str:
-    return f"{info.source_lang}->{info.target_lang}"
+    return ", ".join(f"{s}->{t}" for s, t in served_pairs(info))

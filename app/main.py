@@ -25,9 +25,11 @@ from starlette.types import Receive, Scope, Send
 
 from app.config import Settings, describe_settings_error, service_version
 from app.errors import install_error_handlers
+from app.langid import prepare as prepare_langid
+from app.languages import source_languages
 from app.metrics import Metrics, process_metrics
 from app.middleware import RequestMetricsMiddleware
-from app.routes import health, info, languages, metrics, translate
+from app.routes import detect, files, frontend, health, info, languages, metrics, translate
 from app.served import ServedModel
 from app.serving.scheduler import Scheduler
 from app.serving.worker import WorkerProcess
@@ -135,6 +137,8 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         record_model(metrics, model, time.perf_counter() - started)
         quiet_garbage_collector()
         app.state.model = model
+        app.state.files = files.new_file_store(settings)
+        await asyncio.to_thread(prepare_langid, source_languages(model_info))
         app.state.scheduler = scheduler
         app.state.turns = asyncio.Semaphore(TURNS)
         app.state.ready = True
@@ -188,12 +192,14 @@ def create_app(settings: Settings | None = None) -> TranslationApp:
     app.state.metrics = None
     app.state.model = None
     app.state.scheduler = None
+    app.state.files = None
     app.state.turns = None
     app.state.ready = False
     app.add_middleware(RequestMetricsMiddleware, state=app.state)
     install_error_handlers(app)
-    for module in (translate, languages, health, info, metrics):
+    for module in (translate, detect, files, languages, frontend, health, info, metrics):
         app.include_router(module.router)
+    app.mount("/static", frontend.static_files(), name="static")
     return app
 
 

@@ -18,7 +18,9 @@ class TranslateRequest(BaseModel):
     q: str | list[str] = Field(description="Text, or list of texts, to translate")
     source: str = Field("auto", description='Source language code, or "auto"')
     target: str = Field(description="Target language code")
-    format: Literal["text"] = Field("text", description="Only plain text for now (html: 422)")
+    format: Literal["text", "html"] = Field(
+        "text", description="text, or html: tags kept, the text between them translated"
+    )
     alternatives: int = Field(0, ge=0, description="Number of alternative translations to return")
     api_key: str | None = None
     beam_size: int | None = Field(None, ge=1, description="Beam size (extension; default from settings)")
@@ -42,8 +44,42 @@ class TranslateRequest(BaseModel):
 
 
 class DetectedLanguage(BaseModel):
-    confidence: float
+    confidence: float = Field(description="Percent, 0-100")
     language: str
+
+
+class DetectRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    q: str = Field(min_length=1, description="Text whose language to detect")
+    api_key: str | None = None
+
+
+class TranslateFileResponse(BaseModel):
+    translatedFileUrl: str = Field(description="GET it for the translated file (once, then it is deleted)")
+
+
+class FrontendSettings(BaseModel):
+    """LibreTranslate's /frontend/settings: what a front end needs to configure itself."""
+
+    charLimit: int
+    frontendTimeout: int = Field(description="Milliseconds of quiet typing before translating")
+    apiKeys: bool
+    keyRequired: bool
+    suggestions: bool
+    filesTranslation: bool
+    supportedFilesFormat: list[str]
+    language: DefaultLanguages
+
+
+class LanguageName(BaseModel):
+    code: str
+    name: str
+
+
+class DefaultLanguages(BaseModel):
+    source: LanguageName  # "auto" where detection is offered
+    target: LanguageName
 
 
 class TranslateResponse(BaseModel):

@@ -89,3 +89,26 @@ def split_text(text: str, language: str) -> SplitText:
         pending = content[len(content.rstrip()) :] + line_break  # trailing spaces and the break
     separators.append(pending)
     return SplitText(tuple(sentences), tuple(separators))
+
+
+def sentence_spans(text: str, language: str) -> list[tuple[int, int]]:
+    """``(start, end)`` of each sentence of ``text`` (surrounding whitespace left out), in order.
+
+    For text whose line breaks are no boundaries (HTML, a paragraph of a document): every
+    whitespace character counts as a space. Sentences found nowhere in the text (which sentencex
+    does not do: its segments are slices of the input) would make the whole text one sentence.
+    """
+    flat = "".join(" " if c.isspace() else c for c in text)
+    spans: list[tuple[int, int]] = []
+    cursor = 0
+    for segment in sentencex.segment(language, flat):
+        start = flat.find(segment, cursor)
+        if start < 0:
+            core = flat.strip()
+            return [(flat.index(core), flat.index(core) + len(core))] if core else []
+        cursor = start + len(segment)
+        core = segment.strip()
+        if core:
+            begin = start + len(segment) - len(segment.lstrip())
+            spans.append((begin, begin + len(core)))
+    return spans

@@ -257,8 +257,10 @@ def test_more_sentences_than_the_queue_holds_is_413(model_dir: Path) -> None:
         assert small.post("/translate", json={"q": ["Ein Hund."] * 2, "target": "en"}).status_code == 200
 
 
-def test_html_format_is_422_until_supported(client: TestClient) -> None:
-    assert_error(translate(client, q="<p>Hallo</p>", format="html"), 422, "format")
+def test_html_format_keeps_the_markup(client: TestClient, translator: Translator) -> None:
+    response = translate(client, q="<p>Hallo</p>", format="html")
+    assert response.status_code == 200, response.text
+    assert response.json() == {"translatedText": f"<p>{best(translator, ['Hallo'])[0]}</p>"}
 
 
 def test_invalid_utf8_is_400(client: TestClient) -> None:

@@ -53,7 +53,13 @@ def api(model_dir: Path) -> Iterator[OpenApiSchema]:
         "positive_data_acceptance": {"expected-statuses": accepted},
         "negative_data_rejection": {"expected-statuses": rejected},
     }
-    config = SchemathesisConfig.from_dict({"checks": checks})
+    # A file's format and content are beyond JSON Schema: a schema-valid upload may still be no
+    # .txt, .html or .docx (400).
+    files = {
+        "include-path": "/translate_file",
+        "checks": {"positive_data_acceptance": {"expected-statuses": [*accepted, "400"]}},
+    }
+    config = SchemathesisConfig.from_dict({"checks": checks, "operations": [files]})
     schema = schemathesis.openapi.from_asgi("/openapi.json", app, config=config)
     yield schema
     asgi.shutdown_lifespans()  # stops the worker process
@@ -81,7 +87,14 @@ def run_cases(operation: APIOperation, mode: GenerationMode) -> None:
 @pytest.mark.parametrize("mode", [GenerationMode.POSITIVE, GenerationMode.NEGATIVE])
 def test_api_conforms_to_its_openapi_document(api: OpenApiSchema, mode: GenerationMode) -> None:
     operations = [result.ok() for result in api.get_all_operations()]
-    assert any(op.path == "/translate" for op in operations)
+    paths = {op.path for op in operations}
+    assert {
+        "/translate",
+        "/detect",
+        "/translate_file",
+        "/download_file/{filename}",
+        "/frontend/settings",
+    } <= paths
     for operation in operations:
         if mode is GenerationMode.NEGATIVE and not operation.body and not operation.query:
             continue  # nothing to make invalid in a GET without parameters
@@ -98,4 +111,8 @@ def test_openapi_documents_languages_and_errors(api: OpenApiSchema) -> None:
         assert fields["source"]["enum"] == ["auto", "de"]
         assert fields["target"]["enum"] == ["en"]
     assert {"200", "400", "403", "413", "422", "503", "504"} <= set(post["responses"])
+    upload = document["paths"]["/translate_file"]["post"]["requestBody"]["content"]["multipart/form-data"]
+    assert upload["schema"]["properties"]["source"]["enum"] == ["auto", "de"]
+    assert upload["schema"]["properties"]["target"]["enum"] == ["en"]
+    assert "/" not in document["paths"]  # the page is no API operation
     assert "503" in document["paths"]["/health"]["get"]["responses"]

@@ -20,7 +20,10 @@ from starlette.types import Receive
 from app.body import parse_translate_request
 from app.config import Settings
 from app.deps import ModelDep, SchedulerDep, SettingsDep
-from app.languages import supported_pairs
+from app.formats import Layout, PlainText, parse
+from app.formats.html import HtmlDocument, HtmlError
+from app.langid import detect
+from app.languages import served_pairs, source_languages, supported_pairs
 from app.schemas import (
     DetectedLanguage,
     ErrorResponse,
@@ -32,7 +35,6 @@ from app.served import ServedModel
 from app.serving.errors import DeadlineExceeded, EngineError, EngineStopped, QueueFull, TooLarge
 from app.serving.scheduler import Scheduler
 from app.shedding import RETRY_AFTER_S, passed
-from app.text import SplitText, split_text
 from model.checkpoint import ModelInfo
 
 T = TypeVar("T")
@@ -46,7 +48,7 @@ _BODY_SCHEMA = {"schema": TranslateRequest.model_json_schema()}
 _ERRORS: dict[int | str, dict[str, Any]] = {
     code: {"model": ErrorResponse, "description": text}
     for code, text in {
-        400: "Unsupported language pair, beam size or alternatives; invalid UTF-8",
+        400: "Unsupported language pair, beam size or alternatives; invalid UTF-8 or HTML",
         403: "Missing or invalid api_key (when the server requires keys)",
         408: "The request body did not arrive within 10 s",
         413: "Too many texts, characters, sentences or too large a body",
@@ -94,11 +96,16 @@ def document_served(openapi: dict[str, Any], info: ModelInfo, settings: Settings
     only once the model is loaded: the served language codes and the limits. (Those on characters
     and sentences summed over ``q`` cannot be said in JSON Schema: they are 413s.)"""
     document = copy.deepcopy(openapi)
+    pairs = served_pairs(info)
+    sources = [AUTO, *dict.fromkeys(s for s, _ in pairs)]
+    targets = list(dict.fromkeys(t for _, t in pairs))
+    for path in ("/translate", "/translate_file"):
+        for media in document["paths"][path]["post"]["requestBody"]["content"].values():
+            media["schema"]["properties"]["source"]["enum"] = sources
+            media["schema"]["properties"]["target"]["enum"] = targets
     content = document["paths"]["/translate"]["post"]["requestBody"]["content"]
     for media in content.values():
         fields = media["schema"]["properties"]
-        fields["source"]["enum"] = [AUTO, info.source_lang]
-        fields["target"]["enum"] = [info.target_lang]
         fields["alternatives"]["maximum"] = settings.max_alternatives
         for kind in fields["q"]["anyOf"]:
             if kind["type"] == "array":
@@ -163,12 +170,35 @@ def check_api_key(api_key: str | None, keys: Sequence[str]) -> None:
         raise HTTPException(403, "invalid api_key")
 
 
-def check_languages(req: TranslateRequest, info: ModelInfo) -> None:
+def check_languages(source: str, target: str, info: ModelInfo) -> list[str]:
+    """400 unless (``source``, ``target``) is served (``source`` may be "auto"); the served source
+    languages it stands for (one, or every source language translated into ``target``)."""
     supported = f"supported pairs: {supported_pairs(info)} (source may be {AUTO!r})"
-    if req.source.lower() not in (AUTO, info.source_lang.lower()):
-        raise HTTPException(400, f"source language {shorten(req.source)} is not supported; {supported}")
-    if req.target.lower() != info.target_lang.lower():
-        raise HTTPException(400, f"target language {shorten(req.target)} is not supported; {supported}")
+    candidates = source_languages(info, target)
+    if not candidates:
+        raise HTTPException(400, f"target language {shorten(target)} is not supported; {supported}")
+    if source.lower() == AUTO:
+        return candidates
+    chosen = [code for code in candidates if code.lower() == source.lower()]
+    if not chosen:
+        served = any(s.lower() == source.lower() for s, _ in served_pairs(info))
+        what = f"not translated into {shorten(target)}" if served else "not supported"
+        raise HTTPException(400, f"source language {shorten(source)} is {what}; {supported}")
+    return chosen
+
+
+def parse_texts(texts: Sequence[str], format: str) -> list[PlainText | HtmlDocument]:
+    """Each text read as ``format`` (400 for HTML that cannot be read)."""
+    try:
+        return [parse(text, "html" if format == "html" else "text") for text in texts]
+    except HtmlError as e:
+        raise HTTPException(400, str(e)) from e
+
+
+def source_language(text: str, candidates: Sequence[str]) -> DetectedLanguage:
+    """The language of ``text`` among ``candidates``: the only one, or the identifier's best."""
+    best = detect(text, candidates)[0]
+    return DetectedLanguage(confidence=best.confidence, language=best.language)
 
 
 def search_plan(req: TranslateRequest, settings: Settings) -> SearchPlan:
@@ -268,7 +298,7 @@ def hypothesis(result: SentenceResult, k: int) -> str:
     return result.hypotheses[k] if k < len(result.hypotheses) else result.hypotheses[0]
 
 
-def assemble(layouts: Sequence[SplitText], results: Sequence[SentenceResult], n_best: int) -> list[list[str]]:
+def assemble(layouts: Sequence[Layout], results: Sequence[SentenceResult], n_best: int) -> list[list[str]]:
     """For each text, its ``n_best`` translations (best first), each in the text's layout."""
     outputs = []
     start = 0
@@ -281,21 +311,18 @@ def assemble(layouts: Sequence[SplitText], results: Sequence[SentenceResult], n_
     return outputs
 
 
-def build_response(req: TranslateRequest, outputs: list[list[str]], source_lang: str) -> TranslateResponse:
+def build_response(
+    req: TranslateRequest, outputs: list[list[str]], detected: list[DetectedLanguage] | None
+) -> TranslateResponse:
+    """``detected``: each text's detected language when the source was "auto", else None."""
     best = [texts[0] for texts in outputs]
     alternatives = [texts[1:] for texts in outputs] if req.alternatives else None
-    auto = req.source.lower() == AUTO
-    detected = DetectedLanguage(confidence=100.0, language=source_lang) if auto else None
     if req.is_batch:
-        return TranslateResponse(
-            translatedText=best,
-            alternatives=alternatives,
-            detectedLanguage=[detected] * len(best) if detected else None,
-        )
+        return TranslateResponse(translatedText=best, alternatives=alternatives, detectedLanguage=detected)
     return TranslateResponse(
         translatedText=best[0],
         alternatives=alternatives[0] if alternatives else None,
-        detectedLanguage=detected,
+        detectedLanguage=detected[0] if detected else None,
     )
 
 
@@ -315,17 +342,22 @@ async def translate(
     check_limits(texts, settings)
     check_encodable(req)
     check_api_key(req.api_key, settings.api_keys)
-    check_languages(req, model.info)
+    candidates = check_languages(req.source, req.target, model.info)
     plan = search_plan(req, settings)
 
-    layouts = [split_text(text, model.info.source_lang) for text in texts]
+    documents = parse_texts(texts, req.format)
+    detected = None
+    if req.source.lower() == AUTO:
+        detected = [source_language(document.text, candidates) for document in documents]
+    languages = [d.language for d in detected] if detected else candidates * len(documents)
+    layouts = [document.split(language) for document, language in zip(documents, languages, strict=True)]
     sentences = [s for layout in layouts for s in layout.sentences]
     results = await translate_sentences(
         request, sentences, model, scheduler, plan, settings.request_timeout_s
     )
     if results is None:
         return Response(status_code=CLIENT_CLOSED_REQUEST)
-    body = build_response(req, assemble(layouts, results, plan.n_best), model.info.source_lang)
+    body = build_response(req, assemble(layouts, results, plan.n_best), detected)
     # The response as JSON here: FastAPI then skips validating it against the response model again
     # (the model still documents it in OpenAPI).
     return Response(body.model_dump_json(exclude_none=True), media_type="application/json")

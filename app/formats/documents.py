@@ -1,0 +1,249 @@
+"""Files for ``POST /translate_file``: .txt, .html (.htm) and .docx, read and written back.
+
+Every format gives the same two steps: ``read(name, data)`` parses the upload (language-free:
+its ``text`` is what language identification looks at), and ``.split(language)`` gives the
+sentences to translate and a ``join(translations)`` that writes the translated file.
+
+* .txt: UTF-8 (a byte-order mark is kept); the layout is kept as for ``/translate``'s text.
+* .html: as ``format: "html"`` (``app.formats.html``).
+* .docx: with python-docx. Every paragraph of the body, of tables (nested ones too) and of the
+  headers and footers is translated; a paragraph's runs (its stretches of one formatting: bold,
+  a font, a hyperlink) keep their formatting, and sentences are split across them as across inline
+  HTML tags (``app.formats.inline``). Runs without text (pictures, breaks) are not touched. Text
+  boxes, footnotes, comments and fields are left as they are.
+"""
+
+from __future__ import annotations
+
+import io
+import zipfile
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import PurePath
+from typing import Any, Protocol
+
+from app.formats.html import HtmlDocument, HtmlError, HtmlText
+from app.formats.inline import Block, Mark, SplitBlock
+from app.text import SplitText, split_text
+
+DOCX_MEDIA_TYPE = "application/vnd.openxmlformats-officedocument.wordprocessingml.document"
+MEDIA_TYPES = {
+    ".txt": "text/plain; charset=utf-8",
+    ".html": "text/html; charset=utf-8",
+    ".htm": "text/html; charset=utf-8",
+    ".docx": DOCX_MEDIA_TYPE,
+}
+SUPPORTED = tuple(MEDIA_TYPES)
+UTF8_BOM = b"\xef\xbb\xbf"
+
+
+class DocumentError(ValueError):
+    """The upload cannot be read as the format its name says (a 400, with this message)."""
+
+
+class SplitDocument(Protocol):
+    @property
+    def sentences(self) -> tuple[str, ...]: ...
+
+    def join(self, translations: Sequence[str]) -> bytes: ...
+
+
+class Document(Protocol):
+    @property
+    def text(self) -> str: ...
+
+    def split(self, language: str) -> SplitDocument: ...
+
+
+def extension(name: str) -> str:
+    return PurePath(name).suffix.lower()
+
+
+def read(name: str, data: bytes) -> Document:
+    """The upload ``data``, named ``name``, parsed by its extension (``DocumentError`` if it
+    cannot be; the caller has checked that the extension is one of ``SUPPORTED``)."""
+    kind = extension(name)
+    if kind == ".docx":
+        return DocxDocument.read(data)
+    text, bom = decode(data)
+    if kind in (".html", ".htm"):
+        try:
+            return HtmlFile(HtmlDocument.parse(text), bom)
+        except HtmlError as e:
+            raise DocumentError(str(e)) from e
+    return TextFile(text, bom)
+
+
+def decode(data: bytes) -> tuple[str, bool]:
+    bom = data.startswith(UTF8_BOM)
+    try:
+        return data[len(UTF8_BOM) if bom else 0 :].decode("utf-8"), bom
+    except UnicodeDecodeError as e:
+        raise DocumentError(f"the file is not UTF-8 text (invalid byte at offset {e.start})") from e
+
+
+def encode(text: str, bom: bool) -> bytes:
+    return (UTF8_BOM if bom else b"") + text.encode("utf-8")
+
+
+@dataclass(frozen=True)
+class TextFile:
+    text: str
+    bom: bool
+
+    def split(self, language: str) -> SplitTextFile:
+        return SplitTextFile(split_text(self.text, language), self.bom)
+
+
+@dataclass(frozen=True)
+class SplitTextFile:
+    layout: SplitText
+    bom: bool
+
+    @property
+    def sentences(self) -> tuple[str, ...]:
+        return self.layout.sentences
+
+    def join(self, translations: Sequence[str]) -> bytes:
+        return encode(self.layout.join(translations), self.bom)
+
+
+@dataclass(frozen=True)
+class HtmlFile:
+    document: HtmlDocument
+    bom: bool
+
+    @property
+    def text(self) -> str:
+        return self.document.text
+
+    def split(self, language: str) -> SplitHtmlFile:
+        return SplitHtmlFile(self.document.split(language), self.bom)
+
+
+@dataclass(frozen=True)
+class SplitHtmlFile:
+    layout: HtmlText
+    bom: bool
+
+    @property
+    def sentences(self) -> tuple[str, ...]:
+        return self.layout.sentences
+
+    def join(self, translations: Sequence[str]) -> bytes:
+        return encode(self.layout.join(translations), self.bom)
+
+
+# --- .docx ---------------------------------------------------------------------------------------
+
+
+def inner_paragraphs(container: Any) -> Iterator[Any]:
+    """The paragraphs of a body, cell, header or footer, tables' cells (nested ones too) included."""
+    from docx.table import Table
+
+    for item in container.iter_inner_content():
+        if isinstance(item, Table):
+            for row in item.rows:
+                for cell in row.cells:
+                    yield from inner_paragraphs(cell)
+        else:
+            yield item
+
+
+def paragraph_runs(paragraph: Any) -> list[Any]:
+    """A paragraph's runs in order, those inside hyperlinks included."""
+    from docx.text.hyperlink import Hyperlink
+
+    runs: list[Any] = []
+    for item in paragraph.iter_inner_content():
+        runs += item.runs if isinstance(item, Hyperlink) else [item]
+    return runs
+
+
+def document_paragraphs(document: Any) -> list[Any]:
+    """Every paragraph to translate: the body, then each section's own headers and footers (a
+    header "linked to previous" is the previous section's, translated once)."""
+    paragraphs = list(inner_paragraphs(document))
+    seen = set()
+    for section in document.sections:
+        for part in (
+            section.header,
+            section.first_page_header,
+            section.even_page_header,
+            section.footer,
+            section.first_page_footer,
+            section.even_page_footer,
+        ):
+            if part.is_linked_to_previous or id(part.part) in seen:
+                continue
+            seen.add(id(part.part))
+            paragraphs += inner_paragraphs(part)
+    return paragraphs
+
+
+def runs_block(runs: Sequence[Any]) -> Block:
+    """A paragraph's text, with a mark where each run ends and the next begins: it goes with the
+    word after it, unless a space follows it in the source (``"großer| Hund"``: the word before)."""
+    texts = [run.text for run in runs]
+    whole = "".join(texts)
+    marks, offset = [], 0
+    for text in texts[:-1]:
+        offset += len(text)
+        marks.append(Mark(offset, "after" if whole[offset : offset + 1].isspace() else "before"))
+    return Block(whole, tuple(marks))
+
+
+@dataclass(frozen=True)
+class DocxDocument:
+    document: Any  # docx.document.Document
+    paragraphs: tuple[tuple[Any, ...], ...]  # each paragraph's runs
+    blocks: tuple[Block, ...]
+
+    @classmethod
+    def read(cls, data: bytes) -> DocxDocument:
+        import docx
+
+        try:
+            document = docx.Document(io.BytesIO(data))
+        except (zipfile.BadZipFile, KeyError, ValueError) as e:
+            raise DocumentError(f"not a .docx document: {e}") from e
+        except Exception as e:  # lxml's XML errors and python-docx's own: all "unreadable"
+            raise DocumentError(f"cannot read the .docx document: {e}") from e
+        runs = tuple(tuple(paragraph_runs(p)) for p in document_paragraphs(document))
+        return cls(document, runs, tuple(runs_block(r) for r in runs))
+
+    @property
+    def text(self) -> str:
+        return "\n".join(b.text.strip() for b in self.blocks if b.text.strip())
+
+    def split(self, language: str) -> SplitDocx:
+        return SplitDocx(self, tuple(block.split(language) for block in self.blocks))
+
+
+@dataclass(frozen=True)
+class SplitDocx:
+    source: DocxDocument
+    splits: tuple[SplitBlock, ...]
+
+    @property
+    def sentences(self) -> tuple[str, ...]:
+        return tuple(s for split in self.splits for s in split.sentences)
+
+    def join(self, translations: Sequence[str]) -> bytes:
+        """The document with its paragraphs translated (written once: the document is changed)."""
+        if len(translations) != len(self.sentences):
+            raise ValueError(f"expected {len(self.sentences)} translations, got {len(translations)}")
+        start = 0
+        for runs, split in zip(self.source.paragraphs, self.splits, strict=True):
+            count = len(split.sentences)
+            if not count:
+                continue
+            text, offsets = split.place(translations[start : start + count])
+            start += count
+            cuts = [0, *offsets, len(text)]
+            for run, begin, end in zip(runs, cuts[:-1], cuts[1:], strict=True):
+                if run.text != text[begin:end]:  # a run left as it was keeps pictures and breaks
+                    run.text = text[begin:end]
+        out = io.BytesIO()
+        self.source.document.save(out)
+        return out.getvalue()

@@ -1,0 +1,66 @@
+"""POST /detect, LibreTranslate-compatible: the languages a text may be in, most likely first.
+
+Only languages the service translates from are candidates (``app.languages.source_languages``):
+knowing that a text is Portuguese helps no one who cannot have it translated here. Confidences are
+percentages (``app.langid``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, HTTPException, Request, Response
+
+from app.body import parse_request
+from app.deps import ModelDep, SettingsDep
+from app.langid import detect
+from app.languages import source_languages
+from app.routes.translate import check_api_key, form_schema, is_utf8
+from app.schemas import DetectedLanguage, DetectRequest, ErrorResponse, ValidationErrorResponse
+
+router = APIRouter(tags=["translate"])
+
+_BODY_SCHEMA = {"schema": DetectRequest.model_json_schema()}
+_FORM_SCHEMA = {"schema": form_schema(_BODY_SCHEMA["schema"])}
+_OPENAPI_BODY = {
+    "requestBody": {
+        "required": True,
+        "content": {
+            "application/json": _BODY_SCHEMA,
+            "application/x-www-form-urlencoded": _FORM_SCHEMA,
+            "multipart/form-data": _FORM_SCHEMA,
+        },
+    }
+}
+_ERRORS: dict[int | str, dict[str, Any]] = {
+    400: {"model": ErrorResponse, "description": "Invalid UTF-8"},
+    403: {"model": ErrorResponse, "description": "Missing or invalid api_key (when keys are required)"},
+    408: {"model": ErrorResponse, "description": "The request body did not arrive within 10 s"},
+    413: {"model": ErrorResponse, "description": "More characters than NMT_MAX_CHARS, or too large a body"},
+    422: {"model": ValidationErrorResponse, "description": "Malformed body, or q missing or empty"},
+    503: {"model": ErrorResponse, "description": "The model is not loaded yet"},
+}
+
+
+@router.post(
+    "/detect",
+    response_model=list[DetectedLanguage],
+    responses=_ERRORS,
+    openapi_extra=_OPENAPI_BODY,
+    summary="Detect the language of a text (LibreTranslate-compatible)",
+)
+async def detect_language(request: Request, settings: SettingsDep, model: ModelDep) -> Response:
+    req = await parse_request(request, settings.max_body_bytes, DetectRequest)
+    if len(req.q) > settings.max_chars:
+        raise HTTPException(
+            413, f"too much text: {len(req.q)} characters (at most {settings.max_chars} per request)"
+        )
+    if not is_utf8(req.q) or not is_utf8(req.api_key or ""):
+        raise HTTPException(400, "invalid text: unpaired surrogate (not representable in UTF-8)")
+    check_api_key(req.api_key, settings.api_keys)
+    found = [
+        DetectedLanguage(confidence=d.confidence, language=d.language)
+        for d in detect(req.q, source_languages(model.info))
+    ]
+    body = "[" + ",".join(d.model_dump_json() for d in found) + "]"
+    return Response(body, media_type="application/json")

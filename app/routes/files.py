@@ -1,0 +1,229 @@
+"""POST /translate_file and GET /download_file/{filename}, LibreTranslate-compatible.
+
+The upload (multipart: ``file``, ``source``, ``target``, ``api_key``) is translated while the
+request waits, and the answer is ``{"translatedFileUrl": ...}``; a GET of that URL returns the
+translated file once (``app.filestore``). Formats: ``app.formats.documents``.
+
+A document can hold far more sentences than a request to /translate, so they go to the scheduler
+in chunks, one after the other: the queue is never asked to hold more than a chunk of one file,
+and the scheduler's round-robin over requests keeps everyone else's one-liners moving meanwhile.
+Parsing and writing a document (lxml for .docx) happen in a thread, off the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Annotated, Any
+from urllib.parse import quote
+
+from fastapi import APIRouter, Depends, HTTPException, Request, Response
+from fastapi.exceptions import RequestValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from starlette.datastructures import UploadFile
+
+from app.body import MULTIPART, media_type, read_within, replayed
+from app.config import Settings
+from app.deps import ModelDep, SchedulerDep, SettingsDep
+from app.filestore import FileStore
+from app.formats.documents import MEDIA_TYPES, SUPPORTED, Document, DocumentError, extension, read
+from app.routes.translate import (
+    AUTO,
+    CLIENT_CLOSED_REQUEST,
+    SearchPlan,
+    check_api_key,
+    check_languages,
+    shorten,
+    source_language,
+    translate_sentences,
+)
+from app.schemas import ErrorResponse, TranslateFileResponse, ValidationErrorResponse
+from app.served import ServedModel
+from app.serving.scheduler import Scheduler
+
+router = APIRouter(tags=["files"])
+
+FORM_OVERHEAD_BYTES = 64 * 1024  # the form's other fields and part headers, beyond the file itself
+CHUNK_SENTENCES = 256  # sentences of one file in the queue at a time (at most half the queue)
+DETECT_CHARS = 10_000  # language identification reads the start of a document, not all of it
+STORE_FILES = 32  # the store holds this many maximal files' bytes
+
+
+class TranslateFileForm(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    source: str = Field("auto", description='Source language code, or "auto"')
+    target: str = Field(description="Target language code")
+    api_key: str | None = None
+
+
+_FORM = TranslateFileForm.model_json_schema()
+_OPENAPI_BODY = {
+    "requestBody": {
+        "required": True,
+        "content": {
+            MULTIPART: {
+                "schema": {
+                    "type": "object",
+                    "properties": {
+                        "file": {"type": "string", "format": "binary", "description": "The file"},
+                        "source": {"type": "string", "default": "auto"},
+                        "target": {"type": "string"},
+                        "api_key": {"type": "string"},
+                    },
+                    "required": ["file", *_FORM["required"]],
+                }
+            }
+        },
+    }
+}
+_ERRORS: dict[int | str, dict[str, Any]] = {
+    code: {"model": ErrorResponse, "description": text}
+    for code, text in {
+        400: "Unsupported pair or file format, a file that cannot be read as its format, not a form",
+        403: "Missing or invalid api_key (when the server requires keys)",
+        408: "The upload did not arrive within its time",
+        413: "A file over NMT_MAX_FILE_BYTES, or with more text than NMT_MAX_FILE_CHARS",
+        503: "Queue full or too many files waiting for download (see Retry-After), or not ready",
+        504: "A part of the file did not finish within the request timeout",
+    }.items()
+}
+_ERRORS[422] = {"model": ValidationErrorResponse, "description": "A field missing or of the wrong type"}
+
+
+async def get_file_store(request: Request) -> FileStore:
+    store: FileStore | None = request.app.state.files
+    if store is None:
+        raise HTTPException(503, "the service is not ready")
+    return store
+
+
+FileStoreDep = Annotated[FileStore, Depends(get_file_store)]
+
+
+def new_file_store(settings: Settings) -> FileStore:
+    return FileStore(settings.file_ttl_s, STORE_FILES * settings.max_file_bytes)
+
+
+def upload_seconds(limit: int) -> float:
+    """Time allowed for an upload: 10 s, plus a second per 256 KiB (slow links, large files)."""
+    return 10.0 + limit / (256 * 1024)
+
+
+def field_error(name: str, message: str) -> RequestValidationError:
+    return RequestValidationError([{"type": "missing", "loc": ("body", name), "msg": message}])
+
+
+async def read_form(request: Request, settings: Settings) -> tuple[TranslateFileForm, str, bytes]:
+    """The form fields, and the file's name and bytes (4xx for anything else)."""
+    if media_type(request) != MULTIPART:
+        raise HTTPException(400, "send the file as multipart/form-data (fields file, source, target)")
+    limit = settings.max_file_bytes + FORM_OVERHEAD_BYTES
+    body = await read_within(request, limit, upload_seconds(limit))
+    parsed = replayed(request, body).form(max_files=1, max_fields=16, max_part_size=FORM_OVERHEAD_BYTES)
+    async with parsed as form:
+        fields = {k: v for k, v in form.multi_items() if isinstance(v, str)}
+        upload = form.get("file")
+        if not isinstance(upload, UploadFile):
+            raise field_error("file", "Field required (a file part named 'file')")
+        data = await upload.read()
+        name = upload.filename or ""
+    if fields.get("api_key") == "":
+        del fields["api_key"]
+    try:
+        values = TranslateFileForm.model_validate(fields)
+    except ValidationError as e:
+        errors = [{**err, "loc": ("body", *err["loc"])} for err in e.errors(include_url=False)]
+        raise RequestValidationError(errors) from e
+    if len(data) > settings.max_file_bytes:
+        raise HTTPException(413, f"the file is larger than {settings.max_file_bytes} bytes")
+    return values, name, data
+
+
+def download_name(name: str, target: str) -> str:
+    """``report.docx`` -> ``report_en.docx``, in characters safe in a URL path and a header."""
+    stem = name[: len(name) - len(extension(name))].rsplit("/", 1)[-1].rsplit("\\", 1)[-1]
+    safe = "".join(c if c.isascii() and (c.isalnum() or c in "-_") else "_" for c in stem)[:80]
+    target = "".join(c for c in target if c.isascii() and c.isalnum())[:16]
+    return f"{safe or 'file'}_{target}{extension(name)}"
+
+
+async def translate_document(
+    request: Request,
+    sentences: tuple[str, ...],
+    model: ServedModel,
+    scheduler: Scheduler,
+    settings: Settings,
+) -> list[str] | None:
+    """Each sentence's best translation, a chunk at a time; None if the client went away."""
+    plan = SearchPlan(beam_size=settings.default_beam_size, n_best=1)
+    chunk = max(1, min(CHUNK_SENTENCES, settings.max_queue // 2))
+    out: list[str] = []
+    for start in range(0, len(sentences), chunk):
+        part = list(sentences[start : start + chunk])
+        results = await translate_sentences(request, part, model, scheduler, plan, settings.request_timeout_s)
+        if results is None:
+            return None
+        out += [result.hypotheses[0] for result in results]
+    return out
+
+
+@router.post(
+    "/translate_file",
+    response_model=TranslateFileResponse,
+    responses=_ERRORS,
+    openapi_extra=_OPENAPI_BODY,
+    summary="Translate a .txt, .html or .docx file (LibreTranslate-compatible)",
+)
+async def translate_file(
+    request: Request, settings: SettingsDep, model: ModelDep, scheduler: SchedulerDep, store: FileStoreDep
+) -> Response:
+    form, name, data = await read_form(request, settings)
+    check_api_key(form.api_key, settings.api_keys)
+    if extension(name) not in SUPPORTED:
+        kind = shorten(extension(name) or name)
+        raise HTTPException(400, f"unsupported file format {kind}; supported: {', '.join(SUPPORTED)}")
+    candidates = check_languages(form.source, form.target, model.info)
+    try:
+        document: Document = await asyncio.to_thread(read, name, data)
+    except DocumentError as e:
+        raise HTTPException(400, str(e)) from e
+    chars = len(document.text)
+    if chars > settings.max_file_chars:
+        limit = settings.max_file_chars
+        raise HTTPException(413, f"too much text in the file: {chars} characters (at most {limit})")
+    language = candidates[0]
+    if form.source.lower() == AUTO:
+        language = source_language(document.text[:DETECT_CHARS], candidates).language
+    layout = await asyncio.to_thread(document.split, language)
+    translations = await translate_document(request, layout.sentences, model, scheduler, settings)
+    if translations is None:
+        return Response(status_code=CLIENT_CLOSED_REQUEST)
+    output = await asyncio.to_thread(layout.join, translations)
+    saved = download_name(name, form.target)
+    token = store.put(output, saved, MEDIA_TYPES[extension(name)])
+    if token is None:
+        raise HTTPException(
+            503, "too many translated files are waiting to be downloaded; retry later", {"Retry-After": "10"}
+        )
+    url = str(request.url_for("download_file", filename=f"{token}.{saved}"))
+    body = TranslateFileResponse(translatedFileUrl=url).model_dump_json()
+    return Response(body, media_type="application/json")
+
+
+@router.get(
+    "/download_file/{filename}",
+    responses={
+        200: {"content": {"application/octet-stream": {}}, "description": "The translated file"},
+        404: {"model": ErrorResponse, "description": "Downloaded already, expired, or never made"},
+    },
+    summary="Download a translated file (once)",
+)
+async def download_file(filename: str, store: FileStoreDep) -> Response:
+    token, _, name = filename.partition(".")
+    stored = store.take(token, name)
+    if stored is None:
+        raise HTTPException(
+            404, "no such file: it was downloaded already, expired, or never existed; translate it again"
+        )
+    disposition = f"attachment; filename=\"{stored.name}\"; filename*=UTF-8''{quote(stored.name)}"
+    return Response(stored.data, media_type=stored.media_type, headers={"Content-Disposition": disposition})

@@ -1,0 +1,465 @@
+// The page at /: plain JavaScript, no library, nothing loaded from elsewhere. It talks to the same
+// API as any LibreTranslate client: /frontend/settings, /languages, /translate, /translate_file.
+"use strict";
+
+const $ = (id) => document.getElementById(id);
+const KEY_STORAGE = "nmt.apiKey";
+const MAX_RETRIES = 3; // automatic retries of a 429/503, each after the server's Retry-After
+
+const state = {
+  settings: { charLimit: 5000, frontendTimeout: 500, keyRequired: false, supportedFilesFormat: [] },
+  languages: [], // [{code, name, targets}] from /languages
+  maxAlternatives: 2,
+  key: localStorage.getItem(KEY_STORAGE) || "",
+  timer: null, // the debounce of translate-as-you-type
+  controller: null, // aborts the translation in flight when a newer one starts
+  sequence: 0,
+  detected: null, // the language detected for the current text (source "auto")
+  retryTimer: null,
+  downloadUrl: null,
+};
+
+class ApiError extends Error {
+  constructor(status, message, retryAfter) {
+    super(message);
+    this.status = status;
+    this.retryAfter = retryAfter;
+  }
+}
+
+// --- talking to the server ---------------------------------------------------------------------
+
+async function call(path, options = {}) {
+  let response;
+  try {
+    response = await fetch(path, options);
+  } catch (err) {
+    if (err.name === "AbortError") throw err;
+    throw new ApiError(0, "Cannot reach the server. Check the connection, then retry.");
+  }
+  if (response.ok) return response;
+  let message = `The server answered ${response.status}.`;
+  try {
+    const body = await response.json();
+    if (body && typeof body.error === "string") message = body.error;
+  } catch (_) {
+    /* not JSON: keep the status line */
+  }
+  const retryAfter = Number.parseFloat(response.headers.get("Retry-After") || "");
+  throw new ApiError(response.status, message, Number.isFinite(retryAfter) ? retryAfter : null);
+}
+
+async function getJson(path) {
+  return (await call(path)).json();
+}
+
+function withKey(body) {
+  if (state.key) body.api_key = state.key;
+  return body;
+}
+
+// --- messages ----------------------------------------------------------------------------------
+
+function clearMessage() {
+  clearTimeout(state.retryTimer);
+  $("message").hidden = true;
+  $("message").className = "";
+  $("retry").hidden = true;
+}
+
+function showMessage(text, { kind = "error", retry = null } = {}) {
+  $("message-text").textContent = text;
+  $("message").className = kind;
+  $("message").hidden = false;
+  $("retry").hidden = !retry;
+  $("retry").onclick = retry
+    ? () => {
+        clearMessage();
+        retry(0);
+      }
+    : null;
+}
+
+// What a person should read for each failure; busy answers are retried by themselves.
+function explain(err, what) {
+  switch (err.status) {
+    case 0:
+      return err.message;
+    case 403:
+      showKeyPanel(state.key ? "The API key was not accepted. Check it and save it again." : null);
+      return `This server needs a valid API key: ${err.message}`;
+    case 408:
+      return "The upload took too long. Try again, or with a smaller file.";
+    case 413:
+      return `Too large: ${err.message}. ${what === "file" ? "Choose a smaller file." : "Shorten the text."}`;
+    case 429:
+    case 503:
+      return `The server is busy (${err.status}): ${err.message}`;
+    case 504:
+      return `The translation took too long and was stopped. Try a shorter ${what}.`;
+    default:
+      return err.status >= 500 ? `The server failed (${err.status}): ${err.message}` : err.message;
+  }
+}
+
+function handleError(err, what, retry, attempt) {
+  if (err.name === "AbortError") return;
+  const text = explain(err, what);
+  const busy = err.status === 429 || err.status === 503;
+  if (busy && attempt < MAX_RETRIES) {
+    let seconds = Math.max(1, Math.ceil(err.retryAfter || 1));
+    const tick = () => {
+      showMessage(`${text}. Retrying in ${seconds} s…`, { kind: "busy", retry });
+      if (seconds-- <= 0) {
+        clearMessage();
+        retry(attempt + 1);
+        return;
+      }
+      state.retryTimer = setTimeout(tick, 1000);
+    };
+    tick();
+    return;
+  }
+  showMessage(text, { retry: busy || err.status === 0 || err.status === 504 ? retry : null });
+}
+
+// --- languages ---------------------------------------------------------------------------------
+
+function nameOf(code) {
+  const found = state.languages.find((l) => l.code === code);
+  return found ? found.name : code;
+}
+
+function sources() {
+  return state.languages.filter((l) => l.targets.length > 0);
+}
+
+function targetsOf(source) {
+  if (source === "auto") return [...new Set(sources().flatMap((l) => l.targets))];
+  const found = state.languages.find((l) => l.code === source);
+  return found ? found.targets : [];
+}
+
+function fillSelect(select, options, wanted) {
+  select.replaceChildren(
+    ...options.map(({ code, name }) => {
+      const option = document.createElement("option");
+      option.value = code;
+      option.textContent = name;
+      return option;
+    }),
+  );
+  const codes = options.map((o) => o.code);
+  select.value = codes.includes(wanted) ? wanted : codes[0] || "";
+}
+
+function fillTargets(wanted) {
+  fillSelect(
+    $("target"),
+    targetsOf($("source").value).map((code) => ({ code, name: nameOf(code) })),
+    wanted,
+  );
+  updateSwap();
+}
+
+function effectiveSource() {
+  const source = $("source").value;
+  return source === "auto" ? state.detected : source;
+}
+
+function updateSwap() {
+  const from = effectiveSource();
+  const to = $("target").value;
+  const possible = Boolean(from) && targetsOf(to).includes(from);
+  $("swap").disabled = !possible;
+  $("swap").title = possible
+    ? "Swap languages"
+    : from
+      ? `${nameOf(to)} → ${nameOf(from)} is not available on this server`
+      : "Swap languages (once the language is detected)";
+}
+
+function swap() {
+  const from = effectiveSource();
+  const to = $("target").value;
+  if (!from || !targetsOf(to).includes(from)) return;
+  $("source").value = to;
+  fillTargets(from);
+  if ($("output").value) $("input").value = $("output").value;
+  $("output").value = "";
+  state.detected = null;
+  updateCounter();
+  translateNow();
+}
+
+// --- text --------------------------------------------------------------------------------------
+
+function updateCounter() {
+  const length = $("input").value.length;
+  const limit = state.settings.charLimit;
+  $("counter").textContent = limit > 0 ? `${length} / ${limit}` : `${length}`;
+  $("counter").classList.toggle("over", limit > 0 && length > limit);
+  return limit <= 0 || length <= limit;
+}
+
+function showDetected() {
+  const text = $("detected");
+  text.textContent =
+    $("source").value === "auto" && state.detected
+      ? `Detected: ${nameOf(state.detected)}${state.confidence != null ? ` (${Math.round(state.confidence)}%)` : ""}`
+      : "";
+}
+
+function hideAlternatives() {
+  $("alternatives").hidden = true;
+  $("more").setAttribute("aria-expanded", "false");
+}
+
+function scheduleTranslate() {
+  clearTimeout(state.timer);
+  hideAlternatives();
+  state.timer = setTimeout(() => translateNow(), state.settings.frontendTimeout);
+}
+
+async function translateNow(attempt = 0, alternatives = 0) {
+  clearTimeout(state.timer);
+  const text = $("input").value;
+  if (state.controller) state.controller.abort();
+  if (!text.trim()) {
+    $("output").value = "";
+    state.detected = null;
+    showDetected();
+    updateSwap();
+    clearMessage();
+    return;
+  }
+  if (!updateCounter()) {
+    showMessage(
+      `The text has ${text.length} characters; this server translates at most ${state.settings.charLimit} at a time. Shorten it.`,
+    );
+    return;
+  }
+  const controller = new AbortController();
+  state.controller = controller;
+  const sequence = ++state.sequence;
+  const body = withKey({
+    q: text,
+    source: $("source").value,
+    target: $("target").value,
+    format: "text",
+    alternatives,
+  });
+  $("output").setAttribute("aria-busy", "true");
+  try {
+    const response = await call("/translate", {
+      method: "POST",
+      headers: { "Content-Type": "application/json" },
+      body: JSON.stringify(body),
+      signal: controller.signal,
+    });
+    const result = await response.json();
+    if (sequence !== state.sequence) return; // a newer translation has started
+    clearMessage();
+    $("output").value = result.translatedText;
+    state.detected = result.detectedLanguage ? result.detectedLanguage.language : null;
+    state.confidence = result.detectedLanguage ? result.detectedLanguage.confidence : null;
+    showDetected();
+    updateSwap();
+    if (alternatives) showAlternatives(result.alternatives || []);
+  } catch (err) {
+    if (sequence === state.sequence) {
+      handleError(err, "text", (next) => translateNow(next, alternatives), attempt);
+    }
+  } finally {
+    if (sequence === state.sequence) $("output").setAttribute("aria-busy", "false");
+  }
+}
+
+function showAlternatives(alternatives) {
+  const list = $("alternative-list");
+  const distinct = [...new Set(alternatives)].filter((a) => a && a !== $("output").value);
+  list.replaceChildren(
+    ...(distinct.length ? distinct : ["(no other translation found)"]).map((text) => {
+      const item = document.createElement("li");
+      item.textContent = text;
+      return item;
+    }),
+  );
+  $("alternatives").hidden = false;
+  $("more").setAttribute("aria-expanded", "true");
+}
+
+async function copyTranslation() {
+  const text = $("output").value;
+  if (!text) return;
+  try {
+    await navigator.clipboard.writeText(text);
+  } catch (_) {
+    $("output").select(); // older browsers, or a page not allowed to use the clipboard API
+    document.execCommand("copy");
+  }
+  $("copied").textContent = "Copied";
+  setTimeout(() => ($("copied").textContent = ""), 2000);
+}
+
+// --- files -------------------------------------------------------------------------------------
+
+async function translateFile(attempt = 0) {
+  const file = $("file").files[0];
+  if (!file) {
+    showMessage("Choose a file first.");
+    $("file").focus();
+    return;
+  }
+  const form = new FormData();
+  form.append("file", file);
+  form.append("source", $("source").value);
+  form.append("target", $("target").value);
+  if (state.key) form.append("api_key", state.key);
+  const button = $("translate-file");
+  button.disabled = true;
+  $("download").hidden = true;
+  showMessage(`Translating ${file.name}…`, { kind: "info" });
+  try {
+    const { translatedFileUrl } = await (await call("/translate_file", { method: "POST", body: form })).json();
+    const download = await call(translatedFileUrl); // the server deletes it once fetched: keep it here
+    const blob = await download.blob();
+    if (state.downloadUrl) URL.revokeObjectURL(state.downloadUrl);
+    state.downloadUrl = URL.createObjectURL(blob);
+    const name = decodeURIComponent(new URL(translatedFileUrl).pathname.split("/").pop()).replace(/^[^.]*\./, "");
+    const link = $("download");
+    link.href = state.downloadUrl;
+    link.download = name;
+    link.textContent = `Download ${name}`;
+    link.hidden = false;
+    clearMessage();
+    link.focus();
+  } catch (err) {
+    handleError(err, "file", (next) => translateFile(next), attempt);
+  } finally {
+    button.disabled = false;
+  }
+}
+
+// --- tabs, key, start --------------------------------------------------------------------------
+
+function selectTab(tab) {
+  for (const other of document.querySelectorAll('[role="tab"]')) {
+    const selected = other === tab;
+    other.setAttribute("aria-selected", String(selected));
+    other.tabIndex = selected ? 0 : -1;
+    $(other.getAttribute("aria-controls")).hidden = !selected;
+  }
+  tab.focus();
+}
+
+function onTabKey(event) {
+  const tabs = [...document.querySelectorAll('[role="tab"]')];
+  const index = tabs.indexOf(event.target);
+  const next = {
+    ArrowRight: (index + 1) % tabs.length,
+    ArrowLeft: (index - 1 + tabs.length) % tabs.length,
+    Home: 0,
+    End: tabs.length - 1,
+  }[event.key];
+  if (next === undefined) return;
+  event.preventDefault();
+  selectTab(tabs[next]);
+}
+
+function showKeyPanel(message) {
+  $("key-panel").hidden = false;
+  if (message) $("key-help").textContent = message;
+  $("api-key").value = state.key;
+  if (!state.key || message) $("api-key").focus();
+}
+
+function saveKey(event) {
+  event.preventDefault();
+  state.key = $("api-key").value.trim();
+  if (state.key) localStorage.setItem(KEY_STORAGE, state.key);
+  else localStorage.removeItem(KEY_STORAGE);
+  $("key-help").textContent = state.key ? "Key saved in this browser." : "Enter the key you were given.";
+  clearMessage();
+  if ($("input").value.trim()) translateNow();
+}
+
+async function start(attempt = 0) {
+  let settings, languages;
+  try {
+    [settings, languages] = await Promise.all([getJson("/frontend/settings"), getJson("/languages")]);
+  } catch (err) {
+    if (err.status === 503 || err.status === 0) {
+      showMessage("The translation service is starting. Trying again…", { kind: "busy" });
+      state.retryTimer = setTimeout(() => start(attempt + 1), 2000);
+    } else {
+      showMessage(`The page cannot start: ${err.message}`);
+    }
+    return;
+  }
+  clearMessage();
+  state.settings = settings;
+  state.languages = languages;
+  try {
+    state.maxAlternatives = (await getJson("/info")).limits.max_alternatives;
+  } catch (_) {
+    /* keep the default */
+  }
+  $("more").hidden = state.maxAlternatives < 1;
+  const choices = sources().map(({ code, name }) => ({ code, name }));
+  fillSelect($("source"), [{ code: "auto", name: "Detect language" }, ...choices], settings.language.source.code);
+  fillTargets(settings.language.target.code);
+  $("formats").textContent = settings.supportedFilesFormat.join(", ");
+  $("file").accept = settings.supportedFilesFormat.join(",");
+  if (settings.keyRequired) showKeyPanel(null);
+  updateCounter();
+}
+
+function wire() {
+  $("input").addEventListener("input", () => {
+    updateCounter();
+    scheduleTranslate();
+  });
+  $("input").addEventListener("keydown", (event) => {
+    if (event.key === "Enter" && (event.ctrlKey || event.metaKey)) {
+      event.preventDefault();
+      translateNow();
+    }
+  });
+  $("translate").addEventListener("click", () => translateNow());
+  $("clear").addEventListener("click", () => {
+    $("input").value = "";
+    updateCounter();
+    translateNow();
+    $("input").focus();
+  });
+  $("source").addEventListener("change", () => {
+    state.detected = null;
+    fillTargets($("target").value);
+    showDetected();
+    translateNow();
+  });
+  $("target").addEventListener("change", () => {
+    updateSwap();
+    translateNow();
+  });
+  $("swap").addEventListener("click", swap);
+  $("copy").addEventListener("click", copyTranslation);
+  $("more").addEventListener("click", () => {
+    if ($("more").getAttribute("aria-expanded") === "true") hideAlternatives();
+    else translateNow(0, state.maxAlternatives);
+  });
+  $("file-form").addEventListener("submit", (event) => {
+    event.preventDefault();
+    translateFile();
+  });
+  $("file").addEventListener("change", () => ($("download").hidden = true));
+  $("key-form").addEventListener("submit", saveKey);
+  for (const tab of document.querySelectorAll('[role="tab"]')) {
+    tab.addEventListener("click", () => selectTab(tab));
+    tab.addEventListener("keydown", onTabKey);
+  }
+}
+
+wire();
+start();

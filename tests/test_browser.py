@@ -1,0 +1,266 @@
+"""The page at / in a real browser: Debian's headless chromium driven by Playwright, against
+``uvicorn app.main:app`` serving the shipped German->English model.
+
+The browser is the system's (``apt-get install chromium``; .ci/run installs it), never one that
+``playwright install`` would download. A person's steps: type German and read English, the
+character counter, swap, auto-detection, copy, the messages for a 413 (a real one, from a file too
+large), a busy server (retried by itself) and a timeout, the file tab's round trip, the keyboard,
+and the API key prompt.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.test_server import REPO, Server, start_server, stop, wait_ready
+
+CHROMIUM = Path("/usr/bin/chromium")
+if not CHROMIUM.exists() and not os.environ.get("CI"):  # CI installs it: there, a missing one fails
+    pytest.skip("Debian's chromium is not installed (apt-get install chromium)", allow_module_level=True)
+
+from playwright.sync_api import Browser, Page, Route, expect, sync_playwright  # noqa: E402
+
+FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+MAX_CHARS = 200
+MAX_FILE_BYTES = 2000
+WAIT_MS = 30_000  # the shipped model on a busy 2-core machine
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    log = tmp_path_factory.mktemp("browser") / "uvicorn.log"
+    srv = start_server(
+        log,
+        NMT_MODEL_DIR=str(REPO / "artifacts" / "multi30k-de-en"),
+        NMT_MAX_CHARS=str(MAX_CHARS),
+        NMT_MAX_FILE_BYTES=str(MAX_FILE_BYTES),
+        NMT_FRONTEND_TIMEOUT_MS="150",
+    )
+    try:
+        wait_ready(srv)
+        yield srv
+    finally:
+        stop(srv)
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Browser]:
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=FLAGS)
+        yield browser
+        browser.close()
+
+
+@pytest.fixture
+def page(browser: Browser, server: Server) -> Iterator[Page]:
+    context = browser.new_context(base_url=server.url, permissions=["clipboard-read", "clipboard-write"])
+    page = context.new_page()
+    page.set_default_timeout(WAIT_MS)
+    page.goto("/")
+    expect(page.locator("#target")).to_have_value("en")  # started: settings and languages loaded
+    yield page
+    context.close()
+
+
+def api_translation(server: Server, text: str) -> str:
+    response = httpx.post(
+        f"{server.url}/translate", json={"q": text, "source": "de", "target": "en"}, timeout=60
+    )
+    response.raise_for_status()
+    return str(response.json()["translatedText"])
+
+
+def test_type_german_read_english_with_the_language_detected(page: Page, server: Server) -> None:
+    text = "Ein Mann fährt mit dem Fahrrad eine Straße entlang."
+    expected = api_translation(server, text)
+    assert "man" in expected.lower()  # English from the shipped model
+    expect(page.locator("#source")).to_have_value("auto")
+    page.locator("#input").press_sequentially(text, delay=5)  # typing: translated once typing pauses
+    expect(page.locator("#output")).to_have_value(expected)
+    expect(page.locator("#detected")).to_have_text("Detected: German (100%)")
+    expect(page.locator("#message")).to_be_hidden()
+
+
+def test_counter_and_the_character_limit(page: Page) -> None:
+    sent: list[str] = []
+    page.on(
+        "request", lambda request: sent.append(request.url) if request.url.endswith("/translate") else None
+    )
+    box = page.locator("#input")
+    box.fill("Ein Hund.")
+    expect(page.locator("#counter")).to_have_text(f"9 / {MAX_CHARS}")
+    expect(page.locator("#output")).not_to_have_value("")
+    before = len(sent)
+    box.fill("Ein Hund. " * 21)  # 210 characters
+    expect(page.locator("#counter")).to_have_text(f"210 / {MAX_CHARS}")
+    expect(page.locator("#counter")).to_have_class(re.compile("over"))
+    page.get_by_role("button", name="Translate", exact=True).click()
+    expect(page.locator("#message")).to_contain_text(f"at most {MAX_CHARS}")
+    assert len(sent) == before  # refused on the page, not sent to be refused by the server
+
+
+def test_swap_where_the_reverse_pair_is_served(page: Page) -> None:
+    swap = page.get_by_role("button", name="Swap languages")
+    page.locator("#input").fill("Zwei Hunde spielen im Schnee.")
+    expect(page.locator("#output")).not_to_have_value("")
+    expect(swap).to_be_disabled()  # English->German is not served by this model
+    assert "not available" in (swap.get_attribute("title") or "")
+
+    # The page as it is on a server that also serves English->German (a second model, issue 18).
+    both = [
+        {"code": "de", "name": "German", "targets": ["en"]},
+        {"code": "en", "name": "English", "targets": ["de"]},
+    ]
+    page.route("**/languages", lambda route: route.fulfill(json=both))
+    page.reload()
+    expect(page.locator("#target")).to_have_value("en")
+    page.locator("#input").fill("Zwei Hunde spielen im Schnee.")
+    translation = page.locator("#output")
+    expect(translation).not_to_have_value("")
+    english = translation.input_value()
+    expect(swap).to_be_enabled()
+    page.route("**/translate", lambda route: route.fulfill(json={"translatedText": "Zwei Hunde."}))
+    swap.click()
+    expect(page.locator("#source")).to_have_value("en")  # the detected German became the target
+    expect(page.locator("#target")).to_have_value("de")
+    expect(page.locator("#input")).to_have_value(english)
+    expect(translation).to_have_value("Zwei Hunde.")
+
+
+def test_copy_puts_the_translation_on_the_clipboard(page: Page) -> None:
+    page.locator("#input").fill("Eine Frau singt.")
+    output = page.locator("#output")
+    expect(output).not_to_have_value("")
+    page.get_by_role("button", name="Copy").click()
+    expect(page.get_by_role("status")).to_have_text("Copied")
+    assert page.evaluate("() => navigator.clipboard.readText()") == output.input_value()
+
+
+def test_alternatives_on_request(page: Page) -> None:
+    page.locator("#input").fill("Ein Kind spielt im Park.")
+    expect(page.locator("#output")).not_to_have_value("")
+    more = page.get_by_role("button", name="Alternatives")
+    more.click()
+    expect(more).to_have_attribute("aria-expanded", "true")
+    expect(page.locator("#alternative-list li").first).not_to_be_empty()
+
+
+def test_busy_server_is_retried_and_a_timeout_explained(page: Page) -> None:
+    answers = iter([503, 200])
+
+    def busy_once(route: Route) -> None:
+        if next(answers) == 503:
+            body = json.dumps({"error": "server busy: translation queue is full"})
+            route.fulfill(
+                status=503, headers={"Retry-After": "1"}, body=body, content_type="application/json"
+            )
+        else:
+            route.continue_()
+
+    page.route("**/translate", busy_once)
+    page.locator("#input").fill("Ein Hund läuft.")
+    expect(page.locator("#message")).to_contain_text("busy")
+    expect(page.locator("#message")).to_contain_text("Retrying")
+    expect(page.locator("#output")).not_to_have_value("")  # the retry went through
+    expect(page.locator("#message")).to_be_hidden()
+
+    page.unroute("**/translate")
+    page.route(
+        "**/translate",
+        lambda route: route.fulfill(status=504, json={"error": "translation timed out"}),
+    )
+    page.locator("#input").fill("Eine Katze schläft.")
+    expect(page.locator("#message")).to_contain_text("took too long")
+    expect(page.get_by_role("button", name="Retry now")).to_be_visible()
+
+
+def choose_file(page: Page, name: str, data: bytes) -> None:
+    page.get_by_role("tab", name="Files").click()
+    page.get_by_label("File to translate").set_input_files(
+        {"name": name, "mimeType": "text/plain", "buffer": data}
+    )
+    page.get_by_role("button", name="Translate file").click()
+
+
+def test_file_tab_round_trip(page: Page, server: Server) -> None:
+    text = "Zwei Hunde spielen im Schnee.\n\nEine Frau singt."
+    choose_file(page, "brief.txt", text.encode())
+    link = page.get_by_role("link", name=re.compile("Download brief_en.txt"))
+    expect(link).to_be_visible()
+    with page.expect_download() as info:
+        link.click()
+    download = info.value
+    assert download.suggested_filename == "brief_en.txt"
+    expected = "\n\n".join(api_translation(server, line) for line in text.split("\n\n"))
+    assert Path(download.path()).read_text() == expected
+
+
+def test_a_413_from_the_server_is_explained(page: Page) -> None:
+    choose_file(page, "big.txt", b"Ein Hund. " * (MAX_FILE_BYTES // 10 + 1))
+    message = page.get_by_role("alert")
+    expect(message).to_contain_text("Too large")
+    expect(message).to_contain_text(f"larger than {MAX_FILE_BYTES} bytes")
+    expect(message).to_contain_text("Choose a smaller file")
+
+
+def test_keyboard_and_labels(page: Page) -> None:
+    for label in ("From", "To", "Text to translate", "Translation"):
+        expect(page.get_by_label(label, exact=True)).to_be_visible()
+    box = page.get_by_label("Text to translate")
+    box.focus()
+    box.press_sequentially("Ein Hund")
+    box.press("Control+Enter")  # translates at once
+    expect(page.get_by_label("Translation", exact=True)).not_to_have_value("")
+    text_tab = page.get_by_role("tab", name="Text")
+    text_tab.focus()
+    page.keyboard.press("ArrowRight")
+    expect(page.get_by_role("tab", name="Files")).to_have_attribute("aria-selected", "true")
+    expect(page.get_by_role("tab", name="Files")).to_be_focused()
+    expect(page.get_by_label("File to translate")).to_be_visible()
+
+
+# --- a server that asks for API keys ----------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def keyed_server(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    log = tmp_path_factory.mktemp("browser-keys") / "uvicorn.log"
+    srv = start_server(log, NMT_MODEL_DIR=str(model_dir), NMT_API_KEYS="secret-1")
+    try:
+        wait_ready(srv)
+        yield srv
+    finally:
+        stop(srv)
+
+
+def test_the_page_asks_for_the_api_key_and_sends_it(browser: Browser, keyed_server: Server) -> None:
+    context = browser.new_context(base_url=keyed_server.url)
+    page: Any = context.new_page()
+    page.set_default_timeout(WAIT_MS)
+    try:
+        page.goto("/")
+        expect(page.get_by_role("heading", name="API key required")).to_be_visible()
+        page.get_by_label("Text to translate").fill("Ein Hund.")
+        expect(page.get_by_role("alert")).to_contain_text("API key")  # 403 without one
+        page.get_by_label("API key", exact=True).fill("secret-1")
+        page.get_by_role("button", name="Save key").click()
+        expect(page.get_by_label("Translation", exact=True)).not_to_have_value("")
+        expect(page.locator("#message")).to_be_hidden()
+    finally:
+        context.close()
