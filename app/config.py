@@ -81,15 +81,15 @@ class Settings(BaseSettings):
     # torch intra-op threads per worker; 0 = the usable cores shared out among the workers.
     threads: Annotated[int, Field(ge=0)] = 0
     warmup: bool = True
-    # Each decoding step as one compiled graph (model.static_slots: torch.compile with TorchInductor,
-    # the running batch at fixed capacity): compiled when a worker starts, before /health/ready
-    # (~30-60 s the first time on 2 cores, seconds once cached). CPU only; elsewhere, and with
-    # false, the eager step. The compiled step's translations are the eager float32 ones
-    # (BENCHMARKS.md, "Compiled decoding step").
+    # Each decoding step as one compiled graph (model.compiled_step: exported and compiled ahead of
+    # time by AOTInductor, the running batch at fixed capacity): compiled when a worker starts,
+    # before /health/ready (~1-2 min the first time on 2 cores), loaded from the cache in a second
+    # afterwards. CPU only; elsewhere, and with false, the eager step. The compiled step's
+    # translations are the eager float32 ones (BENCHMARKS.md, "Compiled decoding step").
     compile: bool = True
-    # Where TorchInductor keeps compiled graphs between starts (TORCHINDUCTOR_CACHE_DIR, unless
-    # that is set): a volume in Docker keeps them across containers.
-    compile_cache_dir: Path = Path.home() / ".cache" / "nmt-service" / "inductor"
+    # Where compiled steps are kept between starts (one .pt2 file per model and settings; TorchInductor
+    # builds in its inductor/ folder): a volume in Docker keeps them across containers.
+    compile_cache_dir: Path = Path.home() / ".cache" / "nmt-service" / "compiled"
 
     @field_validator("device")
     @classmethod

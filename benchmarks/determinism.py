@@ -26,7 +26,7 @@ import torch
 from app.serving.executor import Executor
 from app.serving.worker import Inbox, WorkerJob
 from benchmarks.common import DATA, DEFAULT_MODEL
-from model.static_slots import CompiledDecoder
+from model.compiled_step import CompiledDecoder
 from model.translator import Translator
 from training.data import read_lines
 

@@ -208,25 +208,29 @@ def search_step(
 def choose_step(
     beams: list[Beam], step: StepChoice, *, eos: int, length_penalty: float = 1.0
 ) -> tuple[Tensor | None, Tensor]:
-    """``search_step`` for the compiled step (``model.static_slots``), which chose in its graph: the
-    argmax of every row (greedy inputs) and each row's best ``top`` log-probs (beam inputs: the
-    best 2K extensions of K beams are among each beam's own best 2K, so ``top`` >= 2K is exact).
-    Greedy scores are 0.0 as with ``search_step(greedy_scores=False)``. Same returns."""
+    """``search_step`` for the compiled step (``model.static_step``), which chose in its graph: the
+    argmax of every row (``step.choice``, rows in the order of ``beams``) and, for the rows of the
+    beam inputs (k > 1, in the order of ``beams``), their best ``top`` log-probs and eos's (the best
+    2K extensions of K beams are among each beam's own best 2K, so ``top`` >= 2K is exact). Greedy
+    scores are 0.0 as with ``search_step(greedy_scores=False)``. Same returns."""
     offsets = [0]
     for b in beams:
         offsets.append(offsets[-1] + b.k)
     parents: dict[int, list[int]] = {}
     choice = step.choice.tolist()
-    beam_inputs = [i for i, b in enumerate(beams) if b.k > 1]
+    top_at: dict[int, int] = {}  # beam input -> its first row in step.top_*
+    top_rows = 0
     for i, b in enumerate(beams):
         if b.k == 1:  # at the limit only eos may come: the greedy hypothesis ends either way
             token = eos if b.steps + 1 >= b.limit else choice[offsets[i]]
             parents[i] = b.extend(0.0, token, eos, length_penalty)
+        else:
+            top_at[i], top_rows = top_rows, top_rows + b.k
     by_k: dict[int, list[int]] = {}
-    for i in beam_inputs:
+    for i in top_at:
         by_k.setdefault(beams[i].k, []).append(i)
     for k, members in by_k.items():  # one batched top-k per beam size
-        rows = torch.tensor([offsets[i] + j for i in members for j in range(k)], device=step.choice.device)
+        rows = torch.tensor([top_at[i] + j for i in members for j in range(k)], device=step.choice.device)
         top = step.top_tokens.size(1)
         assert top >= 2 * k, f"{top} candidates per row cannot serve a beam of {k}"
         values = step.top_lprobs.index_select(0, rows).view(len(members), k, top)  # (A, K, top)

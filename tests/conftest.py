@@ -6,8 +6,10 @@ no download and no GPU, and run in seconds on a laptop CPU.
 
 from __future__ import annotations
 
+import os
 import random
 import shutil
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -19,6 +21,19 @@ from model.config import ModelConfig
 from model.tokenizer import Tokenizer
 from model.transformer import Transformer
 from model.translator import Translator
+
+
+def compile_cache_dir() -> Path:
+    """Where the tests keep compiled decoding steps (``NMT_COMPILE_CACHE_DIR``, set for the session
+    by ``pytest_configure``): each model and setting is compiled once per run, whichever test and
+    process (test servers inherit the variable) needs it first."""
+    return Path(os.environ["NMT_COMPILE_CACHE_DIR"])
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if "NMT_COMPILE_CACHE_DIR" not in os.environ:
+        os.environ["NMT_COMPILE_CACHE_DIR"] = tempfile.mkdtemp(prefix="nmt-compiled-")
+
 
 # The models here are tiny: thread start-up and synchronisation cost more than the arithmetic, and
 # on a shared 2-core CI runner several threads per op make every decoding step 10-30x slower.

@@ -1,7 +1,7 @@
 """One answer per input: under the default settings, each of 64 test_2016 sentences translates to
 the same tokens alone as among any neighbours, greedy and beam 5: in batches of other sizes and
 orders, and in the serving executor's running batch, where sentences join and leave at every step
-(decoded there by the compiled step, ``model.static_slots``, as deployed). And the compiled step in
+(decoded there by the compiled step, ``model.compiled_step``, as deployed). And the compiled step in
 float32 gives the eager float32 translations.
 
 The shipped model with the service's defaults (int8 linear layers on CPU, ``model.prepack``): with
@@ -22,9 +22,9 @@ from app.config import Settings
 from app.serving.worker import compiled_decoder, open_translator
 from benchmarks.common import DATA, DEFAULT_MODEL
 from benchmarks.determinism import served
-from model.static_slots import CompiledDecoder
+from model.compiled_step import CompiledDecoder
 from model.translator import Translator
-from tests.conftest import synthetic_sentences
+from tests.conftest import compile_cache_dir, synthetic_sentences
 from training.data import read_lines
 
 N = 64
@@ -32,8 +32,9 @@ N = 64
 
 def default_settings(**changes: str) -> Settings:
     clean = {k: v for k, v in os.environ.items() if not k.startswith("NMT_")}
+    cache = compile_cache_dir()  # the tests' compile cache kept: each model compiled once per run
     with mock.patch.dict(os.environ, clean, clear=True):
-        return Settings(model_dir=DEFAULT_MODEL, **changes)  # type: ignore[arg-type]
+        return Settings(model_dir=DEFAULT_MODEL, compile_cache_dir=cache, **changes)  # type: ignore[arg-type]
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 import pytest
 import torch
-from conftest import SENTENCES, synthetic_sentences
+from conftest import SENTENCES, compile_cache_dir, synthetic_sentences
 
 from app.metrics import process_metrics
 from app.serving.executor import JOIN_RATIO, JOIN_WAIT_STEPS, Executor
@@ -22,7 +22,8 @@ from app.serving.scheduler import Hypotheses
 from app.serving.worker import Inbox, WorkerJob
 from model.cache import CacheSlots
 from model.checkpoint import load_model, load_tokenizer, read_info
-from model.static_slots import CompiledDecoder, StaticSlots
+from model.compiled_step import CompiledDecoder
+from model.static_slots import StaticSlots
 from model.translator import Translator
 
 LONG = [
@@ -64,7 +65,9 @@ def make_executor(request: pytest.FixtureRequest) -> Callable[..., Executor]:
             return Executor(translator, inbox, **options)
         key = (id(translator), request.param)
         if key not in _DECODERS:
-            decoder = CompiledDecoder(translator.model, top=16, compile=request.param == "compiled")
+            decoder = CompiledDecoder(
+                translator.model, top=16, compile=request.param == "compiled", cache_dir=compile_cache_dir()
+            )
             decoder.warm_up(64)
             _DECODERS[key] = (translator, decoder)  # the translator kept alive: its id stays its own
         return Executor(translator, inbox, decoder=_DECODERS[key][1], **options)

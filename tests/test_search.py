@@ -410,21 +410,28 @@ def test_inputs_are_independent_of_their_batch(make_model: Callable[..., Transfo
             assert_same_hypotheses(alone, batched[i : i + 1])
 
 
-@pytest.mark.parametrize("k", [1, 2, 4])
+@pytest.mark.parametrize("k", [2, 4])
 def test_choosing_among_each_rows_best_2k_is_searching_the_whole_vocabulary(k: int) -> None:
-    """``choose_step`` (the compiled step's candidates: argmax, each row's best 2K log-probs, eos's)
-    advances beams exactly as ``search_step`` over the full logits, limits and finished ones included."""
+    """``choose_step`` (the compiled step's candidates: every row's argmax, and for the beam inputs'
+    rows only, their best 2K log-probs and eos's) advances greedy and beam inputs side by side
+    exactly as ``search_step`` over the full logits, limits and finished ones included."""
     torch.manual_seed(k)
     vocab, eos = 40, 3
-    full = [Beam.start(k, limit) for limit in (2, 5, 9, 9, 14)]
+    full = [Beam.start(size, limit) for size, limit in ((k, 2), (1, 5), (k, 9), (1, 9), (k, 14), (1, 3))]
     chosen = deepcopy(full)
     while any(not b.done for b in full):
         live = [i for i, b in enumerate(full) if not b.done]
-        logits = torch.randn(len(live) * k, vocab) * 3
+        sizes = [full[i].k for i in live]
+        logits = torch.randn(sum(sizes), vocab) * 3
         logits[:, eos] -= 2.0  # hypotheses end, but not all at once
         lp = torch.log_softmax(logits, dim=-1)
-        values, tokens = lp.topk(2 * k, dim=-1)
-        step = StepChoice(logits.argmax(-1), tokens, values, lp[:, eos])
+        starts = [sum(sizes[:j]) for j in range(len(live))]
+        beam_rows = torch.tensor(
+            [s + r for s, n in zip(starts, sizes, strict=True) if n > 1 for r in range(n)]
+        )
+        beam_rows = beam_rows if len(beam_rows) else torch.zeros(1, dtype=torch.long)  # as the executor
+        values, tokens = lp[beam_rows].topk(2 * k, dim=-1)
+        step = StepChoice(logits.argmax(-1), tokens, values, lp[beam_rows, eos])
         expected = search_step([full[i] for i in live], logits, eos=eos, greedy_scores=False)
         got = choose_step([chosen[i] for i in live], step, eos=eos)
         for e, g in zip(expected, got, strict=True):

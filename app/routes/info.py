@@ -30,8 +30,9 @@ async def info(settings: SettingsDep, model: ModelDep) -> dict[str, Any]:
         "device": model.description.device,
         "dtype": model.description.dtype,
         "quantization": model.description.quantization,
-        # "compiled": each decoding step one TorchInductor graph, compiled at start-up in
-        # compile_seconds; "eager": operator by operator (NMT_COMPILE=false, or not on CPU).
+        # "compiled": each decoding step one AOTInductor graph, compiled (or loaded from the cache)
+        # at start-up in compile_seconds; "eager": operator by operator (NMT_COMPILE=false, or not
+        # on CPU).
         "decoding": model.description.decoding,
         "compile_seconds": model.description.compile_seconds,
         "batching": {

@@ -28,8 +28,9 @@ from app.config import Settings
 from app.metrics import Metrics
 from app.serving.scheduler import Hypotheses
 from model.cache import CacheSlots
+from model.compiled_step import CompiledDecoder
 from model.search import Beam, choose_step, initial_capacity, max_lengths, search_step
-from model.static_slots import CompiledDecoder, StaticSlots
+from model.static_slots import StaticSlots
 from model.translator import Translator
 
 log = logging.getLogger(__name__)
@@ -134,7 +135,7 @@ class Executor:
                 cross-attention of a step; the cache buffers keep the largest batch and input seen).
             mode: ``continuous`` joins and leaves at every step; ``dynamic`` runs batch by batch.
             max_wait_ms: ``dynamic`` only: how long to collect sentences before starting a batch.
-            decoder: the compiled step (``model.static_slots``; warmed up by the caller): the running
+            decoder: the compiled step (``model.compiled_step``; warmed up by the caller): the running
                 batch then lives in ``StaticSlots`` and each step is one graph. None: the eager
                 ``Transformer.decode_step`` over ``CacheSlots``.
         """
@@ -156,9 +157,8 @@ class Executor:
     def _empty(self) -> Running:
         if self.decoder is None:
             return Running()
-        # Room for the largest batch, or one input's beams if they are more.
-        capacity = max(self.max_batch_size, self.decoder.top // 2)
-        return Running(cache=StaticSlots(self.model, capacity))
+        # The rows the step was compiled for (room for the largest batch, or one input's beams).
+        return Running(cache=StaticSlots(self.model, self.decoder.capacity))
 
     @classmethod
     def from_settings(
@@ -220,10 +220,13 @@ class Executor:
         index = None if in_order else torch.tensor(rows, device=run.tokens.device)
         if isinstance(run.cache, StaticSlots):
             assert self.decoder is not None
-            beams = any(b.k > 1 for b in run.beams)
-            step = run.cache.decode(self.decoder.beam if beams else self.decoder.greedy, run.tokens)
+            # The rows whose best candidates the search needs, in job order (at least one row).
+            beam_rows = run.row_index([i for i, b in enumerate(run.beams) if b.k > 1]) or [0]
+            step = run.cache.decode(
+                self.decoder, run.tokens, torch.tensor(beam_rows, device=run.tokens.device)
+            )
             if index is not None:
-                step = step.select(index)
+                step.choice = step.choice.index_select(0, index)
             keep, tokens = choose_step(
                 run.beams, step, eos=self.model.cfg.eos_id, length_penalty=self.length_penalty
             )

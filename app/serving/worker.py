@@ -47,7 +47,7 @@ from app.config import Settings
 from app.metrics import Metrics, process_metrics
 from app.serving.executor import Executor, Job
 from app.serving.fairqueue import FairQueue, Policy
-from model.static_slots import CompiledDecoder
+from model.compiled_step import CompiledDecoder
 from model.translator import Translator
 
 log = logging.getLogger("uvicorn.error").getChild("worker")
@@ -235,19 +235,20 @@ def serve_worker(settings: Settings, threads: int | None, metrics_dir: str, conn
 
 
 def compiled_decoder(translator: Translator, settings: Settings) -> CompiledDecoder | None:
-    """The compiled decoding step of ``settings``, compiled now (None: the eager step)."""
+    """The compiled decoding step of ``settings``, compiled (or loaded from the cache) now; None:
+    the eager step."""
     if not settings.compile or translator.device.type != "cpu":
         return None
-    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(settings.compile_cache_dir))
-    decoder = CompiledDecoder(translator.model, top=2 * settings.max_beam_size)
+    # Where TorchInductor builds (and caches the pieces of) what it compiles.
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(settings.compile_cache_dir / "inductor"))
+    decoder = CompiledDecoder(
+        translator.model, top=2 * settings.max_beam_size, cache_dir=settings.compile_cache_dir
+    )
     try:
-        with torch.inference_mode():
-            decoder.warm_up(max(settings.max_batch_size, settings.max_beam_size))
+        decoder.warm_up(max(settings.max_batch_size, settings.max_beam_size))
     except Exception:  # no C++ compiler, an unwritable cache...: slower, but serving
         log.exception("compiling the decoding step failed; decoding eagerly (/info says which)")
-        torch.compiler.set_stance("default")
         return None
-    log.info("decoding step compiled in %.1f s", decoder.compile_seconds)
     return decoder
 
 
