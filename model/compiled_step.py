@@ -72,7 +72,10 @@ class CompiledDecoder:
         self.compiled = compile
         self.cache_dir = cache_dir or DEFAULT_CACHE_DIR
         self._step = StaticStep(model, top=top).eval()
-        self._runner: Any = None  # the loaded package (torch._inductor.package.AOTICompiledModel)
+        # The loaded package's runner (torch._C._aoti.AOTIModelPackageLoader): called with the flat
+        # list of inputs, it returns the flat list of outputs (the package's own wrapper parses its
+        # input and output specs again at every call).
+        self._runner: Any = None
         self.ready = not compile
         self.compile_seconds = 0.0  # compiling (or loading, when cached) at start-up
         self.cached = False  # the package was on disk already
@@ -82,7 +85,8 @@ class CompiledDecoder:
         if self._runner is None:
             assert not self.compiled, "warm_up() compiles the graph first"
             return self._step(*args)
-        return self._runner(*args)  # type: ignore[no-any-return]
+        choice, top_tokens, top_lprobs, eos_lprob, new_kv = self._runner.run(args)
+        return choice, top_tokens, top_lprobs, eos_lprob, new_kv
 
     @torch.inference_mode()
     def warm_up(self, capacity: int) -> float:
@@ -97,7 +101,7 @@ class CompiledDecoder:
             self.cached = path.exists()
             if not self.cached:
                 self._compile(path, capacity)
-            self._runner = torch._inductor.aoti_load_package(str(path))
+            self._runner = torch._inductor.aoti_load_package(str(path)).loader
         for rows in (1, 2):
             slots = StaticSlots(self.model, capacity)
             slots.append(self.model.start_cache(self.model.encode(_source(rows, self.model)), capacity=1))

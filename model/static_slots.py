@@ -6,7 +6,7 @@ full capacity (rows: the largest batch; positions and source positions: the mode
 (R, L, 2, H, C, Dh), so that a step's view of the first R rows and first C positions has the same
 strides whatever those counts are: one compiled graph, with R, C and S as symbols, serves every
 batch size and length (``model.compiled_step``); no bucket wastes work on padding rows or
-positions. Positions are read in multiples of ``KEY_ALIGN`` as in the eager step.
+positions.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import torch
 from torch import Tensor
 
 from model.cache import KVCache
-from model.layers import KEY_ALIGN, aligned
+from model.layers import KEY_ALIGN
 from model.static_step import StepOutputs
 from model.transformer import Transformer
 
@@ -85,8 +85,13 @@ class StaticSlots:
         """Run ``step`` on the live rows (``beam_rows``: those that need their best candidates; at
         least one) and write their new keys/values into the cache."""
         n = self.rows
-        keys = min(aligned(max(self.max_length, 1)), self.positions)  # positions read (KEY_ALIGN)
-        width = min(aligned(self.width), self.positions)
+        # Exactly the positions some row has written, not KEY_ALIGN multiples as in the eager step:
+        # a row's masked keys come after its real ones and add exact zeros to the step's sums
+        # (weights of exp(-inf)), whatever their number, so no row's result depends on the others'
+        # lengths; and fewer keys read is less memory traffic, what attention over the cache is
+        # bound by.
+        keys = max(self.max_length, 1)
+        width = self.width
         positions = self.lengths[:n]
         choice, top_tokens, top_lprobs, eos_lprob, new = step(
             tokens,

@@ -100,8 +100,11 @@ def _self_attn(attn: SelfAttention, x: Tensor, kv: Tensor, bias: Tensor, new_kv:
     scale = q.size(-1) ** -0.5
     cached = (q[:, :, None] * kv[:, 0]).sum(-1) * scale + bias  # (R, H, C)
     own = (q * k).sum(-1, keepdim=True) * scale  # (R, H, 1)
-    p = torch.softmax(torch.cat([cached, own], dim=-1), dim=-1)  # (R, H, C+1)
-    y = (p[..., :-1, None] * kv[:, 1]).sum(-2) + p[..., -1:] * v  # (R, H, Dh)
+    # The row's own key first: each score then sits at the same place of the softmax's vectorized
+    # sums whatever C (the longest row) is, and the masked keys after a row's own add exact zeros,
+    # so a row's result does not depend on the other rows' lengths.
+    p = torch.softmax(torch.cat([own, cached], dim=-1), dim=-1)  # (R, H, 1+C)
+    y = p[..., :1] * v + (p[..., 1:, None] * kv[:, 1]).sum(-2)  # (R, H, Dh)
     new_kv.append(torch.stack([k, v], dim=1))  # (R, 2, H, Dh)
     return attn.out(merge_heads(y[:, :, None]))  # (R, 1, D)
 
