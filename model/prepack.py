@@ -117,6 +117,15 @@ def available(int8: bool = False) -> bool:
         return False
 
 
+def _intel_cpu() -> bool:
+    """Whether this is an Intel CPU (where MKL's GEMM is at its best), from /proc/cpuinfo."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return any(line.startswith("vendor_id") and "GenuineIntel" in line for line in f)
+    except OSError:
+        return False
+
+
 def _replace_linears(root: nn.Module, kind: type[PreparedLinear], skip: nn.Module | None = None) -> None:
     replace_modules(
         root, lambda m: kind(m.weight, m.bias) if isinstance(m, nn.Linear) and m is not skip else None
@@ -133,14 +142,17 @@ def prepack(model: Transformer, *, int8: bool = False) -> bool:
     if not available(int8):
         return False
     kind: type[PreparedLinear] = Int8Linear if int8 else PackedLinear
-    # float32 packs only what runs once per generated token: the encoder and the cross-attention K/V
-    # projection run once per input over all its tokens, where MKL's GEMM was as fast or faster
-    # (encoding 64 sentences: 141 ms plain, 173 ms packed). int8 is faster there too: encoding plus
-    # cross K/V 131 -> 92-101 us per source token on one thread, 95-106 -> 66-76 on two (batches of
-    # 12 in arrival order); BLEU within 0.2 of float32 (BENCHMARKS.md).
+    # float32 packs what runs once per generated token; the encoder and the cross-attention K/V
+    # projection run once per input over all its tokens, where MKL's GEMM was as fast or faster on
+    # an Intel Xeon (encoding 64 sentences: 141 ms plain, 173 ms packed), but not elsewhere: MKL
+    # takes its fast paths on Intel CPUs only, and on our AMD EPYC oneDNN encoded 10-12% faster
+    # (1.15-1.26 vs 1.30-1.45 ms per test_2016 sentence, batches of 10). int8 is faster there too:
+    # encoding plus cross K/V 131 -> 92-101 us per source token on one thread, 95-106 -> 66-76 on
+    # two (batches of 12 in arrival order); BLEU within 0.2 of float32 (BENCHMARKS.md).
+    pack_inputs = int8 or not _intel_cpu()
     for layer in model.decoder:
-        _replace_linears(layer, kind, skip=None if int8 else layer.cross_attn.kv)
-    if int8:
+        _replace_linears(layer, kind, skip=None if pack_inputs else layer.cross_attn.kv)
+    if pack_inputs:
         for enc_layer in model.encoder:
             _replace_linears(enc_layer, kind)
     if model.out_proj is not None:
@@ -149,6 +161,8 @@ def prepack(model: Transformer, *, int8: bool = False) -> bool:
         model.logits_proj = kind(weight, None, keep=False)
     log.info(
         "linear layers prepared: %s",
-        "all in int8 (per-row activation scales)" if int8 else "decoder in float32 (oneDNN)",
+        "all in int8 (per-row activation scales)"
+        if int8
+        else f"{'all' if pack_inputs else 'decoder'} in float32 (oneDNN)",
     )
     return True
