@@ -33,7 +33,7 @@ import torch
 from torch import Tensor, nn
 
 from model.layers import CrossAttention, SelfAttention, merge_heads, split_heads
-from model.search import argmax_rows
+from model.search import argmax_rows, topk_rows
 from model.transformer import Transformer
 
 # What a step returns: (choice, top_tokens, top_lprobs, eos_lprob, new_kv), see StaticStep.forward.
@@ -88,9 +88,15 @@ class StaticStep(nn.Module):
         # (R,): greedy needs no normalisation; blocked (the compiled plain argmax walked each row one
         # element at a time: a sixth of a step at 64 rows); min_rows=0: no branch on the batch size
         choice = argmax_rows(logits, min_rows=0)
-        lp = torch.log_softmax(logits.index_select(0, beam_rows).float(), dim=-1)  # (B, V)
-        values, indices = lp.topk(self.top, dim=-1)  # (B, top), best first
-        return choice, indices, values, lp[:, self.eos], torch.stack(new_kv, dim=1)  # new: (R, L, 2, H, Dh)
+        # The best candidates of the beam rows: the top logits are the top log-probs; only those,
+        # and eos's, are normalized (as log_softmax does: x - max - log(sum(exp(x - max)))).
+        rows = logits.index_select(0, beam_rows).float()  # (B, V)
+        top_logits, indices = topk_rows(rows, self.top)  # (B, top), best first
+        most = rows.amax(-1, keepdim=True)  # (B, 1)
+        log_sum = torch.log(torch.exp(rows - most).sum(-1, keepdim=True))  # (B, 1)
+        values = top_logits - most - log_sum  # (B, top)
+        eos = (rows[:, self.eos : self.eos + 1] - most - log_sum)[:, 0]  # (B,)
+        return choice, indices, values, eos, torch.stack(new_kv, dim=1)  # new: (R, L, 2, H, Dh)
 
 
 def _self_attn(attn: SelfAttention, x: Tensor, kv: Tensor, bias: Tensor, new_kv: list[Tensor]) -> Tensor:

@@ -29,6 +29,7 @@ from model.search import (
     greedy_search,
     max_lengths,
     search_step,
+    topk_rows,
 )
 from model.static_slots import StepChoice
 from model.tokenizer import BOS_ID, EOS_ID, PAD_ID
@@ -189,6 +190,20 @@ def test_argmax_rows_is_torch_argmax_ties_included(rows: int, vocab: int) -> Non
     x[-1, 5] = x[-1, 6] = 50.0  # a tie inside a block
     x[rows // 2, :] = -1.0  # a constant row: index 0
     assert torch.equal(argmax_rows(x), x.argmax(-1))
+
+
+@pytest.mark.parametrize(("rows", "vocab", "k"), [(1, 8000, 16), (7, 8000, 4), (33, 4096, 10), (3, 100, 8)])
+def test_topk_rows_is_torch_topk(rows: int, vocab: int, k: int) -> None:
+    """The k best of each row, best first, from the k best blocks only: the same as torch's topk,
+    also when the best values crowd into one block or spread one per block."""
+    torch.manual_seed(rows)
+    x = torch.randn(rows, vocab)
+    x[0, 128 : 128 + k] += 50.0  # row 0: its best all in one block
+    for i in range(1, rows):
+        x[i, torch.arange(k) * 64 % vocab] += 30.0 + torch.arange(k)  # one per block, ordered
+    values, indices = topk_rows(x, k)
+    expected = x.topk(k, dim=-1)
+    assert torch.equal(values, expected.values) and torch.equal(indices, expected.indices)
 
 
 def test_greedy_without_scores_chooses_the_same_tokens() -> None:
