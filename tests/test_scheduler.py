@@ -20,13 +20,15 @@ from app.serving.scheduler import MAX_ATTEMPTS, Hypotheses, Policy, Request, Sch
 
 EOS = 2
 Job = tuple[int, list[int], int, int, float | None, float]  # what a worker is sent per sentence
+MODEL = "m"  # the model of the fake workers, unless a test says otherwise
 
 
 class FakeWorker:
     """A worker without a process: it records what it is sent; the test answers in its name."""
 
-    def __init__(self, name: str, *, running: bool = True) -> None:
+    def __init__(self, name: str, *, running: bool = True, model: str = MODEL) -> None:
         self.name = name
+        self.model = model
         self.running = running
         self.listener: Any = None
         self.sent: list[tuple[Any, ...]] = []  # every message, in order
@@ -126,8 +128,9 @@ def scheduler(
     )
 
 
-def sample(name: str, labels: dict[str, str] | None = None) -> float:
-    return process_metrics().sample(name, labels)
+def sample(name: str, labels: dict[str, str] | None = None, model: str = MODEL) -> float:
+    """A metric of ``model`` (every one the scheduler records is labelled with its model)."""
+    return process_metrics().sample(name, {"model": model, **(labels or {})})
 
 
 @pytest.fixture
