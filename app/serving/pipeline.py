@@ -85,11 +85,18 @@ class Translation:
         return out
 
     async def _follow(self, route: Route[ServedModel], first: Request) -> list[list[str]]:
-        """One route's sentences through its hops: each hop's best translations are the next's input."""
+        """One route's sentences through its hops: each hop's best translations are the next's
+        input (a blank one stays blank, without model work, as a blank sentence does)."""
         texts = route.hops[0].model.texts(await first.future)
         for hop in range(1, len(route.hops)):
-            request = self._submit(route, hop, [nbest[0] for nbest in texts], admitted=True)
-            texts = route.hops[hop].model.texts(await request.future)
+            inputs = [nbest[0] for nbest in texts]
+            texts = [[""] * (self.n_best if hop == len(route.hops) - 1 else 1) for _ in inputs]
+            todo = [i for i, text in enumerate(inputs) if text.strip()]
+            if not todo:
+                continue
+            request = self._submit(route, hop, [inputs[i] for i in todo], admitted=True)
+            for i, nbest in zip(todo, route.hops[hop].model.texts(await request.future), strict=True):
+                texts[i] = nbest
         return texts
 
     def withdraw(self) -> None:
