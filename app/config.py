@@ -34,8 +34,10 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="ignore", frozen=True)
 
     # The model directories to serve: comma-separated paths, each a model directory or a directory
-    # of model directories (every subdirectory with a config.json, by name). app.served.find_model_dirs.
-    model_dir: Annotated[tuple[Path, ...], NoDecode] = (Path("artifacts/multi30k-de-en"),)
+    # of model directories (every subdirectory with a config.json, by name; app.served). By default
+    # every model shipped in artifacts/: both directions where both are shipped, for ~1.7 GiB more
+    # memory per model with two workers each (BENCHMARKS.md, "Several models").
+    model_dir: Annotated[tuple[Path, ...], NoDecode] = (Path("artifacts"),)
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     # int8: the linear layers run in int8 (CPU with float32 only; faster, BLEU as float32's on

@@ -112,11 +112,12 @@ def serve(
 
 
 def metric(server: Server, name: str) -> float:
-    """A sample of the server's /metrics (0 when absent)."""
+    """A metric of the server's /metrics, summed over its label sets (every model's); 0 when absent."""
+    total = 0.0
     for line in http_get(f"{server.url}/metrics", timeout_s=30)[1].splitlines():
-        if line.startswith(name + " "):
-            return float(line.rsplit(" ", 1)[1])
-    return 0.0
+        if line.startswith((name + " ", name + "{")):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
 
 
 def wait_idle(server: Server, timeout_s: float = 120.0) -> None:

@@ -190,9 +190,10 @@ class Scheduler:
 
     async def _start_pool(self, pool: Pool, reports: dict[WorkerState, Any]) -> BaseException | None:
         """A model's first worker alone, then its others together: the first compiles the model's
-        decoding step (up to a minute on 2 cores), and the others load it from the on-disk cache in
-        a second instead of each compiling it again at once (in CPU time and memory). What failed,
-        or None."""
+        decoding step (up to a minute of CPU), and the others load it from the on-disk cache in a
+        second instead of each compiling it again, with the CPU that the other models' workers and
+        other work on the machine need meanwhile (ready about as soon on 2 cores: BENCHMARKS.md,
+        "Several models"). What failed, or None."""
         started = time.monotonic()
         first, *others = pool.workers
         for group in ([first], others):
