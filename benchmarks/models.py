@@ -31,23 +31,10 @@ from typing import Any
 from safetensors.torch import load_file, save_file
 
 from benchmarks.common import DEFAULT_MODEL
-from benchmarks.load import http_get, machine, peak_rss_mib, process_tree, serve
+from benchmarks.load import http_get, machine, peak_rss_mib, pss_mib, serve
 from model.checkpoint import CONFIG_FILE, WEIGHTS_FILE, read_info
 
 SENTENCES = {"de": "Ein Mann fährt Fahrrad.", "en": "A man is riding a bike.", "fr": "Un homme fait du vélo."}
-
-
-def pss_mib(pid: int) -> float:
-    """Proportional set size summed over the process tree (shared pages split among sharers), MiB."""
-    total = 0
-    for p in process_tree(pid):
-        try:
-            for line in Path(f"/proc/{p}/smaps_rollup").read_text().splitlines():
-                if line.startswith("Pss:"):
-                    total += int(line.split()[1])
-        except OSError:
-            continue
-    return total / 1024
 
 
 def twin(model_dir: Path, out: Path) -> Path:
