@@ -1,8 +1,9 @@
 """FastAPI dependencies: the service's state lives on ``app.state`` and reaches routes through these.
 
-``app.state`` holds ``settings``, ``metrics``, ``model`` (``ServedModel``), ``scheduler`` (which
-holds the workers) and ``ready``; the lifespan (app.main) fills them. Routes that need the model
-depend on ``ModelDep`` or ``SchedulerDep``, which answer 503 until the workers are started and warm.
+``app.state`` holds ``settings``, ``metrics``, ``router`` (the served models, ``ServedModel``, and
+the routes of every pair), ``scheduler`` (which holds the workers) and ``ready``; the lifespan
+(app.main) fills them. Routes that need the models depend on ``RouterDep`` or ``SchedulerDep``,
+which answer 503 until the workers are started and warm.
 
 They are ``async def`` although they never await: FastAPI runs a plain ``def`` dependency in its
 thread pool, a thread hop per request that the event loop pays for in CPU.
@@ -17,9 +18,10 @@ from fastapi import Depends, HTTPException, Request
 from app.config import Settings
 from app.metrics import Metrics
 from app.served import ServedModel
+from app.serving.router import Router
 from app.serving.scheduler import Scheduler
 
-NOT_READY = "the model is not loaded yet (or the service is shutting down)"
+NOT_READY = "the models are not loaded yet (or the service is shutting down)"
 
 
 async def get_settings(request: Request) -> Settings:
@@ -36,11 +38,11 @@ async def get_metrics(request: Request) -> Metrics:
     return metrics
 
 
-async def get_model(request: Request) -> ServedModel:
-    model: ServedModel | None = request.app.state.model
-    if model is None:
+async def get_router(request: Request) -> Router[ServedModel]:
+    router: Router[ServedModel] | None = request.app.state.router
+    if router is None:
         raise HTTPException(503, NOT_READY)
-    return model
+    return router
 
 
 async def get_scheduler(request: Request) -> Scheduler:
@@ -52,5 +54,5 @@ async def get_scheduler(request: Request) -> Scheduler:
 
 SettingsDep = Annotated[Settings, Depends(get_settings)]
 MetricsDep = Annotated[Metrics, Depends(get_metrics)]
-ModelDep = Annotated[ServedModel, Depends(get_model)]
+RouterDep = Annotated[Router[ServedModel], Depends(get_router)]
 SchedulerDep = Annotated[Scheduler, Depends(get_scheduler)]

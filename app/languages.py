@@ -1,8 +1,10 @@
-"""Language codes and names for /languages (the model directory stores codes only)."""
+"""Language codes and names, and the languages served (the routes of ``app.serving.router``)."""
 
 from __future__ import annotations
 
-from model.checkpoint import ModelInfo
+from typing import Any
+
+from app.serving.router import Router
 
 # ISO 639-1 codes of the languages most often trained; anything else is shown by its code.
 LANGUAGE_NAMES = {
@@ -56,22 +58,28 @@ def language_name(code: str) -> str:
     return LANGUAGE_NAMES.get(code.lower(), code)
 
 
-def served_pairs(info: ModelInfo) -> list[tuple[str, str]]:
-    """The (source, target) pairs the service translates: the one place that says so, for
-    /languages, the page's pickers, the checks of /translate and the candidates of detection."""
-    return [(info.source_lang, info.target_lang)]
+def served_pairs(router: Router[Any]) -> list[tuple[str, str]]:
+    """The (source, target) pairs the service translates, every route of every model (direct,
+    then through English): the one place that says so, for /languages, the page's pickers, the
+    checks of /translate and the candidates of detection."""
+    return router.pairs
 
 
-def source_languages(info: ModelInfo, target: str | None = None) -> list[str]:
+def source_languages(router: Router[Any], target: str | None = None) -> list[str]:
     """The languages the service translates from (into ``target``, if given), in served order:
     what language identification chooses among for ``source: "auto"`` and /detect."""
-    codes = [s for s, t in served_pairs(info) if target is None or t.lower() == target.lower()]
+    codes = [s for s, t in served_pairs(router) if target is None or t.lower() == target.lower()]
     return list(dict.fromkeys(codes))
 
 
-def languages(info: ModelInfo) -> list[dict[str, object]]:
-    """LibreTranslate's /languages list: every served language with the targets it translates into."""
-    pairs = served_pairs(info)
+def target_languages(router: Router[Any]) -> list[str]:
+    return list(dict.fromkeys(t for _, t in served_pairs(router)))
+
+
+def languages(router: Router[Any]) -> list[dict[str, object]]:
+    """LibreTranslate's /languages list: every served language with the targets it translates into
+    (those reached through English included)."""
+    pairs = served_pairs(router)
     codes = list(dict.fromkeys(code for pair in pairs for code in pair))
     return [
         {"code": code, "name": language_name(code), "targets": [t for s, t in pairs if s == code]}
@@ -79,5 +87,6 @@ def languages(info: ModelInfo) -> list[dict[str, object]]:
     ]
 
 
-def supported_pairs(info: ModelInfo) -> str:
-    return ", ".join(f"{s}->{t}" for s, t in served_pairs(info))
+def supported_pairs(router: Router[Any]) -> str:
+    """``de->en, en->de, fr->de (via en)``: for error messages."""
+    return ", ".join(route.describe() for route in router.routes)

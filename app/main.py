@@ -1,11 +1,11 @@
-"""The FastAPI application: ``uvicorn app.main:app`` serves the model directory in ``NMT_MODEL_DIR``.
+"""The FastAPI application: ``uvicorn app.main:app`` serves the model directories in ``NMT_MODEL_DIR``.
 
 This process is the HTTP front end: it parses and checks requests, tokenizes, admits or refuses,
-and routes sentences to model workers, child processes that hold the model and decode
-(``app.serving``); it never runs the model itself. Importing this module is cheap: settings are
-read and the workers started in the lifespan, so a bad setting or a broken model directory stops
-the server at start with a one-line message and a non-zero exit status, instead of an import
-traceback or a server that answers 500s.
+and routes sentences to model workers, child processes that hold a model each and decode
+(``app.serving``; each model its own workers); it never runs a model itself. Importing this
+module is cheap: settings are read and the workers started in the lifespan, so a bad setting or a
+broken model directory stops the server at start with a one-line message and a non-zero exit
+status, instead of an import traceback or a server that answers 500s.
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ import asyncio
 import gc
 import logging
 import os
-import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any, NoReturn
@@ -26,15 +25,17 @@ from starlette.types import Receive, Scope, Send
 from app.config import Settings, describe_settings_error, service_version
 from app.errors import install_error_handlers
 from app.langid import prepare as prepare_langid
-from app.languages import source_languages
+from app.languages import source_languages, target_languages
 from app.metrics import Metrics, process_metrics
 from app.middleware import RequestMetricsMiddleware
 from app.routes import detect, files, frontend, health, info, languages, metrics, translate
-from app.served import ServedModel
+from app.served import ServedModel, find_model_dirs, model_names
+from app.serving.router import Router
 from app.serving.scheduler import Scheduler
-from app.serving.worker import WorkerProcess
+from app.serving.worker import ModelSpec, WorkerProcess
 from app.shedding import TURNS, passed, refused, take_turn
-from model.checkpoint import ModelDirError
+from model.checkpoint import ModelDirError, ModelInfo
+from model.tokenizer import Tokenizer
 
 # A child of uvicorn's general logger: under uvicorn these lines get its handler and format
 # ("ERROR:    cannot load model: ..."); elsewhere they propagate to the root logger as usual.
@@ -59,7 +60,12 @@ def read_settings(app: FastAPI) -> Settings:
 
 
 def worker_count(settings: Settings) -> int:
-    """``NMT_REPLICAS``, or else one worker per usable core on CPU and one on a GPU."""
+    """Workers of each model: ``NMT_REPLICAS``, or else one per usable core on CPU and one on a GPU.
+
+    Per model, so that each model alone can use every core (one single-threaded worker per core
+    is the fastest way to run one model, README "Why processes"): with two models on 2 cores, four
+    workers. A worker with nothing to translate sleeps on its pipe: idle models cost memory (a copy
+    of the model and the torch runtime per worker), not CPU."""
     if settings.replicas:
         return settings.replicas
     on_gpu = settings.device.startswith("cuda") or (settings.device == "auto" and cuda_available())
@@ -67,7 +73,8 @@ def worker_count(settings: Settings) -> int:
 
 
 def worker_threads(settings: Settings) -> int:
-    """torch threads of each worker: ``NMT_THREADS``, or else the usable cores shared out."""
+    """torch threads of each worker: ``NMT_THREADS``, or else the usable cores shared out among one
+    model's workers."""
     return settings.threads or max(1, len(os.sched_getaffinity(0)) // worker_count(settings))
 
 
@@ -92,8 +99,21 @@ def quiet_garbage_collector() -> None:
     gc.set_threshold(10_000, 10, 1_000)
 
 
+def open_models(settings: Settings) -> list[tuple[ModelSpec, ModelInfo, Tokenizer]]:
+    """Every model directory ``NMT_MODEL_DIR`` names, with its metadata and vocabulary; a missing or
+    broken one stops the start here, named, before any worker starts."""
+    try:
+        dirs = find_model_dirs(settings.model_dir)
+        return [
+            (ModelSpec(name, path), *ServedModel.open(path))
+            for name, path in zip(model_names(dirs), dirs, strict=True)
+        ]
+    except ModelDirError as e:
+        fail(f"cannot load model: {e}")
+
+
 def record_model(metrics: Metrics, model: ServedModel, seconds: float) -> None:
-    metrics.model_load.set(seconds)
+    metrics.model_load.labels(model.name).set(seconds)
     metrics.model_info.labels(
         model=model.name,
         source=model.info.source_lang,
@@ -111,51 +131,72 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     app.state.settings = settings
     metrics = process_metrics()
     app.state.metrics = metrics
-    started = time.perf_counter()
-    try:  # checked here too, so that a broken directory is named before any worker starts
-        model_info, tokenizer = ServedModel.open(settings.model_dir)
-    except ModelDirError as e:
-        fail(f"cannot load model: {e}")
-    threads = worker_threads(settings)
-    workers = [
-        WorkerProcess(settings, threads=threads, metrics_dir=str(metrics.directory), name=f"nmt-worker-{i}")
-        for i in range(worker_count(settings))
-    ]
+    opened = open_models(settings)  # checked here too, so that a broken directory is named first
+    threads, count = worker_threads(settings), worker_count(settings)
+    workers = {
+        spec.name: [
+            WorkerProcess(
+                settings,
+                spec,
+                threads=threads,
+                metrics_dir=str(metrics.directory),
+                name=f"nmt-{spec.name}-{i}",
+            )
+            for i in range(count)
+        ]
+        for spec, _, _ in opened
+    }
     scheduler = Scheduler(
-        workers,
+        [w for mine in workers.values() for w in mine],
         max_queue=settings.max_queue,
         max_batch_size=settings.max_batch_size,
         policy=settings.scheduling,
         metrics=metrics,
     )
     try:
-        description = (await scheduler.start())[0]
+        await scheduler.start()
     except (RuntimeError, TimeoutError) as e:  # a worker's reason: a bad device, weights that do not load
         fail(f"cannot start a model worker: {e}")
     try:
-        model = ServedModel(settings.model_dir.name, model_info, tokenizer, description)
-        record_model(metrics, model, time.perf_counter() - started)
+        models = []
+        for spec, model_info, tokenizer in opened:
+            description = workers[spec.name][0].description
+            assert description is not None  # reported when it started
+            model = ServedModel(spec.name, model_info, tokenizer, description, workers=count)
+            record_model(metrics, model, scheduler.pools[spec.name].start_seconds)
+            models.append(model)
+        router = Router(models)
         quiet_garbage_collector()
-        app.state.model = model
+        app.state.router = router
         app.state.files = files.new_file_store(settings)
-        await asyncio.to_thread(prepare_langid, source_languages(model_info))
+        await asyncio.to_thread(prepare_detection, router)
         app.state.scheduler = scheduler
         app.state.turns = asyncio.Semaphore(TURNS)
         app.state.ready = True
-        logger.info(
-            "serving %s (%s->%s) on %s with %d worker(s)",
-            settings.model_dir,
-            model_info.source_lang,
-            model_info.target_lang,
-            description.device,
-            len(workers),
-        )
+        for model in models:
+            logger.info(
+                "serving %s (%s) on %s with %d worker(s)",
+                model.name,
+                ", ".join(f"{s}->{t}" for s, t in model.info.directions),
+                model.description.device,
+                count,
+            )
+        if router.pivots:
+            logger.info("through English: %s", ", ".join(f"{r.source}->{r.target}" for r in router.pivots))
         yield
     finally:
         # uvicorn runs this after its open requests are answered (a drain on SIGTERM); readiness
         # fails first, so load balancers stop sending traffic.
         app.state.ready = False
         scheduler.stop()
+
+
+def prepare_detection(router: Router[ServedModel]) -> None:
+    """Load language identification for every set of candidates ``source: "auto"`` and /detect
+    choose among: all source languages, and those of each target."""
+    prepare_langid(source_languages(router))
+    for target in target_languages(router):
+        prepare_langid(source_languages(router, target))
 
 
 class TranslationApp(FastAPI):
@@ -172,12 +213,12 @@ class TranslationApp(FastAPI):
             passed(scope)
 
     def openapi(self) -> dict[str, Any]:
-        """FastAPI's document; once the model is loaded, with its languages and the limits."""
+        """FastAPI's document; once the models are loaded, with their languages and the limits."""
         document = super().openapi()  # built once and cached by FastAPI
-        model: ServedModel | None = self.state.model
-        if model is None:
+        router: Router[ServedModel] | None = self.state.router
+        if router is None:
             return document
-        return translate.document_served(document, model.info, self.state.settings)
+        return translate.document_served(document, router, self.state.settings)
 
 
 def create_app(settings: Settings | None = None) -> TranslationApp:
@@ -190,7 +231,7 @@ def create_app(settings: Settings | None = None) -> TranslationApp:
     )
     app.state.settings = settings
     app.state.metrics = None
-    app.state.model = None
+    app.state.router = None
     app.state.scheduler = None
     app.state.files = None
     app.state.turns = None

@@ -14,15 +14,22 @@ first value is created, so a process has one set of metrics: ``process_metrics()
 several apps in one process share that set and compare counts before and after.)
 
 Names carry their unit (``_seconds``, ``_sentences``, ``_tokens``); counters end in ``_total``.
+What belongs to one model (its queue, its workers' batches, tokens and sentences, its start-up)
+carries a ``model`` label, the model directory's name (``app.served.model_names``); the HTTP
+metrics do not (a pivot request goes through two models). Code that records for one model (a
+worker, a model's queue in the scheduler) uses ``Metrics.of_model(name)``: the same metrics with
+that label filled in.
 """
 
 from __future__ import annotations
 
 import atexit
+import copy
 import os
 import shutil
 import tempfile
 from pathlib import Path
+from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, multiprocess
 from prometheus_client import values as _values
@@ -30,6 +37,26 @@ from prometheus_client import values as _values
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
+MODEL = "model"  # the label of everything recorded for one model
+
+
+class OutcomeCounter(Protocol):
+    """What ``Metrics.sentences`` offers: ``labels(model, outcome)`` on the family, and
+    ``labels(outcome)`` in a model's view (``Metrics.of_model``), which the workers' code uses."""
+
+    def labels(self, *values: Any, **kwargs: Any) -> Counter: ...
+
+
+class _ModelBound:
+    """A metric family with its ``model`` label (the first) filled in: ``labels`` takes the rest."""
+
+    def __init__(self, family: OutcomeCounter, model: str) -> None:
+        self.family, self.model = family, model
+
+    def labels(self, *values: Any, **kwargs: Any) -> Counter:
+        if kwargs:
+            return self.family.labels(**{MODEL: self.model, **kwargs})
+        return self.family.labels(self.model, *values)
 
 
 class Metrics:
@@ -66,52 +93,64 @@ class Metrics:
         self.retried = Counter(
             "nmt_retried_sentences_total",
             "Sentences sent again to a live worker because theirs exited",
+            [MODEL],
             registry=None,
         )
         self.worker_restarts = Counter(
             "nmt_worker_restarts_total",
             "Model worker processes started again after they exited",
+            [MODEL],
             registry=None,
         )
         self.queue_wait = Histogram(
             "nmt_queue_wait_seconds",
             "Time a sentence waits in its worker's queue before it joins the running batch",
+            [MODEL],
             buckets=LATENCY_BUCKETS,
             registry=None,
         )
         self.batch_size = Histogram(
             "nmt_batch_size_sequences",
             "Sequences (rows, beams included) in the running batch at each decoding step",
+            [MODEL],
             buckets=BATCH_BUCKETS,
             registry=None,
         )
         self.decode_steps = Counter(
-            "nmt_decode_steps_total", "Decoding steps run by the workers", registry=None
+            "nmt_decode_steps_total", "Decoding steps run by the workers", [MODEL], registry=None
         )
-        self.input_tokens = Counter("nmt_input_tokens_total", "Source tokens encoded", registry=None)
+        self.input_tokens = Counter("nmt_input_tokens_total", "Source tokens encoded", [MODEL], registry=None)
         self.generated_tokens = Counter(
             "nmt_generated_tokens_total",
             "Target tokens generated (best hypothesis, eos included)",
+            [MODEL],
             registry=None,
         )
-        self.sentences = Counter(
-            "nmt_sentences_total", "Sentences finished by the workers, by outcome", ["outcome"], registry=None
+        # (model first: ``of_model`` fills it in and leaves ``labels(outcome)`` to the caller)
+        self.sentences: OutcomeCounter = Counter(
+            "nmt_sentences_total",
+            "Sentences finished by the workers, by outcome",
+            [MODEL, "outcome"],
+            registry=None,
         )
         self.queue_depth = Gauge(
             "nmt_queue_depth_sentences",
             "Sentences waiting in the workers' queues",
+            [MODEL],
             multiprocess_mode="livesum",
             registry=None,
         )
         self.active_sequences = Gauge(
             "nmt_active_sequences",
             "Sentences being decoded in the workers' running batches",
+            [MODEL],
             multiprocess_mode="livesum",
             registry=None,
         )
         self.model_load = Gauge(
             "nmt_model_load_seconds",
-            "Time to start the model workers (load and warm up)",
+            "Time to start a model's workers (load, compile and warm up)",
+            [MODEL],
             multiprocess_mode="livemax",
             registry=None,
         )
@@ -120,10 +159,34 @@ class Metrics:
         self.model_info = Gauge(
             "nmt_model_info",
             "The loaded model and the service version",
-            ["model", "source", "target", "device", "dtype", "quantization", "version"],
+            [MODEL, "source", "target", "device", "dtype", "quantization", "version"],
             multiprocess_mode="livemax",
             registry=None,
         )
+
+    # The metrics recorded for one model: every one labelled ``model`` but the description.
+    PER_MODEL = (
+        "retried",
+        "worker_restarts",
+        "queue_wait",
+        "batch_size",
+        "decode_steps",
+        "input_tokens",
+        "generated_tokens",
+        "queue_depth",
+        "active_sequences",
+        "model_load",
+    )
+
+    def of_model(self, name: str) -> Metrics:
+        """These metrics with the ``model`` label set to ``name``: ``batch_size.observe(n)``,
+        ``sentences.labels("translated").inc()``, ... record for that model (a view: the same
+        files, nothing new to collect)."""
+        view = copy.copy(self)
+        for attribute in self.PER_MODEL:
+            setattr(view, attribute, getattr(self, attribute).labels(name))
+        view.sentences = _ModelBound(self.sentences, name)
+        return view
 
     def registry(self) -> CollectorRegistry:
         """Every process's samples, merged (read afresh from the files)."""

@@ -112,7 +112,7 @@ class ValidationErrorResponse(BaseModel):
 
 class HealthResponse(BaseModel):
     status: str
-    model: str | None = None
+    model: str | None = Field(None, description="The served models' names, comma-separated")
     device: str | None = None
 
 

@@ -1,25 +1,60 @@
-"""What the front end knows of the model it serves: its metadata and vocabulary (read from the
-model directory; the weights stay in the workers) and what the workers run it on."""
+"""What the front end knows of the models it serves: which directories ``NMT_MODEL_DIR`` names,
+each one's metadata and vocabulary (read from the model directory; the weights stay in the workers)
+and what the workers run it on."""
 
 from __future__ import annotations
 
+from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from app.serving.scheduler import Hypotheses
 from app.serving.worker import ModelDescription
-from model.checkpoint import ModelInfo, read_info_and_tokenizer
+from model.checkpoint import CONFIG_FILE, ModelDirError, ModelInfo, read_info_and_tokenizer, source_prefix
 from model.tokenizer import EOS_ID, Tokenizer
 
 MAX_INPUT_TOKENS = 250  # longer sentences are truncated (and the model's positions are finite)
 
 
-@dataclass(frozen=True)
+def find_model_dirs(paths: Sequence[Path]) -> list[Path]:
+    """The model directories that ``paths`` (``NMT_MODEL_DIR``) name, in order: each path is a
+    model directory (it holds config.json), or a directory of them (every subdirectory that holds
+    one, by name: ``artifacts/``). ``ModelDirError`` for a directory with neither; a path that does
+    not exist is left for ``ServedModel.open`` to name its missing config.json."""
+    found: list[Path] = []
+    for path in paths:
+        if (path / CONFIG_FILE).is_file() or not path.is_dir():
+            found.append(path)
+            continue
+        inside = sorted(d for d in path.iterdir() if d.is_dir() and (d / CONFIG_FILE).is_file())
+        if not inside:
+            raise ModelDirError(f"{path}: no {CONFIG_FILE}, and no model directory in it")
+        found += inside
+    return list(dict.fromkeys(found))
+
+
+def model_names(dirs: Sequence[Path]) -> list[str]:
+    """A name for each model directory, unique among them, for clients and the ``model`` label of
+    metrics: its own name (``multi30k-de-en``), or with its parent's where two share it (training
+    writes ``runs/de-en/model`` and ``runs/en-de/model``: ``de-en/model``, ``en-de/model``)."""
+    names = [d.name or str(d) for d in dirs]
+    shared = Counter(names)
+    names = [
+        f"{d.parent.name}/{n}" if shared[n] > 1 and d.parent.name else n
+        for d, n in zip(dirs, names, strict=True)
+    ]
+    shared = Counter(names)
+    return [f"{n}#{i}" if shared[n] > 1 else n for i, n in enumerate(names)]
+
+
+@dataclass(frozen=True, eq=False)
 class ServedModel:
-    name: str  # the model directory's name (its full path says nothing useful to clients)
+    name: str  # unique among the served models (``model_names``): never its full path
     info: ModelInfo
     tokenizer: Tokenizer
     description: ModelDescription  # device, dtype, quantization, as the workers report them
+    workers: int = 1  # its worker processes
 
     @classmethod
     def open(cls, model_dir: Path) -> tuple[ModelInfo, Tokenizer]:
@@ -30,10 +65,12 @@ class ServedModel:
     def max_input_tokens(self) -> int:
         return min(MAX_INPUT_TOKENS, self.info.config.max_positions - 1)  # room for eos
 
-    def source_ids(self, sentences: list[str]) -> list[list[int]]:
-        """Each sentence's token ids, truncated, then eos: what a worker decodes."""
-        limit = self.max_input_tokens
-        return [ids[:limit] + [EOS_ID] for ids in self.tokenizer.encode(sentences)]
+    def source_ids(self, sentences: list[str], target: str | None = None) -> list[list[int]]:
+        """Each sentence's token ids, truncated, then eos: what a worker decodes. A multilingual
+        model's are preceded by the token that asks for ``target`` (``source_prefix``)."""
+        prefix = source_prefix(self.info, target)
+        limit = self.max_input_tokens - len(prefix)
+        return [prefix + ids[:limit] + [EOS_ID] for ids in self.tokenizer.encode(sentences)]
 
     def texts(self, results: list[Hypotheses]) -> list[list[str]]:
         """The n-best texts of each sentence's hypotheses."""

@@ -112,11 +112,12 @@ def serve(
 
 
 def metric(server: Server, name: str) -> float:
-    """A sample of the server's /metrics (0 when absent)."""
+    """A metric of the server's /metrics, summed over its label sets (every model's); 0 when absent."""
+    total = 0.0
     for line in http_get(f"{server.url}/metrics", timeout_s=30)[1].splitlines():
-        if line.startswith(name + " "):
-            return float(line.rsplit(" ", 1)[1])
-    return 0.0
+        if line.startswith((name + " ", name + "{")):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
 
 
 def wait_idle(server: Server, timeout_s: float = 120.0) -> None:
@@ -157,11 +158,21 @@ def cpu_seconds(pid: int) -> float:
 
 def peak_rss_mib(pid: int) -> float:
     """VmHWM summed over the process tree, MiB."""
+    return tree_sum_mib(pid, "status", "VmHWM:")
+
+
+def pss_mib(pid: int) -> float:
+    """Proportional set size summed over the process tree (shared pages split among sharers), MiB."""
+    return tree_sum_mib(pid, "smaps_rollup", "Pss:")
+
+
+def tree_sum_mib(pid: int, file: str, field: str) -> float:
+    """A field in kB of /proc/PID/``file``, summed over the process tree, MiB."""
     total = 0
     for p in process_tree(pid):
         try:
-            for line in Path(f"/proc/{p}/status").read_text().splitlines():
-                if line.startswith("VmHWM:"):
+            for line in Path(f"/proc/{p}/{file}").read_text().splitlines():
+                if line.startswith(field):
                     total += int(line.split()[1])
         except OSError:
             continue

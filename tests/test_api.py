@@ -492,17 +492,23 @@ def test_not_ready_when_the_engine_has_stopped(model_dir: Path) -> None:
 
 def test_info(client: TestClient, translator: Translator) -> None:
     info = client.get("/info").json()
-    assert info["model"]["config"] == translator.info.config.to_dict()
-    assert (info["model"]["source"], info["model"]["target"]) == ("de", "en")
+    [model] = info["models"]
+    assert model["name"] == "tiny-de-en" and model["workers"] == 1
+    assert model["config"] == translator.info.config.to_dict()
+    assert (model["source"], model["target"], model["directions"]) == ("de", "en", ["de-en"])
+    assert info["routes"] == {
+        "direct": [{"source": "de", "target": "en", "model": "tiny-de-en"}],
+        "pivot": [],
+    }
     assert info["languages"][0]["targets"] == ["en"]
-    assert (info["device"], info["dtype"]) == ("cpu", "float32")
+    assert (model["device"], model["dtype"]) == ("cpu", "float32")
     assert info["batching"]["mode"] == "continuous"
     assert info["batching"]["max_batch_size"] == 64
     assert (info["batching"]["scheduling"], info["batching"]["replicas"]) == ("fair", 1)
     assert info["limits"]["max_chars"] == 5000
     assert info["version"]
-    assert info["quantization"] == "none"  # what the tests asked for
-    assert (info["decoding"], info["compile_seconds"]) == ("eager", 0.0)
+    assert model["quantization"] == "none"  # what the tests asked for
+    assert (model["decoding"], model["compile_seconds"]) == ("eager", 0.0)
 
 
 def test_defaults_on_cpu_are_int8_and_a_compiled_step(model_dir: Path) -> None:
@@ -510,7 +516,7 @@ def test_defaults_on_cpu_are_int8_and_a_compiled_step(model_dir: Path) -> None:
     with mock.patch.dict(os.environ, clean_env, clear=True):
         settings = Settings(model_dir=model_dir, device="cpu")  # everything else as deployed
     with serve(settings) as client:  # ready only once the decoding step is compiled
-        info = client.get("/info").json()
+        [info] = client.get("/info").json()["models"]
         assert info["quantization"] == "int8"
         assert info["decoding"] == "compiled" and info["compile_seconds"] > 0
         assert 'quantization="int8"' in client.get("/metrics").text  # nmt_model_info
@@ -541,13 +547,15 @@ def test_metrics(client: TestClient) -> None:
     assert requests("other", "404") == before_other + 1
     assert "/no/such/path" not in text  # raw URLs never become labels
     assert 'nmt_request_duration_seconds_count{endpoint="/translate"}' in text
-    assert "nmt_queue_depth_sentences 0.0" in text
-    assert "nmt_active_sequences 0.0" in text
+    # What belongs to a model is labelled with its name.
+    assert 'nmt_queue_depth_sentences{model="tiny-de-en"} 0.0' in text
+    assert 'nmt_active_sequences{model="tiny-de-en"} 0.0' in text
     assert 'nmt_model_info{device="cpu",dtype="float32",model="tiny-de-en"' in text
-    assert metrics.sample("nmt_model_load_seconds") > 0.0
+    model = {"model": "tiny-de-en"}
+    assert metrics.sample("nmt_model_load_seconds", model) > 0.0
     # Samples of the worker process, merged into the same view (prometheus_client's multiprocess mode).
-    assert metrics.sample("nmt_sentences_total", {"outcome": "translated"}) >= 1
-    assert metrics.sample("nmt_decode_steps_total") >= 1
+    assert metrics.sample("nmt_sentences_total", {**model, "outcome": "translated"}) >= 1
+    assert metrics.sample("nmt_decode_steps_total", model) >= 1
 
 
 def test_openapi_documents_the_translate_body(client: TestClient) -> None:

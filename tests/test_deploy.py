@@ -125,8 +125,8 @@ def test_real_prometheus_scrapes_the_batching_metrics(model_dir: Path, tmp_path:
         while time.monotonic() < deadline:
             try:
                 up = query(url, 'up{job="translator"}')
-                steps = query(url, "nmt_decode_steps_total")
-                batched = query(url, "nmt_batch_size_sequences_count")
+                steps = query(url, 'nmt_decode_steps_total{model="tiny-de-en"}')  # labelled by model
+                batched = query(url, 'nmt_batch_size_sequences_count{model="tiny-de-en"}')
                 # (in the loop too: a scrape between the first request and the last saw fewer)
                 answered = query(url, 'nmt_requests_total{endpoint="/translate",status="200"}')
             except httpx.TransportError:

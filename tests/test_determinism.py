@@ -41,7 +41,7 @@ def default_settings(**changes: str) -> Settings:
 def deployed() -> tuple[Translator, CompiledDecoder]:
     """The shipped model as a worker loads it under the default settings, with its compiled step."""
     settings = default_settings()
-    translator = open_translator(settings)
+    translator = open_translator(settings, DEFAULT_MODEL)
     assert translator.quantization == "int8"  # the default on CPU: what this test is about
     decoder = compiled_decoder(translator, settings)
     assert decoder is not None and decoder.compiled  # the default on CPU too
@@ -107,7 +107,7 @@ def test_the_serving_batch_gives_every_sentence_its_answer_alone(
 @pytest.fixture(scope="module")
 def float32() -> tuple[Translator, CompiledDecoder]:
     settings = default_settings(quantization="none")
-    translator = open_translator(settings)
+    translator = open_translator(settings, DEFAULT_MODEL)
     decoder = compiled_decoder(translator, settings)
     assert decoder is not None and decoder.compiled
     return translator, decoder

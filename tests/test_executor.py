@@ -16,7 +16,7 @@ import pytest
 import torch
 from conftest import SENTENCES, compile_cache_dir, synthetic_sentences
 
-from app.metrics import process_metrics
+from app.metrics import Metrics, process_metrics
 from app.serving.executor import JOIN_RATIO, JOIN_WAIT_STEPS, Executor
 from app.serving.scheduler import Hypotheses
 from app.serving.worker import Inbox, WorkerJob
@@ -111,8 +111,15 @@ def scores(outcome: Hypotheses | BaseException) -> list[float]:
     return [s for _, s in outcome]
 
 
+MODEL = "m"  # the model label of what these executors record (a worker records for its model)
+
+
+def metrics() -> Metrics:
+    return process_metrics().of_model(MODEL)
+
+
 def sample(name: str, labels: dict[str, str] | None = None) -> float:
-    return process_metrics().sample(name, labels)
+    return process_metrics().sample(name, {"model": MODEL, **(labels or {})})
 
 
 # -- the same answers as translating alone -----------------------------------------------------------
@@ -138,7 +145,7 @@ def test_jobs_joining_a_running_batch_get_what_they_get_alone(
         monkeypatch.setattr(slots, "remove", counting(slots.remove))
     joined_running: list[int] = []  # jobs that joined a batch already decoding
     inbox = Inbox()
-    executor = make_executor(translator, inbox, max_batch_size=32, metrics=process_metrics())
+    executor = make_executor(translator, inbox, max_batch_size=32, metrics=metrics())
     admit = executor._admit
 
     def recording_admit(jobs: list[Any]) -> None:
@@ -300,8 +307,8 @@ def test_newcomers_join_a_running_batch_in_groups(
 def test_cancelled_and_expired_jobs_leave_the_batch_and_the_inbox(
     make_executor: Callable[..., Executor], endless: Translator
 ) -> None:
-    inbox = Inbox(process_metrics())
-    executor = make_executor(endless, inbox, metrics=process_metrics())
+    inbox = Inbox(metrics())
+    executor = make_executor(endless, inbox, metrics=metrics())
     abandoned = sample("nmt_sentences_total", {"outcome": "abandoned"})
     translated = sample("nmt_sentences_total", {"outcome": "translated"})
     cancelled, expired, stays = job(endless, LONG[0], 2), job(endless, LONG[1], 2), job(endless, LONG[1])
@@ -329,7 +336,7 @@ def test_active_sequences_drop_to_zero_when_every_running_job_is_cancelled(
     make_executor: Callable[..., Executor], endless: Translator
 ) -> None:
     inbox = Inbox()
-    executor = make_executor(endless, inbox, metrics=process_metrics())
+    executor = make_executor(endless, inbox, metrics=metrics())
     jobs = [job(endless, t) for t in LONG]
     inbox.add(jobs)
     with torch.inference_mode():
@@ -423,7 +430,7 @@ def test_inbox_take_stops_at_the_first_job_that_does_not_fit() -> None:
 
 
 def test_inbox_drops_cancelled_and_expired_jobs_and_forgets_them() -> None:
-    inbox = Inbox(process_metrics())
+    inbox = Inbox(metrics())
     abandoned = sample("nmt_sentences_total", {"outcome": "abandoned"})
     now = time.monotonic()
     keep, cancelled, expired, later = (

@@ -20,13 +20,15 @@ from app.serving.scheduler import MAX_ATTEMPTS, Hypotheses, Policy, Request, Sch
 
 EOS = 2
 Job = tuple[int, list[int], int, int, float | None, float]  # what a worker is sent per sentence
+MODEL = "m"  # the model of the fake workers, unless a test says otherwise
 
 
 class FakeWorker:
     """A worker without a process: it records what it is sent; the test answers in its name."""
 
-    def __init__(self, name: str, *, running: bool = True) -> None:
+    def __init__(self, name: str, *, running: bool = True, model: str = MODEL) -> None:
         self.name = name
+        self.model = model
         self.running = running
         self.listener: Any = None
         self.sent: list[tuple[Any, ...]] = []  # every message, in order
@@ -126,8 +128,9 @@ def scheduler(
     )
 
 
-def sample(name: str, labels: dict[str, str] | None = None) -> float:
-    return process_metrics().sample(name, labels)
+def sample(name: str, labels: dict[str, str] | None = None, model: str = MODEL) -> float:
+    """A metric of ``model`` (every one the scheduler records is labelled with its model)."""
+    return process_metrics().sample(name, {"model": model, **(labels or {})})
 
 
 @pytest.fixture
@@ -507,5 +510,101 @@ def test_a_finished_request_is_freed_without_the_garbage_collector() -> None:
             assert ref() is None, gc.get_referrers(ref())
         finally:
             gc.enable()
+
+    run(main)
+
+
+# -- several models ----------------------------------------------------------------------------------
+def test_each_model_has_its_own_workers_and_queue() -> None:
+    """A document for one model fills that model's workers and queue; a one-line request for another
+    model goes to that model's idle worker at once, and no sentence reaches a worker of another model."""
+
+    async def main() -> None:
+        a, b = FakeWorker("a1", model="a"), FakeWorker("b1", model="b")
+        s = scheduler([a, b], max_batch_size=2)  # 3 rows per worker
+        document = s.submit(sources(10), beam_size=1, n_best=1, model="a")
+        assert len(a.pending) == 3 and not b.pending and s.waiting == 7
+        line = s.submit(sources(1, tag=1), beam_size=1, n_best=1, model="b")
+        assert [job[1][0] for job in b.pending.values()] == [101]  # at once, past a's 7 waiting
+        b.answer(*b.pending.values())
+        assert line.future.result() == [echo(sources(1, tag=1)[0])]
+        assert sample("nmt_queue_depth_sentences", model="a") == 7
+        assert sample("nmt_queue_depth_sentences", model="b") == 0
+        while not document.done:
+            a.answer(*a.pending.values())
+            assert not b.pending
+        assert document.future.result() == [echo(src) for src in sources(10)]
+
+    run(main)
+
+
+def test_the_queue_limit_counts_every_models_sentences_and_a_second_hop_is_never_refused() -> None:
+    async def main() -> None:
+        a, b = FakeWorker("a1", model="a"), FakeWorker("b1", model="b")
+        s = scheduler([a, b], max_batch_size=2, max_queue=4)
+        s.submit(sources(3), beam_size=1, n_best=1, model="a")  # given to a1
+        s.submit(sources(4, tag=4), beam_size=1, n_best=1, model="a")  # waiting: the queue is full
+        assert s.waiting == 4 and not s.enter()
+        with pytest.raises(QueueFull):
+            s.submit(sources(1, tag=1), beam_size=1, n_best=1, model="b")
+        # A pivot's second hop: its sentences were counted when its request was admitted.
+        hop = s.submit(sources(1, tag=2), beam_size=1, n_best=1, model="b", admitted=True)
+        b.answer(*b.pending.values())
+        assert hop.future.result() == [echo(sources(1, tag=2)[0])]
+        with pytest.raises(TooLarge):  # (still refused: it could never fit)
+            s.submit(sources(5, tag=3), beam_size=1, n_best=1, model="b", admitted=True)
+
+    run(main)
+
+
+def test_requests_name_their_model_unless_there_is_only_one() -> None:
+    async def main() -> None:
+        s = scheduler([FakeWorker("a1", model="a"), FakeWorker("b1", model="b")])
+        for model in (None, "c"):
+            with pytest.raises(ValueError, match="models: a, b"):
+                s.submit(sources(1), beam_size=1, n_best=1, model=model)
+        only = scheduler([FakeWorker("w")])
+        assert only.submit(sources(1), beam_size=1, n_best=1).pool.model == MODEL
+
+    run(main)
+
+
+def test_alive_only_while_every_model_has_a_running_worker(no_restart_delay: None) -> None:
+    async def main() -> None:
+        a1, a2, b = FakeWorker("a1", model="a"), FakeWorker("a2", model="a"), FakeWorker("b1", model="b")
+        s = scheduler([a1, a2, b])
+        assert s.alive
+        a1.crash()
+        assert s.alive  # a2 still serves model a
+        b.crash()
+        assert not s.alive  # nothing serves model b until it is back
+        await until(lambda: b.running and a1.running)
+        assert s.alive
+        assert sample("nmt_worker_restarts_total", model="b") >= 1
+
+    run(main)
+
+
+def test_start_starts_a_models_first_worker_alone_and_the_models_side_by_side() -> None:
+    """The first worker of a model compiles its decoding step; the others wait and load it from the
+    cache. Models start side by side."""
+
+    async def main() -> None:
+        a1, a2 = FakeWorker("a1", model="a", running=False), FakeWorker("a2", model="a", running=False)
+        b1 = FakeWorker("b1", model="b", running=False)
+        for worker in (a1, a2, b1):
+            worker.gate = asyncio.Event()
+        s = scheduler([a1, a2, b1])
+        starting = asyncio.ensure_future(s.start())
+        await until(lambda: a1.starts == 1 and b1.starts == 1)
+        await asyncio.sleep(0.01)
+        assert a2.starts == 0  # not before a1 is ready
+        assert a1.gate is not None and b1.gate is not None and a2.gate is not None
+        a1.gate.set()
+        await until(lambda: a2.starts == 1)
+        b1.gate.set()
+        a2.gate.set()
+        assert await starting == ["a1 ready", "a2 ready", "b1 ready"]
+        assert s.pools["a"].start_seconds > 0 and s.alive
 
     run(main)

@@ -145,7 +145,7 @@ def test_metrics_over_http(server: Server) -> None:
     assert response.status_code == 200
     assert response.headers["content-type"].startswith("text/plain")
     assert metric(response.text, 'nmt_requests_total{endpoint="/languages",status="200"}') >= 1
-    assert metric(response.text, "nmt_model_load_seconds") > 0
+    assert metric(response.text, 'nmt_model_load_seconds{model="tiny-de-en"}') > 0
     assert "nmt_queue_depth_sentences" in response.text
 
 
@@ -162,9 +162,9 @@ def test_client_disconnect_abandons_the_translation(server: Server) -> None:
         time.sleep(0.1)
     else:
         pytest.fail("the abandoned request was never recorded as 499")
-    abandoned = metric(text, 'nmt_sentences_total{outcome="abandoned"}')
+    abandoned = metric(text, 'nmt_sentences_total{model="tiny-de-en",outcome="abandoned"}')
     assert abandoned > 0, text  # dropped from the engine, not translated for nobody
-    assert metric(text, "nmt_queue_depth_sentences") == 0
+    assert metric(text, 'nmt_queue_depth_sentences{model="tiny-de-en"}') == 0
 
 
 def test_health_and_metrics_answer_while_the_model_is_busy(server: Server) -> None:
@@ -175,7 +175,12 @@ def test_health_and_metrics_answer_while_the_model_is_busy(server: Server) -> No
     busy.start()
     try:
         deadline = time.monotonic() + 20
-        while metric(httpx.get(f"{server.url}/metrics", timeout=5).text, "nmt_active_sequences") < 1:
+        while (
+            metric(
+                httpx.get(f"{server.url}/metrics", timeout=5).text, 'nmt_active_sequences{model="tiny-de-en"}'
+            )
+            < 1
+        ):
             assert time.monotonic() < deadline, "the long request never started decoding"
             time.sleep(0.02)
         for _ in range(3):
@@ -256,8 +261,8 @@ def test_64_concurrent_requests_share_model_batches(
         stop(srv)
     assert [r.status_code for r in responses] == [200] * 64
     assert [r.json()["translatedText"] for r in responses] == expected
-    steps = metric(scrape, "nmt_batch_size_sequences_count")
-    rows = metric(scrape, "nmt_batch_size_sequences_sum")
+    steps = metric(scrape, 'nmt_batch_size_sequences_count{model="tiny-de-en"}')
+    rows = metric(scrape, 'nmt_batch_size_sequences_sum{model="tiny-de-en"}')
     assert steps > 0 and rows / steps > 1.0, (rows, steps)  # shared batches, not one sentence at a time
     assert metric(scrape, 'nmt_requests_total{endpoint="/translate",status="200"}') == 64
 
@@ -276,7 +281,12 @@ def test_sigterm_drains_the_requests_in_flight(model_dir: Path, tmp_path: Path) 
         )
         busy.start()
         deadline = time.monotonic() + 20
-        while metric(httpx.get(f"{srv.url}/metrics", timeout=5).text, "nmt_active_sequences") < 1:
+        while (
+            metric(
+                httpx.get(f"{srv.url}/metrics", timeout=5).text, 'nmt_active_sequences{model="tiny-de-en"}'
+            )
+            < 1
+        ):
             assert time.monotonic() < deadline, "the request never started decoding"
             time.sleep(0.02)
         workers = _children(srv.process.pid)

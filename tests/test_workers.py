@@ -23,7 +23,7 @@ from app.main import worker_count, worker_threads
 from app.metrics import Metrics
 from app.served import ServedModel
 from app.serving.scheduler import Scheduler
-from app.serving.worker import WorkerProcess
+from app.serving.worker import ModelSpec, WorkerProcess
 from model.translator import Translator
 
 
@@ -44,13 +44,20 @@ def metrics_of(client: TestClient) -> Metrics:
     return metrics
 
 
+def model_of(client: TestClient) -> ServedModel:
+    """The one model these tests serve."""
+    [model] = client.app.state.router.models  # type: ignore[attr-defined]
+    assert isinstance(model, ServedModel)
+    return model
+
+
 def pids(client: TestClient) -> list[int | None]:
     return [state.worker.pid for state in scheduler_of(client).workers]
 
 
 def translate_all(client: TestClient, texts: list[str], beam_size: int) -> list[list[str]]:
     """Every text as its own request, all at once, through the scheduler; each one's best."""
-    model: ServedModel = client.app.state.model  # type: ignore[attr-defined]
+    model = model_of(client)
     scheduler = scheduler_of(client)
 
     async def all_at_once() -> list[list[str]]:
@@ -99,12 +106,13 @@ def test_requests_spread_over_the_workers_translate_as_one_model(
 
 def test_worker_metrics_reach_the_front_ends_view(two_workers: TestClient) -> None:
     metrics = metrics_of(two_workers)
-    before = metrics.sample("nmt_sentences_total", {"outcome": "translated"})
+    translated = {"model": "tiny-de-en", "outcome": "translated"}
+    before = metrics.sample("nmt_sentences_total", translated)
     sentences = synthetic_sentences(10, seed=4)
     answer = two_workers.post("/translate", json={"q": sentences, "source": "de", "target": "en"})
     assert answer.status_code == 200, answer.text
     # Written by the worker processes into their own files, read back here at once: no relay.
-    assert metrics.sample("nmt_sentences_total", {"outcome": "translated"}) == before + 10
+    assert metrics.sample("nmt_sentences_total", translated) == before + 10
     text = two_workers.get("/metrics").text
     assert "nmt_decode_steps_total" in text and "nmt_batch_size_sequences_count" in text
     assert text.count("# TYPE nmt_sentences_total counter") == 1  # one consistent view
@@ -114,7 +122,7 @@ def test_large_requests_and_answers_cross_the_pipes_whole(
     two_workers: TestClient, translator: Translator
 ) -> None:
     batch = synthetic_sentences(300, seed=10)
-    model: ServedModel = two_workers.app.state.model  # type: ignore[attr-defined]
+    model = model_of(two_workers)
 
     async def one() -> list[str]:
         found = await scheduler_of(two_workers).translate(model.source_ids(batch), beam_size=2, n_best=1)
@@ -136,15 +144,16 @@ def test_a_worker_killed_under_load_is_restarted_and_its_sentences_are_retried(
 ) -> None:
     with serve(make_settings(model_dir, replicas=2, threads=1, max_batch_size=4, warmup=False)) as client:
         metrics = metrics_of(client)
+        label = {"model": "tiny-de-en"}
         retried, restarts = (
-            metrics.sample("nmt_retried_sentences_total"),
-            metrics.sample("nmt_worker_restarts_total"),
+            metrics.sample("nmt_retried_sentences_total", label),
+            metrics.sample("nmt_worker_restarts_total", label),
         )
         victim = scheduler_of(client).workers[0]
         old_pid = victim.worker.pid
         assert old_pid is not None
         texts = synthetic_sentences(60, seed=21)
-        model: ServedModel = client.app.state.model  # type: ignore[attr-defined]
+        model = model_of(client)
         scheduler = scheduler_of(client)
 
         async def load_then_kill() -> list[list[str]]:
@@ -162,13 +171,13 @@ def test_a_worker_killed_under_load_is_restarted_and_its_sentences_are_retried(
 
         got = client.portal.call(load_then_kill)  # type: ignore[union-attr]
         assert [g[0] for g in got] == best(translator, texts, beam_size=3)  # none failed, none lost
-        assert metrics.sample("nmt_retried_sentences_total") > retried
+        assert metrics.sample("nmt_retried_sentences_total", label) > retried
         deadline = time.monotonic() + 120
         while not victim.worker.running:
             assert time.monotonic() < deadline, "the worker was not started again"
             time.sleep(0.1)
         assert victim.worker.pid != old_pid
-        assert metrics.sample("nmt_worker_restarts_total") == restarts + 1
+        assert metrics.sample("nmt_worker_restarts_total", label) == restarts + 1
         assert client.post("/translate", json={"q": texts[:3], "target": "en"}).status_code == 200
 
 
@@ -190,7 +199,10 @@ def test_a_hung_worker_holds_no_request_past_its_deadline(model_dir: Path) -> No
 
 def test_the_reason_a_worker_fails_is_reported(model_dir_copy: Path, tmp_path: Path) -> None:
     (model_dir_copy / "model.safetensors").write_bytes(b"not weights")
-    worker = WorkerProcess(make_settings(model_dir_copy), threads=1, metrics_dir=str(tmp_path), name="w")
+    spec = ModelSpec("broken", model_dir_copy)
+    worker = WorkerProcess(
+        make_settings(model_dir_copy), spec, threads=1, metrics_dir=str(tmp_path), name="w"
+    )
 
     async def start() -> None:
         await worker.start()

@@ -12,7 +12,7 @@ from typing import Any
 from fastapi import APIRouter, HTTPException, Request, Response
 
 from app.body import parse_request
-from app.deps import ModelDep, SettingsDep
+from app.deps import RouterDep, SettingsDep
 from app.langid import detect
 from app.languages import source_languages
 from app.routes.translate import check_api_key, form_schema, is_utf8
@@ -38,7 +38,7 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
     408: {"model": ErrorResponse, "description": "The request body did not arrive within 10 s"},
     413: {"model": ErrorResponse, "description": "More characters than NMT_MAX_CHARS, or too large a body"},
     422: {"model": ValidationErrorResponse, "description": "Malformed body, or q missing or empty"},
-    503: {"model": ErrorResponse, "description": "The model is not loaded yet"},
+    503: {"model": ErrorResponse, "description": "The models are not loaded yet"},
 }
 
 
@@ -49,7 +49,7 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
     openapi_extra=_OPENAPI_BODY,
     summary="Detect the language of a text (LibreTranslate-compatible)",
 )
-async def detect_language(request: Request, settings: SettingsDep, model: ModelDep) -> Response:
+async def detect_language(request: Request, settings: SettingsDep, router: RouterDep) -> Response:
     req = await parse_request(request, settings.max_body_bytes, DetectRequest)
     if len(req.q) > settings.max_chars:
         raise HTTPException(
@@ -60,7 +60,7 @@ async def detect_language(request: Request, settings: SettingsDep, model: ModelD
     check_api_key(req.api_key, settings.api_keys)
     found = [
         DetectedLanguage(confidence=d.confidence, language=d.language)
-        for d in detect(req.q, source_languages(model.info))
+        for d in detect(req.q, source_languages(router))
     ]
     body = "[" + ",".join(d.model_dump_json() for d in found) + "]"
     return Response(body, media_type="application/json")

@@ -23,7 +23,7 @@ from starlette.datastructures import UploadFile
 
 from app.body import MULTIPART, media_type, read_within, replayed
 from app.config import Settings
-from app.deps import ModelDep, SchedulerDep, SettingsDep
+from app.deps import RouterDep, SchedulerDep, SettingsDep
 from app.filestore import FileStore
 from app.formats.documents import MEDIA_TYPES, SUPPORTED, Document, DocumentError, extension, read
 from app.routes.translate import (
@@ -32,12 +32,14 @@ from app.routes.translate import (
     SearchPlan,
     check_api_key,
     check_languages,
+    route_of,
     shorten,
     source_language,
     translate_sentences,
 )
 from app.schemas import ErrorResponse, TranslateFileResponse, ValidationErrorResponse
 from app.served import ServedModel
+from app.serving.router import Route
 from app.serving.scheduler import Scheduler
 
 router = APIRouter(tags=["files"])
@@ -150,7 +152,7 @@ def download_name(name: str, target: str) -> str:
 async def translate_document(
     request: Request,
     sentences: tuple[str, ...],
-    model: ServedModel,
+    route: Route[ServedModel],
     scheduler: Scheduler,
     settings: Settings,
 ) -> list[str] | None:
@@ -160,7 +162,10 @@ async def translate_document(
     out: list[str] = []
     for start in range(0, len(sentences), chunk):
         part = list(sentences[start : start + chunk])
-        results = await translate_sentences(request, part, model, scheduler, plan, settings.request_timeout_s)
+        routes = [route] * len(part)
+        results = await translate_sentences(
+            request, part, routes, scheduler, plan, settings.request_timeout_s
+        )
         if results is None:
             return None
         out += [result.hypotheses[0] for result in results]
@@ -175,14 +180,14 @@ async def translate_document(
     summary="Translate a .txt, .html or .docx file (LibreTranslate-compatible)",
 )
 async def translate_file(
-    request: Request, settings: SettingsDep, model: ModelDep, scheduler: SchedulerDep, store: FileStoreDep
+    request: Request, settings: SettingsDep, router: RouterDep, scheduler: SchedulerDep, store: FileStoreDep
 ) -> Response:
     form, name, data = await read_form(request, settings)
     check_api_key(form.api_key, settings.api_keys)
     if extension(name) not in SUPPORTED:
         kind = shorten(extension(name) or name)
         raise HTTPException(400, f"unsupported file format {kind}; supported: {', '.join(SUPPORTED)}")
-    candidates = check_languages(form.source, form.target, model.info)
+    candidates = check_languages(form.source, form.target, router)
     try:
         document: Document = await asyncio.to_thread(read, name, data)
     except DocumentError as e:
@@ -195,7 +200,8 @@ async def translate_file(
     if form.source.lower() == AUTO:
         language = source_language(document.text[:DETECT_CHARS], candidates).language
     layout = await asyncio.to_thread(document.split, language)
-    translations = await translate_document(request, layout.sentences, model, scheduler, settings)
+    route = route_of(router, language, form.target)
+    translations = await translate_document(request, layout.sentences, route, scheduler, settings)
     if translations is None:
         return Response(status_code=CLIENT_CLOSED_REQUEST)
     output = await asyncio.to_thread(layout.join, translations)

@@ -9,7 +9,7 @@ from fastapi import APIRouter
 from fastapi.responses import FileResponse
 from fastapi.staticfiles import StaticFiles
 
-from app.deps import ModelDep, SettingsDep
+from app.deps import RouterDep, SettingsDep
 from app.formats.documents import SUPPORTED
 from app.languages import language_name, served_pairs
 from app.schemas import DefaultLanguages, FrontendSettings, LanguageName
@@ -38,8 +38,8 @@ async def index() -> FileResponse:
 
 
 @router.get("/frontend/settings", response_model=FrontendSettings, summary="Settings for front ends")
-async def frontend_settings(settings: SettingsDep, model: ModelDep) -> FrontendSettings:
-    target = served_pairs(model.info)[0][1]
+async def frontend_settings(settings: SettingsDep, router: RouterDep) -> FrontendSettings:
+    target = served_pairs(router)[0][1]  # the first model's first direction
     return FrontendSettings(
         charLimit=settings.max_chars,
         frontendTimeout=settings.frontend_timeout_ms,

@@ -1,8 +1,9 @@
 """Health checks: /health/live (the process answers), /health/ready and /health (it can translate).
 
 Orchestrators restart on a failing liveness probe and stop routing on a failing readiness probe,
-so liveness never depends on the model, and readiness turns 503 while loading, while shutting
-down, and while no model worker is running (one that exited is being started again).
+so liveness never depends on the models, and readiness turns 503 while loading, while shutting
+down, and while some model has no worker running (one that exited is being started again): a
+service that cannot translate one of its pairs is not ready.
 """
 
 from __future__ import annotations
@@ -16,19 +17,25 @@ from app.schemas import HealthResponse, NotReadyResponse
 
 router = APIRouter(tags=["health"])
 _NOT_READY: dict[int | str, dict[str, Any]] = {
-    503: {"model": NotReadyResponse, "description": "Loading, shutting down, or no model worker running"}
+    503: {
+        "model": NotReadyResponse,
+        "description": "Loading, shutting down, or a model with no worker running",
+    }
 }
 
 
 def readiness(request: Request) -> JSONResponse:
     state = request.app.state
-    if not state.ready or state.scheduler is None or state.model is None:
-        return JSONResponse({"status": "loading", "error": "the model is not ready"}, status_code=503)
-    if not state.scheduler.alive:  # every worker has exited (being started again) or stopped
+    if not state.ready or state.scheduler is None or state.router is None:
+        return JSONResponse({"status": "loading", "error": "the models are not ready"}, status_code=503)
+    if not state.scheduler.alive:  # every worker of some model has exited (being started again) or stopped
         return JSONResponse(
             {"status": "error", "error": "the translation engine is not running"}, status_code=503
         )
-    body = HealthResponse(status="ok", model=state.model.name, device=state.model.description.device)
+    models = state.router.models
+    body = HealthResponse(
+        status="ok", model=",".join(m.name for m in models), device=models[0].description.device
+    )
     return JSONResponse(body.model_dump())
 
 

@@ -1,4 +1,4 @@
-"""GET /info: what is being served and how (model, device, batching, limits)."""
+"""GET /info: what is being served and how (models, routes, device, batching, limits)."""
 
 from __future__ import annotations
 
@@ -7,42 +7,64 @@ from typing import Any
 from fastapi import APIRouter
 
 from app.config import service_version
-from app.deps import ModelDep, SettingsDep
+from app.deps import RouterDep, SettingsDep
 from app.languages import languages
+from app.served import ServedModel
 
 router = APIRouter(tags=["info"])
 
 
-@router.get("/info", summary="Model, device, batching and limits")
-async def info(settings: SettingsDep, model: ModelDep) -> dict[str, Any]:
-    meta = model.info
+def describe_model(model: ServedModel) -> dict[str, Any]:
+    meta, description = model.info, model.description
     return {
-        "version": service_version(),
         # The directory's name only: its full path says nothing useful to clients.
-        "model": {
-            "name": model.name,
-            "source": meta.source_lang,
-            "target": meta.target_lang,
-            "config": meta.config.to_dict(),
-            "training": meta.training,
-        },
-        "languages": languages(meta),
-        "device": model.description.device,
-        "dtype": model.description.dtype,
-        "quantization": model.description.quantization,
+        "name": model.name,
+        "source": meta.source_lang,  # "mul" for a multilingual model: see directions
+        "target": meta.target_lang,
+        "directions": [f"{s}-{t}" for s, t in meta.directions],
+        "config": meta.config.to_dict(),
+        "training": meta.training,
+        "workers": model.workers,
+        "device": description.device,
+        "dtype": description.dtype,
+        "quantization": description.quantization,
         # "compiled": each decoding step one AOTInductor graph, compiled (or loaded from the cache)
         # at start-up in compile_seconds; "eager": operator by operator (NMT_COMPILE=false, or not
         # on CPU).
-        "decoding": model.description.decoding,
-        "compile_seconds": model.description.compile_seconds,
+        "decoding": description.decoding,
+        "compile_seconds": description.compile_seconds,
+    }
+
+
+@router.get("/info", summary="Models, routes, device, batching and limits")
+async def info(settings: SettingsDep, routes: RouterDep) -> dict[str, Any]:
+    return {
+        "version": service_version(),
+        "models": [describe_model(model) for model in routes.models],
+        "routes": {
+            "direct": [
+                {"source": r.source, "target": r.target, "model": r.hops[0].model.name} for r in routes.direct
+            ],
+            # A pair no model serves, translated into English by one model and from English by another.
+            "pivot": [
+                {
+                    "source": r.source,
+                    "target": r.target,
+                    "via": r.pivot,
+                    "models": [hop.model.name for hop in r.hops],
+                }
+                for r in routes.pivots
+            ],
+        },
+        "languages": languages(routes),
         "batching": {
             "mode": settings.batching,
             "max_batch_size": settings.max_batch_size,
             "max_batch_tokens": settings.max_batch_tokens,
-            "max_queue": settings.max_queue,
+            "max_queue": settings.max_queue,  # all models together
             "max_wait_ms": settings.max_wait_ms,
             "scheduling": settings.scheduling,
-            "replicas": settings.replicas,  # worker processes, each with its own batch, queue and limits
+            "replicas": settings.replicas,  # workers per model, each its own batch (0: one per core)
         },
         "limits": {
             "max_chars": settings.max_chars,

@@ -1,10 +1,10 @@
-"""GET /languages: LibreTranslate's language list, from the served model's metadata."""
+"""GET /languages: LibreTranslate's language list: every pair served, directly or through English."""
 
 from __future__ import annotations
 
 from fastapi import APIRouter
 
-from app.deps import ModelDep
+from app.deps import RouterDep
 from app.languages import languages
 from app.schemas import Language
 
@@ -12,5 +12,5 @@ router = APIRouter(tags=["languages"])
 
 
 @router.get("/languages", response_model=list[Language], summary="Languages and their targets")
-async def list_languages(model: ModelDep) -> list[dict[str, object]]:
-    return languages(model.info)
+async def list_languages(router: RouterDep) -> list[dict[str, object]]:
+    return languages(router)

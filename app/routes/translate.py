@@ -1,8 +1,10 @@
 """POST /translate, LibreTranslate-compatible.
 
-Each text is split into sentences (app.text) and tokenized here; all sentences of one request go
-to a model worker as one request (app.serving), where they share batches with each other and
-with other requests, and their translations are put back into each text's layout.
+Each text is split into sentences (app.formats) and tokenized here; the sentences of one request
+go to the workers of the model that serves its pair (``app.serving.router``; two models one after
+the other for a pair served through English, ``app.serving.pipeline``), where they share batches
+with each other and with other requests, and their translations are put back into each text's
+layout.
 """
 
 from __future__ import annotations
@@ -19,11 +21,11 @@ from starlette.types import Receive
 
 from app.body import parse_translate_request
 from app.config import Settings
-from app.deps import ModelDep, SchedulerDep, SettingsDep
+from app.deps import RouterDep, SchedulerDep, SettingsDep
 from app.formats import Layout, PlainText, parse
 from app.formats.html import HtmlDocument, HtmlError
 from app.langid import detect
-from app.languages import served_pairs, source_languages, supported_pairs
+from app.languages import served_pairs, source_languages, supported_pairs, target_languages
 from app.schemas import (
     DetectedLanguage,
     ErrorResponse,
@@ -33,9 +35,10 @@ from app.schemas import (
 )
 from app.served import ServedModel
 from app.serving.errors import DeadlineExceeded, EngineError, EngineStopped, QueueFull, TooLarge
+from app.serving.pipeline import Translation
+from app.serving.router import Route, Router
 from app.serving.scheduler import Scheduler
 from app.shedding import RETRY_AFTER_S, passed
-from model.checkpoint import ModelInfo
 
 T = TypeVar("T")
 
@@ -91,14 +94,15 @@ _OPENAPI_BODY = {
 }
 
 
-def document_served(openapi: dict[str, Any], info: ModelInfo, settings: Settings) -> dict[str, Any]:
+def document_served(
+    openapi: dict[str, Any], router: Router[ServedModel], settings: Settings
+) -> dict[str, Any]:
     """A copy of the OpenAPI document whose /translate body states what this server accepts, known
-    only once the model is loaded: the served language codes and the limits. (Those on characters
+    only once the models are loaded: the served language codes and the limits. (Those on characters
     and sentences summed over ``q`` cannot be said in JSON Schema: they are 413s.)"""
     document = copy.deepcopy(openapi)
-    pairs = served_pairs(info)
-    sources = [AUTO, *dict.fromkeys(s for s, _ in pairs)]
-    targets = list(dict.fromkeys(t for _, t in pairs))
+    sources = [AUTO, *source_languages(router)]
+    targets = target_languages(router)
     for path in ("/translate", "/translate_file"):
         for media in document["paths"][path]["post"]["requestBody"]["content"].values():
             media["schema"]["properties"]["source"]["enum"] = sources
@@ -170,18 +174,19 @@ def check_api_key(api_key: str | None, keys: Sequence[str]) -> None:
         raise HTTPException(403, "invalid api_key")
 
 
-def check_languages(source: str, target: str, info: ModelInfo) -> list[str]:
-    """400 unless (``source``, ``target``) is served (``source`` may be "auto"); the served source
-    languages it stands for (one, or every source language translated into ``target``)."""
-    supported = f"supported pairs: {supported_pairs(info)} (source may be {AUTO!r})"
-    candidates = source_languages(info, target)
+def check_languages(source: str, target: str, router: Router[ServedModel]) -> list[str]:
+    """400 unless (``source``, ``target``) is served, directly or through English (``source`` may
+    be "auto"); the served source languages it stands for (one, or every source language
+    translated into ``target``)."""
+    supported = f"supported pairs: {supported_pairs(router)} (source may be {AUTO!r})"
+    candidates = source_languages(router, target)
     if not candidates:
         raise HTTPException(400, f"target language {shorten(target)} is not supported; {supported}")
     if source.lower() == AUTO:
         return candidates
     chosen = [code for code in candidates if code.lower() == source.lower()]
     if not chosen:
-        served = any(s.lower() == source.lower() for s, _ in served_pairs(info))
+        served = any(s.lower() == source.lower() for s, _ in served_pairs(router))
         what = f"not translated into {shorten(target)}" if served else "not supported"
         raise HTTPException(400, f"source language {shorten(source)} is {what}; {supported}")
     return chosen
@@ -259,21 +264,24 @@ async def run_until_disconnect(work: Awaitable[T], disconnected: Awaitable[None]
 async def translate_sentences(
     request: Request,
     sentences: list[str],
-    model: ServedModel,
+    routes: Sequence[Route[ServedModel]],
     scheduler: Scheduler,
     plan: SearchPlan,
     timeout_s: float,
 ) -> list[SentenceResult] | None:
-    """Each sentence's n-best translations (blank sentences give "" without model work), or None if
-    the client went away first (its sentences are then withdrawn from the worker)."""
+    """Each sentence's n-best translations along its route (blank sentences give "" without model
+    work), or None if the client went away first (its sentences are then withdrawn from the
+    workers)."""
     todo = [i for i, s in enumerate(sentences) if s.strip()]
     results = [SentenceResult([""] * plan.n_best)] * len(sentences)
     passed(request.scope)  # admission counts its sentences now
     if not todo:
         return results
     try:
-        pending = scheduler.submit(
-            model.source_ids([sentences[i] for i in todo]),
+        translation = Translation(
+            scheduler,
+            [sentences[i] for i in todo],
+            [routes[i] for i in todo],
             beam_size=plan.beam_size,
             n_best=plan.n_best,
             timeout_s=timeout_s,
@@ -281,16 +289,28 @@ async def translate_sentences(
     except EngineError as e:
         raise engine_error(e) from e
     try:
-        finished, found = await run_until_disconnect(pending.future, wait_for_disconnect(request.receive))
+        finished, found = await run_until_disconnect(
+            translation.result(), wait_for_disconnect(request.receive)
+        )
     except EngineError as e:
         raise engine_error(e) from e
     finally:
-        scheduler.withdraw(pending)
+        translation.withdraw()
     if not finished or found is None:
         return None
-    for i, texts in zip(todo, model.texts(found), strict=True):
+    for i, texts in zip(todo, found, strict=True):
         results[i] = SentenceResult(texts)
     return results
+
+
+def route_of(router: Router[ServedModel], source: str, target: str) -> Route[ServedModel]:
+    """The route of a pair ``check_languages`` let through (or a language it detected)."""
+    route = router.route(source, target)
+    if route is None:  # pragma: no cover - check_languages answered 400 before
+        raise HTTPException(
+            400, f"{source}->{target} is not served; supported pairs: {supported_pairs(router)}"
+        )
+    return route
 
 
 def hypothesis(result: SentenceResult, k: int) -> str:
@@ -335,14 +355,14 @@ def build_response(
     summary="Translate text (LibreTranslate-compatible)",
 )
 async def translate(
-    request: Request, settings: SettingsDep, model: ModelDep, scheduler: SchedulerDep
+    request: Request, settings: SettingsDep, router: RouterDep, scheduler: SchedulerDep
 ) -> Response:
     req = await parse_translate_request(request, settings.max_body_bytes)
     texts = req.texts
     check_limits(texts, settings)
     check_encodable(req)
     check_api_key(req.api_key, settings.api_keys)
-    candidates = check_languages(req.source, req.target, model.info)
+    candidates = check_languages(req.source, req.target, router)
     plan = search_plan(req, settings)
 
     documents = parse_texts(texts, req.format)
@@ -352,8 +372,13 @@ async def translate(
     languages = [d.language for d in detected] if detected else candidates * len(documents)
     layouts = [document.split(language) for document, language in zip(documents, languages, strict=True)]
     sentences = [s for layout in layouts for s in layout.sentences]
+    routes = [
+        route_of(router, language, req.target)
+        for layout, language in zip(layouts, languages, strict=True)
+        for _ in layout.sentences
+    ]
     results = await translate_sentences(
-        request, sentences, model, scheduler, plan, settings.request_timeout_s
+        request, sentences, routes, scheduler, plan, settings.request_timeout_s
     )
     if results is None:
         return Response(status_code=CLIENT_CLOSED_REQUEST)

@@ -1,10 +1,14 @@
-"""The scheduler: admission, the queue, fair order, deadlines and retries, in the HTTP front end.
+"""The scheduler: admission, the queues, fair order, deadlines and retries, in the HTTP front end.
 
 Plain Python on the event loop, no torch: it decides *what* runs next; the workers decide *how*
 (``app.serving.executor``, in processes of their own). A test drives it with fake workers.
 
+- **Models**: each worker serves one model (``Worker.model``); a model's workers and the sentences
+  waiting for them are its ``Pool``, so each model has its own running batches and its own queue,
+  and a request for one model never waits behind another model's.
 - **Admission** from exact counts, without asking anyone: at most ``max_queue`` sentences wait
-  here for a worker; a request that does not fit is refused at once (``QueueFull``: 503 with
+  here for a worker, all models together (the gate below is passed before the body says which
+  model a request is for); a request that does not fit is refused at once (``QueueFull``: 503 with
   Retry-After), one that could never fit too (``TooLarge``: 413). Before that, ``app.shedding``
   lets a request's body be read only if there is room (``enter``): each request let through holds
   a place until it is admitted or refused, so that when one place frees up, one request is parsed,
@@ -55,6 +59,7 @@ class Worker(Protocol):
     """What the scheduler needs of a worker (``app.serving.worker.WorkerProcess``)."""
 
     name: str
+    model: str  # the model it serves: workers of one model share its queue (a ``Pool``)
     running: bool  # started, ready, and not stopped or exited since
     listener: Any  # told of messages and exits: ``on_message(worker, message)``, ``on_exit(worker)``
 
@@ -75,6 +80,7 @@ class Request:
     n_best: int
     future: asyncio.Future[list[Hypotheses]]  # the n-best of each sentence, or why it failed
     results: list[Hypotheses | None]
+    pool: Pool  # the model that translates it
     left: int = 0  # sentences not finished yet
     deadline: float | None = None  # time.monotonic()
     timer: asyncio.TimerHandle | None = None
@@ -106,9 +112,25 @@ class Sentence:
 
 
 @dataclass(eq=False)
+class Pool:
+    """One model's workers, and the sentences waiting for them (fair order within the model)."""
+
+    model: str
+    queue: FairQueue[Sentence]  # admitted, not given to a worker yet
+    workers: list[WorkerState] = field(default_factory=list)
+    metrics: Metrics | None = None  # labelled with the model (``Metrics.of_model``)
+    start_seconds: float = 0.0  # how long its workers took to start (load, compile, warm up)
+
+    @property
+    def alive(self) -> bool:
+        return any(s.worker.running for s in self.workers)
+
+
+@dataclass(eq=False)
 class WorkerState:
     worker: Worker
     capacity: int  # rows it may hold
+    pool: Pool
     sentences: dict[int, Sentence] = field(default_factory=dict)  # given to it, not finished
     rows: int = 0
     # A send failed: the process is gone, but the event loop has not read its end of file yet
@@ -136,12 +158,19 @@ class Scheduler:
         metrics: Metrics | None = None,
     ) -> None:
         capacity = max_batch_size + int(max_batch_size * prefetch)
-        self.workers = [WorkerState(w, capacity) for w in workers]
+        self.pools: dict[str, Pool] = {}  # by model, in the order of their first worker
+        self.workers: list[WorkerState] = []
         for worker in workers:
+            pool = self.pools.get(worker.model)
+            if pool is None:
+                bound = metrics.of_model(worker.model) if metrics is not None else None
+                pool = self.pools[worker.model] = Pool(worker.model, FairQueue(policy), metrics=bound)
+            state = WorkerState(worker, capacity, pool)
+            pool.workers.append(state)
+            self.workers.append(state)
             worker.listener = self
         self.max_queue = max_queue
         self.metrics = metrics
-        self._queue: FairQueue[Sentence] = FairQueue(policy)  # not given to a worker yet
         self._ids = itertools.count()
         self._entered = 0  # requests let in by ``enter`` and not admitted or refused yet
         self._stopping = False
@@ -149,14 +178,32 @@ class Scheduler:
 
     # -- workers ---------------------------------------------------------------------------------------
     async def start(self) -> list[Any]:
-        """Start every worker (what each reports when ready); the first failure is raised, after
-        stopping the others."""
-        started = await asyncio.gather(*(s.worker.start() for s in self.workers), return_exceptions=True)
-        failures = [e for e in started if isinstance(e, BaseException)]
+        """Start every worker (what each reports when ready, in order), the models side by side;
+        the first failure is raised, after stopping the others."""
+        reports: dict[WorkerState, Any] = {}
+        pools = [self._start_pool(pool, reports) for pool in self.pools.values()]
+        failures = [e for e in await asyncio.gather(*pools, return_exceptions=True) if e is not None]
         if failures:
             self.stop()
             raise failures[0]
-        return started
+        return [reports[state] for state in self.workers]
+
+    async def _start_pool(self, pool: Pool, reports: dict[WorkerState, Any]) -> BaseException | None:
+        """A model's first worker alone, then its others together: the first compiles the model's
+        decoding step (up to a minute of CPU), and the others load it from the on-disk cache in a
+        second instead of each compiling it again, with the CPU that the other models' workers and
+        other work on the machine need meanwhile (ready about as soon on 2 cores: BENCHMARKS.md,
+        "Several models"). What failed, or None."""
+        started = time.monotonic()
+        first, *others = pool.workers
+        for group in ([first], others):
+            done = await asyncio.gather(*(s.worker.start() for s in group), return_exceptions=True)
+            for state, report in zip(group, done, strict=True):
+                if isinstance(report, BaseException):
+                    return report
+                reports[state] = report
+        pool.start_seconds = time.monotonic() - started
+        return None
 
     def stop(self) -> None:
         """Stop the workers; whatever is not answered yet fails with ``EngineStopped``."""
@@ -167,13 +214,14 @@ class Scheduler:
             state.worker.stop()
         stopped = EngineStopped("the translation service stopped")
         given = {s.request for state in self.workers for s in state.sentences.values()}
-        for request in [*given, *self._queue.owners()]:
+        queued = [owner for pool in self.pools.values() for owner in pool.queue.owners()]
+        for request in [*given, *queued]:
             self._fail(request, stopped)  # type: ignore[arg-type]
 
     @property
     def waiting(self) -> int:
-        """Sentences in the queue, not given to a worker yet."""
-        return len(self._queue)
+        """Sentences in the queues, not given to a worker yet (every model's)."""
+        return sum(len(pool.queue) for pool in self.pools.values())
 
     @property
     def active(self) -> int:
@@ -182,8 +230,8 @@ class Scheduler:
 
     @property
     def alive(self) -> bool:
-        """Some worker is running (one that exited is being started again meanwhile)."""
-        return not self._stopping and any(s.worker.running for s in self.workers)
+        """Every model has a worker running (one that exited is being started again meanwhile)."""
+        return not self._stopping and all(pool.alive for pool in self.pools.values())
 
     # -- admission -------------------------------------------------------------------------------------
     def enter(self) -> bool:
@@ -200,31 +248,51 @@ class Scheduler:
         self._entered -= 1
 
     def submit(
-        self, sources: list[list[int]], *, beam_size: int, n_best: int, timeout_s: float | None = None
+        self,
+        sources: list[list[int]],
+        *,
+        beam_size: int,
+        n_best: int,
+        timeout_s: float | None = None,
+        model: str | None = None,
+        admitted: bool = False,
     ) -> Request:
-        """Admit a request (source token ids, eos included, at least one); its future gives the
-        n-best of each source, in order, or raises ``DeadlineExceeded`` or ``EngineError``.
-        Raises ``QueueFull``, ``TooLarge`` or ``EngineStopped`` at once."""
+        """Admit a request (source token ids, eos included, at least one) for ``model`` (None: the
+        only one); its future gives the n-best of each source, in order, or raises
+        ``DeadlineExceeded`` or ``EngineError``. Raises ``QueueFull``, ``TooLarge`` or
+        ``EngineStopped`` at once. ``admitted``: the second hop of a request admitted before (a
+        pivot, ``app.serving.pipeline``), whose sentences were counted then: not refused for a
+        full queue, so that work already done is not thrown away (the queue may then hold up to
+        these sentences more than ``max_queue``, until they leave it)."""
         if self._stopping:
             raise EngineStopped("the translation service is shutting down")
+        pool = self._pool(model)
         n = len(sources)
         if n == 0:
             raise ValueError("a request needs at least one sentence")
         if n > self.max_queue:
             raise TooLarge(f"{n} sentences in one request; the queue holds at most {self.max_queue}")
-        if self.waiting + n > self.max_queue:
+        if not admitted and self.waiting + n > self.max_queue:
             raise QueueFull(f"{self.waiting} sentences are waiting (limit {self.max_queue})")
         loop = asyncio.get_running_loop()
         now = time.monotonic()
-        request = Request(next(self._ids), beam_size, n_best, loop.create_future(), [None] * n, left=n)
+        request = Request(next(self._ids), beam_size, n_best, loop.create_future(), [None] * n, pool, left=n)
         if timeout_s is not None:
             request.deadline = now + timeout_s
             request.timer = loop.call_later(timeout_s, self._expire, request, timeout_s)
         request.sentences = [Sentence(next(self._ids), request, i, s, now) for i, s in enumerate(sources)]
-        self._queue.push(request, request.sentences)
-        self._queued()
-        self._dispatch()
+        pool.queue.push(request, request.sentences)
+        self._queued(pool)
+        self._dispatch(pool)
         return request
+
+    def _pool(self, model: str | None) -> Pool:
+        if model is None and len(self.pools) == 1:
+            return next(iter(self.pools.values()))
+        pool = self.pools.get(model) if model is not None else None
+        if pool is None:
+            raise ValueError(f"no workers for model {model!r} (models: {', '.join(self.pools)})")
+        return pool
 
     def withdraw(self, request: Request) -> None:
         """Its client went away (or stopped waiting): drop what is left of it."""
@@ -233,24 +301,30 @@ class Scheduler:
         self._drop(request)
 
     async def translate(
-        self, sources: list[list[int]], *, beam_size: int, n_best: int, timeout_s: float | None = None
+        self,
+        sources: list[list[int]],
+        *,
+        beam_size: int,
+        n_best: int,
+        timeout_s: float | None = None,
+        model: str | None = None,
     ) -> list[Hypotheses]:
         """``submit`` and wait for the answer (withdrawn if the caller is cancelled)."""
-        request = self.submit(sources, beam_size=beam_size, n_best=n_best, timeout_s=timeout_s)
+        request = self.submit(sources, beam_size=beam_size, n_best=n_best, timeout_s=timeout_s, model=model)
         try:
             return await request.future
         finally:
             self.withdraw(request)
 
     # -- dispatch --------------------------------------------------------------------------------------
-    def _dispatch(self) -> None:
-        """Give waiting sentences to workers with free rows, in the queue's order."""
+    def _dispatch(self, pool: Pool) -> None:
+        """Give the model's waiting sentences to its workers with free rows, in the queue's order."""
         batches: dict[int, list[Sentence]] = {}
-        while (sentence := self._queue.peek()) is not None:
-            state = max(self.workers, key=lambda s: s.free)
+        while (sentence := pool.queue.peek()) is not None:
+            state = max(pool.workers, key=lambda s: s.free)
             if not state.usable or (state.free < sentence.rows and state.rows):
                 break  # (an idle worker takes any one sentence, however many rows)
-            self._queue.pop()
+            pool.queue.pop()
             sentence.worker = state
             sentence.attempts += 1
             state.sentences[sentence.id] = sentence
@@ -258,8 +332,8 @@ class Scheduler:
             batches.setdefault(id(state), []).append(sentence)
         if not batches:
             return
-        self._queued()
-        for state in self.workers:
+        self._queued(pool)
+        for state in pool.workers:
             given = batches.get(id(state))
             if given and not state.worker.send(("translate", [s.message for s in given])):
                 state.unreachable = True  # gone meanwhile: its exit is on its way
@@ -267,9 +341,9 @@ class Scheduler:
                     sentence.attempts -= 1  # it never reached the worker
                 self._lost(state)
 
-    def _queued(self) -> None:
-        if self.metrics is not None:
-            self.metrics.queue_depth.set(len(self._queue))
+    def _queued(self, pool: Pool) -> None:
+        if pool.metrics is not None:
+            pool.metrics.queue_depth.set(len(pool.queue))
 
     # -- answers ---------------------------------------------------------------------------------------
     def on_message(self, worker: Worker, message: tuple[Any, ...]) -> None:
@@ -290,7 +364,7 @@ class Scheduler:
                     self._finish(request)
             else:
                 self._fail(request, EngineError(payload))
-        self._dispatch()
+        self._dispatch(state.pool)
 
     def _finish(self, request: Request) -> None:
         if request.timer is not None:
@@ -310,11 +384,12 @@ class Scheduler:
         if request.timer is not None:
             request.timer.cancel()
             request.timer = None
-        dropped = self._queue.drop(request)
+        pool = request.pool
+        dropped = pool.queue.drop(request)
         if dropped:
-            if self.metrics is not None:
-                self.metrics.sentences.labels("abandoned").inc(len(dropped))
-            self._queued()
+            if pool.metrics is not None:
+                pool.metrics.sentences.labels("abandoned").inc(len(dropped))
+            self._queued(pool)
         cancels: dict[int, tuple[WorkerState, list[int]]] = {}
         for sentence in request.sentences:  # (not the workers' sentences: thousands under load)
             state = sentence.worker
@@ -329,7 +404,7 @@ class Scheduler:
         for state, sids in cancels.values():
             state.worker.send(("cancel", sids))  # they stop costing model time
         if cancels:
-            self._dispatch()
+            self._dispatch(pool)
 
     # -- a worker that exits ---------------------------------------------------------------------------
     def on_exit(self, worker: Worker) -> None:
@@ -359,11 +434,11 @@ class Scheduler:
             if attempts >= MAX_ATTEMPTS:
                 self._fail(request, EngineError(f"a worker exited while translating it, {attempts} times"))
                 continue
-            if self.metrics is not None:
-                self.metrics.retried.inc(len(sentences))
-            self._queue.push(request, sentences, first=True)
-        self._queued()
-        self._dispatch()
+            if state.pool.metrics is not None:
+                state.pool.metrics.retried.inc(len(sentences))
+            state.pool.queue.push(request, sentences, first=True)
+        self._queued(state.pool)
+        self._dispatch(state.pool)
 
     async def _start_again(self, worker: Worker) -> None:
         for attempt in itertools.count():
@@ -375,9 +450,10 @@ class Scheduler:
             except (RuntimeError, TimeoutError) as e:  # it stays down meanwhile; deadlines still hold
                 log.error("%s could not be started again: %s", worker.name, e)
                 continue
-            if self.metrics is not None:
-                self.metrics.worker_restarts.inc()
-            self._dispatch()
+            pool = self._state(worker).pool
+            if pool.metrics is not None:
+                pool.metrics.worker_restarts.inc()
+            self._dispatch(pool)
             return
 
     def _state(self, worker: Worker) -> WorkerState:

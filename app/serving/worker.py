@@ -39,6 +39,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -63,6 +64,14 @@ _SPAWNER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="nmt-spawner")
 
 
 @dataclass(frozen=True)
+class ModelSpec:
+    """The model a worker serves: its directory, and its name for the scheduler and metrics."""
+
+    name: str
+    path: Path
+
+
+@dataclass(frozen=True)
 class ModelDescription:
     """What a worker runs, as it reports it when ready (for /info and the model metric)."""
 
@@ -73,10 +82,10 @@ class ModelDescription:
     compile_seconds: float = 0.0  # how long compiling the decoding step took at start-up
 
 
-def open_translator(settings: Settings) -> Translator:
-    """The model of ``settings``, as a worker runs it."""
+def open_translator(settings: Settings, model_dir: Path) -> Translator:
+    """The model in ``model_dir``, as a worker runs it with ``settings``."""
     return Translator.load(
-        settings.model_dir, device=settings.device, dtype=settings.dtype, quantization=settings.quantization
+        model_dir, device=settings.device, dtype=settings.dtype, quantization=settings.quantization
     )
 
 
@@ -193,7 +202,9 @@ class Inbox:
 
 
 # -- the worker process ----------------------------------------------------------------------------
-def serve_worker(settings: Settings, threads: int | None, metrics_dir: str, conn: Connection) -> None:
+def serve_worker(
+    settings: Settings, model: ModelSpec, threads: int | None, metrics_dir: str, conn: Connection
+) -> None:
     """The child process: load the model, report ready, then translate what the front end gives
     until it says stop or goes away."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -201,9 +212,9 @@ def serve_worker(settings: Settings, threads: int | None, metrics_dir: str, conn
     if threads:
         torch.set_num_threads(threads)
     try:
-        metrics = process_metrics(metrics_dir)
+        metrics = process_metrics(metrics_dir).of_model(model.name)
         inbox = Inbox(metrics, settings.scheduling)
-        translator = open_translator(settings)
+        translator = open_translator(settings, model.path)
         decoder = compiled_decoder(translator, settings)
         executor = Executor.from_settings(translator, inbox, settings, metrics=None, decoder=decoder)
         if settings.warmup:  # without metrics: the warm-up is not traffic
@@ -253,7 +264,8 @@ def compiled_decoder(translator: Translator, settings: Settings) -> CompiledDeco
 
 
 def warm_up(executor: Executor, inbox: Inbox) -> None:
-    src = executor.translator.source_ids(WARMUP_SENTENCES)
+    translator = executor.translator
+    src = translator.source_ids(WARMUP_SENTENCES, target=translator.info.directions[0][1])
     inbox.add([WorkerJob(-1 - i, -1, s, 1, 1, None, time.monotonic()) for i, s in enumerate(src)])
     with torch.inference_mode():
         while inbox.waiting or executor.busy:
@@ -286,8 +298,12 @@ class WorkerProcess:
     tell ``listener`` (the scheduler) what it answers (``on_message``) and when it exits
     (``on_exit``)."""
 
-    def __init__(self, settings: Settings, *, threads: int | None, metrics_dir: str, name: str) -> None:
+    def __init__(
+        self, settings: Settings, spec: ModelSpec, *, threads: int | None, metrics_dir: str, name: str
+    ) -> None:
         self.settings, self.threads, self.metrics_dir, self.name = settings, threads, metrics_dir, name
+        self.spec = spec
+        self.model = spec.name  # the scheduler's key: this worker's model
         self.listener: Any = None
         self.process: multiprocessing.process.BaseProcess | None = None
         self.description: ModelDescription | None = None
@@ -309,7 +325,7 @@ class WorkerProcess:
         self._conn, child_conn = context.Pipe()
         self.process = context.Process(
             target=serve_worker,
-            args=(self.settings, self.threads, self.metrics_dir, child_conn),
+            args=(self.settings, self.spec, self.threads, self.metrics_dir, child_conn),
             name=self.name,
             daemon=True,
         )

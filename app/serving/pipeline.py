@@ -1,0 +1,104 @@
+"""A request's sentences along their routes (``app.serving.router``), through the scheduler.
+
+A direct route is one scheduler request to its model's workers. A pivot is two, one after the
+other: the first model's best translation of each sentence (text, decoded with its vocabulary)
+is the second model's input (tokenized with the second's vocabulary), sentence by sentence, so
+that a text keeps its sentence boundaries and its layout. The first hop searches with the
+request's beam for one hypothesis; the alternatives asked for are the second hop's. One deadline
+covers both hops.
+
+The sentences of one request may take different routes (``source: "auto"`` detects each text's
+language): each route's sentences are one scheduler request, all submitted at once, so that a
+request is admitted or refused whole; its second hops are never refused for a full queue (their
+sentences were counted when the request was admitted).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Sequence
+
+from app.served import ServedModel
+from app.serving.errors import DeadlineExceeded
+from app.serving.router import Route
+from app.serving.scheduler import Request, Scheduler
+
+
+class Translation:
+    """Sentences on their way: submitted when made (``QueueFull``, ``TooLarge`` or
+    ``EngineStopped`` raised then, nothing left behind); ``result()`` waits for each sentence's
+    n-best texts; ``withdraw()`` drops whatever is not finished (call it once done, whatever the
+    outcome)."""
+
+    def __init__(
+        self,
+        scheduler: Scheduler,
+        sentences: Sequence[str],
+        routes: Sequence[Route[ServedModel]],
+        *,
+        beam_size: int,
+        n_best: int,
+        timeout_s: float,
+    ) -> None:
+        self.scheduler = scheduler
+        self.beam_size, self.n_best, self.timeout_s = beam_size, n_best, timeout_s
+        self.deadline = time.monotonic() + timeout_s
+        self.size = len(sentences)
+        self.requests: list[Request] = []  # every scheduler request made for it, hop after hop
+        groups: dict[tuple[str, str], tuple[Route[ServedModel], list[int]]] = {}
+        for i, route in enumerate(routes):
+            groups.setdefault((route.source, route.target), (route, []))[1].append(i)
+        self._legs: list[tuple[Route[ServedModel], list[int], Request]] = []
+        try:
+            for route, indices in groups.values():
+                first = self._submit(route, 0, [sentences[i] for i in indices], admitted=False)
+                self._legs.append((route, indices, first))
+        except BaseException:
+            self.withdraw()
+            raise
+
+    def _submit(self, route: Route[ServedModel], hop: int, texts: list[str], *, admitted: bool) -> Request:
+        step = route.hops[hop]
+        last = hop == len(route.hops) - 1
+        remaining = self.deadline - time.monotonic()
+        if remaining <= 0:
+            raise DeadlineExceeded(f"not translated within {self.timeout_s:g} s")
+        request = self.scheduler.submit(
+            step.model.source_ids(texts, step.target),
+            beam_size=self.beam_size,
+            n_best=self.n_best if last else 1,
+            timeout_s=remaining,
+            model=step.model.name,
+            admitted=admitted,
+        )
+        self.requests.append(request)
+        return request
+
+    async def result(self) -> list[list[str]]:
+        """The n-best translations of every sentence, in order (the first failure is raised)."""
+        out: list[list[str]] = [[] for _ in range(self.size)]
+        legs = await asyncio.gather(*(self._follow(route, first) for route, _, first in self._legs))
+        for (_, indices, _), texts in zip(self._legs, legs, strict=True):
+            for i, nbest in zip(indices, texts, strict=True):
+                out[i] = nbest
+        return out
+
+    async def _follow(self, route: Route[ServedModel], first: Request) -> list[list[str]]:
+        """One route's sentences through its hops: each hop's best translations are the next's
+        input (a blank one stays blank, without model work, as a blank sentence does)."""
+        texts = route.hops[0].model.texts(await first.future)
+        for hop in range(1, len(route.hops)):
+            inputs = [nbest[0] for nbest in texts]
+            texts = [[""] * (self.n_best if hop == len(route.hops) - 1 else 1) for _ in inputs]
+            todo = [i for i, text in enumerate(inputs) if text.strip()]
+            if not todo:
+                continue
+            request = self._submit(route, hop, [inputs[i] for i in todo], admitted=True)
+            for i, nbest in zip(todo, route.hops[hop].model.texts(await request.future), strict=True):
+                texts[i] = nbest
+        return texts
+
+    def withdraw(self) -> None:
+        for request in self.requests:
+            self.scheduler.withdraw(request)
