@@ -145,3 +145,41 @@ def test_the_package_name_changes_with_what_the_graph_depends_on(translator: Tra
             assert decoder.key(CAPACITY) != key
         finally:
             weight[5, 0] -= 1.0
+
+
+@torch.inference_mode()
+def test_garbage_in_never_written_buffer_memory_reaches_no_result(translator: Translator) -> None:
+    """The buffers are allocated, not zeroed (memory is taken only for the positions used): NaN
+    wherever nothing was written yet changes nothing, and zeroing positions as the rows reach them
+    loses nothing written, rows of different lengths and joins included."""
+    model = translator.model
+    eager = CompiledDecoder(model, top=TOP, compile=False)
+    eager.warm_up(CAPACITY)
+    # Short sources and a long decoding: the cached positions outgrow the source ones.
+    first = [ids[:4] + [model.cfg.eos_id] for ids in source_ids(translator, 3, seed=4)]
+    later = [ids[:7] + [model.cfg.eos_id] for ids in source_ids(translator, 2, seed=5)]
+
+    def run(poison: bool) -> list[torch.Tensor]:
+        slots = StaticSlots(model, CAPACITY)
+        if poison:  # garbage wherever nothing was written
+            slots.self_kv.fill_(float("nan"))
+            slots.cross_kv.fill_(float("nan"))
+        else:  # the reference: every position zeroed from the start, none left to zero later
+            slots.self_kv.zero_()
+            slots.cross_kv.zero_()
+            slots._clean = slots.self_kv.size(4)
+        slots.append(model.start_cache(model.encode(translator.batch(first)), capacity=1))
+        tokens = torch.full((3,), model.cfg.bos_id, dtype=torch.long)
+        out = []
+        for t in range(40):
+            if t == 5:  # newcomers with other source lengths join mid-way
+                slots.append(model.start_cache(model.encode(translator.batch(later)), capacity=1))
+                tokens = torch.cat([tokens, torch.full((2,), model.cfg.bos_id, dtype=torch.long)])
+            step = slots.decode(eager, tokens, torch.arange(slots.rows))
+            out.append(step.top_lprobs)
+            tokens = step.choice
+        return out
+
+    for clean, poisoned in zip(run(False), run(True), strict=True):
+        assert torch.isfinite(poisoned).all()
+        assert torch.equal(clean, poisoned)
