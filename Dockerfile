@@ -20,7 +20,7 @@ RUN make install VENV=/opt/venv EXTRAS= TORCH_INDEX=${TORCH_INDEX} \
     && find /opt/venv -name '__pycache__' -prune -exec rm -rf {} +
 
 FROM python:${PYTHON_VERSION}-slim AS runtime
-# g++: TorchInductor compiles the decoding step into C++ when a worker starts (NMT_COMPILE; cached
+# g++: AOTInductor compiles the decoding step into C++ when a worker starts (NMT_COMPILE; kept
 # in /home/nmt/.cache/nmt-service, a volume in docker-compose.yml). Without it the workers decode
 # eagerly, slower, and /info says "decoding": "eager".
 RUN apt-get update \
