@@ -10,16 +10,26 @@ piece   id    use
 <s>     2     begin of sentence: first decoder input
 </s>    3     end of sentence: ends every source and every target
 ======  ====  ==========================================
+
+A multilingual model's vocabulary also holds one control symbol per target language,
+``target_token(lang)`` = ``<2en>``, ``<2de>``, ...: put before the source ids, it says which
+language to translate into (``model.checkpoint.source_prefix``). Control symbols are never produced
+by encoding text (a user typing "<2de>" gets ordinary pieces) and decode to nothing.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 import sentencepiece as spm
 
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
+
+
+def target_token(lang: str) -> str:
+    """The control symbol that asks a multilingual model for ``lang``: ``<2en>``."""
+    return f"<2{lang}>"
 
 
 class Tokenizer:
@@ -53,11 +63,25 @@ class Tokenizer:
     def pieces(self, ids: list[int]) -> list[str]:
         return [str(p) for p in self.sp.IdToPiece(ids)]
 
+    def control_id(self, piece: str) -> int | None:
+        """The id of control symbol ``piece`` (e.g. ``target_token("en")``), None if it has none."""
+        i = int(self.sp.PieceToId(piece))
+        return i if self.sp.IdToPiece(i) == piece and self.sp.IsControl(i) else None
+
     @staticmethod
     def train(
-        texts: Iterable[str], model_prefix: str | Path, vocab_size: int, *, seed_sentences: int = 0
+        texts: Iterable[str],
+        model_prefix: str | Path,
+        vocab_size: int,
+        *,
+        seed_sentences: int = 0,
+        control_symbols: Sequence[str] = (),
     ) -> Path:
-        """Train a joint unigram SentencePiece model on ``texts``; returns the .model path."""
+        """Train a joint unigram SentencePiece model on ``texts``; returns the .model path.
+
+        ``seed_sentences``: train on a random sample of this many of ``texts`` (0: all of them).
+        ``control_symbols`` get the ids right after the fixed specials (4, 5, ...), in order.
+        """
         model_prefix = Path(model_prefix)
         model_prefix.parent.mkdir(parents=True, exist_ok=True)
         spm.SentencePieceTrainer.Train(
@@ -71,6 +95,7 @@ class Tokenizer:
             bos_id=BOS_ID,
             eos_id=EOS_ID,
             input_sentence_size=seed_sentences,
+            control_symbols=list(control_symbols),
             shuffle_input_sentence=True,
             # Keep the training log quiet: it is thousands of lines on stderr.
             minloglevel=2,

@@ -1,6 +1,7 @@
 """Command-line translation of a text file: one sentence per line in, one translation per line out.
 
     python -m model.translate --model DIR [--input FILE] [--output FILE] [--beam-size 5] ...
+    python -m model.translate --model MULTILINGUAL_DIR --target en ...   # a multilingual model needs --target
 
 Line *i* of the output is the translation of line *i* of the input, so the output can be paired
 with the input (or scored against a reference) by line number; blank lines stay blank. Input is
@@ -23,7 +24,7 @@ from typing import BinaryIO
 
 from tqdm import tqdm
 
-from model.checkpoint import ModelDirError
+from model.checkpoint import ModelDirError, source_prefix
 from model.translator import DTYPES, QUANTIZATIONS, Translator
 
 # Lines handed to Translator.translate_batch at a time. Large enough that the translator's
@@ -61,6 +62,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--input", help="input file, one sentence per line (.gz is decompressed); default stdin"
     )
     parser.add_argument("--output", help="output file (.gz is compressed); default stdout")
+    parser.add_argument(
+        "--target",
+        metavar="LANG",
+        help="language to translate into: needed by a multilingual model, optional for a bilingual one",
+    )
     parser.add_argument("--beam-size", type=positive_int, default=5, help="1 is greedy search (default 5)")
     parser.add_argument(
         "--batch-size", type=positive_int, default=64, help="sentences per model batch (default 64)"
@@ -169,6 +175,7 @@ def translate_lines(
     batch_size: int,
     chunk_lines: int,
     progress: tqdm | None = None,
+    target: str | None = None,
 ) -> int:
     """Translate ``lines`` chunk by chunk, writing one line per input line; returns the line count.
 
@@ -176,7 +183,9 @@ def translate_lines(
     """
     total = 0
     for chunk in chunked(lines, chunk_lines):
-        results = translator.translate_batch(chunk, beam_size=beam_size, max_batch_size=batch_size)
+        results = translator.translate_batch(
+            chunk, target=target, beam_size=beam_size, max_batch_size=batch_size
+        )
         out.write(b"".join((one_line(r.hypotheses[0]) + "\n").encode("utf-8") for r in results))
         out.flush()
         total += len(chunk)
@@ -211,6 +220,10 @@ def main(argv: list[str] | None = None) -> int:
         return fail(f"cannot load model: {e}")
     except ValueError as e:  # e.g. --device cuda without CUDA
         return fail(str(e))
+    try:
+        source_prefix(translator.info, args.target)
+    except ValueError as e:  # no --target for a multilingual model, or one it does not translate into
+        return fail(f"--target: {e}")
 
     try:
         with ExitStack() as stack:
@@ -233,6 +246,7 @@ def main(argv: list[str] | None = None) -> int:
                 # Someone typing at a terminal wants each line back at once, not after 1024 lines.
                 chunk_lines=1 if not from_file and sys.stdin.isatty() else CHUNK_LINES,
                 progress=bar,
+                target=args.target,
             )
     except InputError as e:
         return fail(str(e))

@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 
 from model.allocator import keep_freed_memory
-from model.checkpoint import ModelInfo, load_model, read_info_and_tokenizer
+from model.checkpoint import ModelInfo, load_model, read_info_and_tokenizer, source_prefix
 from model.layers import aligned
 from model.prepack import prepack as prepack_linears
 from model.search import Hypothesis, beam_search, greedy_search, max_lengths
@@ -108,9 +108,12 @@ class Translator:
     def max_input_tokens(self) -> int:
         return self.model.cfg.max_positions - 1  # room for eos
 
-    def source_ids(self, texts: list[str]) -> list[list[int]]:
-        """Token ids of each text followed by eos, truncated to what the model's positions allow."""
-        return [ids[: self.max_input_tokens] + [EOS_ID] for ids in self.tokenizer.encode(texts)]
+    def source_ids(self, texts: list[str], *, target: str | None = None) -> list[list[int]]:
+        """Token ids of each text followed by eos, truncated to what the model's positions allow;
+        for a multilingual model preceded by ``target``'s token (``model.checkpoint.source_prefix``)."""
+        prefix = source_prefix(self.info, target)
+        limit = self.max_input_tokens - len(prefix)
+        return [prefix + ids[:limit] + [EOS_ID] for ids in self.tokenizer.encode(texts)]
 
     def batch(self, sources: list[list[int]]) -> torch.Tensor:
         """Right-padded (B, S) tensor of source ids, S a multiple of ``KEY_ALIGN``: a sentence's
@@ -149,6 +152,7 @@ class Translator:
         self,
         texts: list[str],
         *,
+        target: str | None = None,
         beam_size: int = 5,
         n_best: int = 1,
         length_penalty: float = 1.0,
@@ -160,6 +164,8 @@ class Translator:
         """Translate ``texts``; results come back in input order.
 
         Args:
+            target: the language to translate into; needed by a multilingual model (one of
+                ``info.directions``' targets), optional for a bilingual one (its target_lang).
             beam_size: 1 is greedy search.
             n_best: hypotheses returned per input (at most ``beam_size``).
             length_penalty: scores are log-prob / length**length_penalty (0 = no normalisation).
@@ -170,11 +176,12 @@ class Translator:
         """
         if beam_size < 1 or max_batch_size < 1:
             raise ValueError("beam_size and max_batch_size must be >= 1")
+        source_prefix(self.info, target)  # ValueError for a target it cannot give, even for blank input
         results: list[TranslationResult | None] = [None] * len(texts)
         todo = [i for i, t in enumerate(texts) if t.strip()]
         for i in set(range(len(texts))) - set(todo):  # blank input: blank output, no model work
             results[i] = TranslationResult([""] * n_best, [0.0] * n_best, [[]] * n_best)
-        sources = self.source_ids([texts[i] for i in todo])
+        sources = self.source_ids([texts[i] for i in todo], target=target)
         order = sorted(range(len(todo)), key=lambda j: len(sources[j]), reverse=True)
         for start in range(0, len(order), max_batch_size):
             chunk = order[start : start + max_batch_size]
