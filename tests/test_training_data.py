@@ -18,8 +18,9 @@ from tests.corpora import tiny_config, write_corpus
 from training import prepare as prepare_cli
 from training.config import ConfigError
 from training.data import PreparedCorpus, collate, iterate
-from training.prepare import MANIFEST, DataError, prepare, prepared_corpus, reservoir_sample
+from training.prepare import MANIFEST, DataError, prepare, prepared_corpus
 from training.sampling import EpochPlan, cut_batches, epoch_draws, piece_size
+from training.text import reservoir_sample
 
 
 def quiet(_: str) -> None:

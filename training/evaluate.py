@@ -27,8 +27,8 @@ from model.translator import Translator
 from training.config import TrainParams
 from training.data import DataError, PreparedCorpus, iterate, read_lines
 from training.loss import label_smoothed_nll
-from training.prepare import find_file
 from training.sampling import EpochPlan
+from training.text import find_file
 
 
 @dataclass

@@ -51,7 +51,6 @@ def piece_size(n: int) -> int:
 
 @dataclass
 class PlannedBatch:
-    pool: int  # the pool it was cut from (the reader lets go of mapped pages between pools)
     directions: np.ndarray  # (B,) direction index of each pair
     indices: np.ndarray  # (B,) the pair's index within its direction
 
@@ -126,9 +125,7 @@ class EpochPlan:
         batches = [order[a:b] for a, b in zip(cuts[:-1], cuts[1:], strict=True)]
         batches = [batches[i] for i in rng.permutation(len(batches))]
         usable = len(batches) - len(batches) % self.world
-        return [
-            PlannedBatch(index, directions[b], indices[b]) for b in batches[self.rank : usable : self.world]
-        ]
+        return [PlannedBatch(directions[b], indices[b]) for b in batches[self.rank : usable : self.world]]
 
     def __len__(self) -> int:
         """This rank's batches in the epoch (computed once: it reads every pool's sizes)."""

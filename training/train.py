@@ -3,9 +3,12 @@
     python -m training.train --config training/configs/multi30k_de_en.toml [--data-dir D] [--out D] [--resume]
     torchrun --nproc_per_node N -m training.train --config ...      # data parallel (gloo on CPU, NCCL on GPU)
 
-Output directory: sentencepiece.model, train_log.jsonl, training_curve.png, checkpoints/step_*.pt
-(training state: model, optimizer, scheduler, step, data position, RNG), and model/ (the exported
-model directory, weights averaged over the last checkpoints).
+The raw parallel files are prepared into memory-mapped token arrays on first use (training.prepare;
+cached, reused by later runs and by --resume). Output directory: sentencepiece.model,
+train_log.jsonl, training_curve.png, checkpoints/step_*.pt (training state: model, optimizer,
+scheduler, step, data position, RNG), prepared/ (the cached prepared data, unless data.prepared_dir
+says elsewhere), and model/ (the exported model directory, weights averaged over the last
+checkpoints).
 """
 
 from __future__ import annotations
@@ -121,7 +124,15 @@ def open_corpus(
     resumed = bool(resume and vocab.is_file() and checkpoint_paths(out) and not cfg.data.spm_model)
     resume_vocab = vocab if resumed else None
     path = dist.on_main(lambda: prepared_corpus(cfg.data, out, vocab=resume_vocab, log=log))
-    corpus = PreparedCorpus(path)
+    try:
+        corpus = PreparedCorpus(path)
+    except DataError as e:
+        if dist.world == 1:
+            raise
+        raise DataError(
+            f"{e}: process {dist.rank} cannot read what the main process prepared; with several "
+            "machines the output (or prepared) directory must be on storage every machine sees"
+        ) from e
     if dist.main and (not vocab.is_file() or sha256_file(vocab) != corpus.vocab_sha256):
         shutil.copyfile(corpus.spm_path, vocab)  # the run's vocabulary, beside its checkpoints
     dist.barrier()
@@ -407,11 +418,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--data-dir", help="directory of {split}.{lang}[.gz] files (overrides data.dir)")
     ap.add_argument("--out", help="output directory (default: runs/<config name>)")
     ap.add_argument("--resume", action="store_true", help="continue from the last checkpoint in --out")
+    ap.add_argument(
+        "--prepared-dir",
+        help="where prepared data is cached, or a prepared corpus (overrides data.prepared_dir)",
+    )
     args = ap.parse_args(argv)
     try:
         cfg = TrainConfig.load(args.config)
         if args.data_dir:
             cfg.data.dir = args.data_dir
+        if args.prepared_dir:
+            cfg.data.prepared_dir = args.prepared_dir
         out = Path(args.out or Path("runs") / Path(args.config).stem)
         train(cfg, out, resume=args.resume)
     except (ConfigError, DataError, ModelDirError) as e:
