@@ -118,21 +118,27 @@ def test_resume_refuses_another_vocabulary(corpus: Path, tmp_path: Path, spm_mod
         train(cfg, tmp_path, resume=True)
 
 
-def test_ddp_two_processes_end_with_identical_weights(corpus: Path, tmp_path: Path) -> None:
+def run_ddp(data_dir: Path, out: Path, timeout: float = 300) -> tuple[int, str]:
+    """tests/ddp_worker.py in two processes under torchrun: (exit status, stderr)."""
     # PYTHONPATH: the workers import this checkout's code, not whichever one the venv has installed
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
-    cmd += [str(REPO / "tests" / "ddp_worker.py"), str(TINY), str(corpus), str(tmp_path)]
+    cmd += [str(REPO / "tests" / "ddp_worker.py"), str(TINY), str(data_dir), str(out)]
     # A session of its own, so that on a hang the workers die with the launcher.
     proc = subprocess.Popen(
         cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
     )
     try:
-        _, stderr = proc.communicate(timeout=300)
+        _, stderr = proc.communicate(timeout=timeout)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
-    assert proc.returncode == 0, stderr[-3000:]
+    return proc.returncode, stderr
+
+
+def test_ddp_two_processes_end_with_identical_weights(corpus: Path, tmp_path: Path) -> None:
+    code, stderr = run_ddp(corpus, tmp_path)
+    assert code == 0, stderr[-3000:]
     w0, w1 = load_file(str(tmp_path / "rank0.safetensors")), load_file(str(tmp_path / "rank1.safetensors"))
     assert all(torch.equal(w0[k], w1[k]) for k in w0)
     assert read_info(tmp_path / "model").training["world_size"] == 2
@@ -141,6 +147,14 @@ def test_ddp_two_processes_end_with_identical_weights(corpus: Path, tmp_path: Pa
     assert any(
         not torch.equal(w0[k], v) for k, v in Translator.load(tmp_path / "model").model.state_dict().items()
     )
+
+
+def test_ddp_a_failed_preparation_stops_every_process(tmp_path: Path) -> None:
+    # the main process prepares while the other waits on a group without a practical timeout: its
+    # failure must reach the other process, not leave it waiting
+    code, stderr = run_ddp(tmp_path / "no-such-data", tmp_path / "out", timeout=120)
+    assert code != 0
+    assert "train.de[.gz]: file not found" in stderr and "the main process failed" in stderr, stderr[-3000:]
 
 
 # -- command lines ---------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""Training data of any size: preparation into memory-mapped token arrays (streamed, cached by key),
+"""Training data of any size: preparation into token arrays on disk (streamed, cached by key),
 the epoch plan (pools, batches, temperature sampling), and each rank's shard of it."""
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import pytest
 from model.tokenizer import EOS_ID, Tokenizer
 from tests.corpora import tiny_config, write_corpus
 from training import prepare as prepare_cli
+from training.arrays import DiskArray
 from training.config import ConfigError
 from training.data import PreparedCorpus, collate, iterate
 from training.prepare import MANIFEST, DataError, prepare, prepared_corpus
@@ -62,13 +63,13 @@ def test_prepared_arrays_hold_every_line_and_keep_only_usable_pairs(corpus: Path
     for i in (0, 7, 123, 299):  # every line's tokens, as SentencePiece encodes it
         assert train.src.line(i).tolist() == tok.encode([src[i]])[0]
         assert train.tgt.line(i).tolist() == tok.encode([tgt[i]])[0]
-    kept = train.pairs.array.tolist()
+    kept = train.pairs[:].tolist()
     assert 5 not in kept and 6 not in kept and len(kept) == 298  # empty and too long dropped
     entry = data.manifest["directions"]["train"]["de-en"]
     assert (entry["kept"], entry["empty"], entry["too_long"]) == (298, 1, 1)
     k = kept.index(7)
     ls, lt = len(train.src.line(7)), len(train.tgt.line(7))
-    assert train.sizes.array[k] == ls + lt + 2
+    assert train.sizes.item(k) == ls + lt + 2
     assert data.manifest["token_dtype"] == "uint16"
     sources, references = data.valid_text(data.valid[0])
     assert sources == (corpus / "val.de").read_text().splitlines() and len(references) == 20
@@ -226,10 +227,24 @@ def test_cut_batches_is_greedy_within_the_budget() -> None:
 
 def test_reading_batches_from_the_prepared_corpus(prepared: Path) -> None:
     data = PreparedCorpus(prepared)
-    plan = EpochPlan([d.sizes.array for d in data.train], max_tokens=512, pool=64, seed=0, epoch=0)
-    tokens = sum(b.n_tokens for b in iterate(data, data.train, plan))
+    plan = EpochPlan([d.sizes for d in data.train], max_tokens=512, pool=64, seed=0, epoch=0)
+    tokens = sum(b.n_tokens for b in iterate(data.train, plan))
     (train,) = data.train
     assert tokens == sum(len(train.example(k)[1]) + 1 for k in range(len(train)))
     meta = json.loads((prepared / MANIFEST).read_text())
     assert meta["files"]["train.de"]["lines"] == 300
     assert Tokenizer(data.spm_path).vocab_size == meta["vocab_size"]
+
+
+def test_disk_array_reads_only_contiguous_slices(tmp_path: Path) -> None:
+    values = np.arange(1000, dtype=np.int32) * 7
+    (tmp_path / "a.bin").write_bytes(values.tobytes())
+    array = DiskArray(tmp_path / "a.bin", np.int32)
+    assert len(array) == 1000
+    assert array[10:20].tolist() == values[10:20].tolist()
+    assert array[990:2000].tolist() == values[990:].tolist()  # clipped at the end, as numpy does
+    assert array.item(999) == 6993 and array[5:5].size == 0
+    with pytest.raises(IndexError):
+        array.item(1000)
+    with pytest.raises(ValueError, match="contiguous"):
+        array[::2]

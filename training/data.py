@@ -1,20 +1,16 @@
-"""A prepared corpus (``training.prepare``), memory-mapped, and the padded batches read from it.
+"""A prepared corpus (``training.prepare``), opened, and the padded batches read from it.
 
-The token arrays stay on disk: a batch reads its pairs' tokens through the memory maps, and the
-pages it touched are let go of once it is built (``PreparedCorpus.release``: the kernel maps ~16
-pages around each page read, so a few thousand random reads would otherwise keep hundreds of MB
-of the files resident), so the trainer's resident memory stays the same whether the corpus has
-thousands of pairs or hundreds of millions.
+The token arrays stay on disk: a batch reads its pairs' tokens from them (``training.arrays``),
+so the trainer's resident memory stays the same whether the corpus has thousands of pairs or
+hundreds of millions.
 """
 
 from __future__ import annotations
 
 import json
-import mmap
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
@@ -23,29 +19,12 @@ from torch import Tensor
 from model.checkpoint import ModelInfo, source_prefix
 from model.config import ModelConfig
 from model.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
+from training.arrays import DiskArray
 from training.prepare import MANIFEST, SPM_FILE, model_info
 from training.sampling import EpochPlan, PlannedBatch
-from training.text import DataError, read_lines, sha256_file
+from training.text import DataError, read_lines
 
 __all__ = ["Batch", "DataError", "PreparedCorpus", "collate", "iterate", "read_lines"]
-
-
-class Mapped:
-    """A read-only array of a file, memory-mapped: pages are read when touched, and ``release``
-    drops them from this process (the kernel's page cache keeps them for the next reader)."""
-
-    def __init__(self, path: Path, dtype: Any) -> None:
-        self._mmap: mmap.mmap | None = None
-        with path.open("rb") as f:
-            if f.seek(0, 2) == 0:  # an empty file cannot be mapped
-                self.array: np.ndarray = np.zeros(0, dtype)
-                return
-            self._mmap = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-        self.array = np.frombuffer(self._mmap, dtype)
-
-    def release(self) -> None:
-        if self._mmap is not None and hasattr(mmap, "MADV_DONTNEED"):
-            self._mmap.madvise(mmap.MADV_DONTNEED)
 
 
 class TokenFile:
@@ -53,12 +32,12 @@ class TokenFile:
 
     def __init__(self, root: Path, file_id: str, dtype: str) -> None:
         self.file_id = file_id  # the input's name without .gz: "train.de"
-        self.tokens = Mapped(root / f"{file_id}.tokens", dtype)
-        self.offsets = Mapped(root / f"{file_id}.offsets", np.int64)
+        self.tokens = DiskArray(root / f"{file_id}.tokens", dtype)
+        self.offsets = DiskArray(root / f"{file_id}.offsets", np.int64)
 
     def line(self, i: int) -> np.ndarray:
-        o = self.offsets.array
-        return self.tokens.array[o[i] : o[i + 1]]
+        start, stop = self.offsets[i : i + 2]
+        return self.tokens[int(start) : int(stop)]
 
 
 @dataclass
@@ -70,21 +49,21 @@ class Direction:
     target: str
     src: TokenFile
     tgt: TokenFile
-    pairs: Mapped  # int64 line numbers
-    sizes: Mapped  # int32 padded sizes (what batching counts)
+    pairs: DiskArray  # int64 line numbers
+    sizes: DiskArray  # int32 padded sizes (what batching counts)
     prefix: list[int]  # ids before every source sentence (the target-language token, if any)
 
     def __len__(self) -> int:
-        return len(self.pairs.array)
+        return len(self.pairs)
 
     def example(self, k: int) -> tuple[np.ndarray, np.ndarray]:
-        line = int(self.pairs.array[k])
+        line = self.pairs.item(k)
         return self.src.line(line), self.tgt.line(line)
 
 
 class PreparedCorpus:
     """A prepared corpus directory, opened: its vocabulary, and every direction's training and
-    validation pairs as memory-mapped arrays."""
+    validation pairs as arrays on disk."""
 
     def __init__(self, root: str | Path) -> None:
         self.root = Path(root)
@@ -123,8 +102,8 @@ class PreparedCorpus:
             target,
             files[0],
             files[1],
-            Mapped(self.root / f"{prefix}.pairs", np.int64),
-            Mapped(self.root / f"{prefix}.sizes", np.int32),
+            DiskArray(self.root / f"{prefix}.pairs", np.int64),
+            DiskArray(self.root / f"{prefix}.sizes", np.int32),
             source_prefix(self._info, target),
         )
 
@@ -136,19 +115,6 @@ class PreparedCorpus:
     @property
     def train_pairs(self) -> int:
         return sum(len(d) for d in self.train)
-
-    def release(self) -> None:
-        """Let go of every mapped page this process touched (they stay in the page cache)."""
-        for f in self._files.values():
-            f.tokens.release()
-            f.offsets.release()
-        for d in self.train + self.valid:
-            d.pairs.release()
-            d.sizes.release()
-
-    def check_vocabulary(self, path: Path) -> None:
-        if sha256_file(path) != self.vocab_sha256:
-            raise DataError(f"{self.root}: prepared with another vocabulary than {path}")
 
 
 @dataclass
@@ -197,12 +163,7 @@ def batch_of(directions: Sequence[Direction], planned: PlannedBatch) -> Batch:
     return collate(examples)
 
 
-def iterate(
-    corpus: PreparedCorpus, directions: Sequence[Direction], plan: EpochPlan, start: int = 0
-) -> Iterator[Batch]:
-    """The batches of ``plan`` from the ``start``-th on, read from ``corpus``; the mapped pages a
-    batch touched are let go of once it is built (~0.1 ms)."""
+def iterate(directions: Sequence[Direction], plan: EpochPlan, start: int = 0) -> Iterator[Batch]:
+    """The batches of ``plan`` (over ``directions``) from the ``start``-th on."""
     for planned in plan.batches(start):
-        batch = batch_of(directions, planned)
-        corpus.release()
-        yield batch
+        yield batch_of(directions, planned)

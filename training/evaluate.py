@@ -90,8 +90,8 @@ def validate(
     loss_sum, nll_sum, tokens = 0.0, 0.0, 0
     for direction in corpus.valid:
         d_loss, d_nll, d_tokens = 0.0, 0.0, 0
-        plan = EpochPlan([direction.sizes.array], max_tokens=p.max_tokens, pool=1 << 62, seed=0, epoch=0)
-        for batch in iterate(corpus, [direction], plan):
+        plan = EpochPlan([direction.sizes], max_tokens=p.max_tokens, pool=1 << 62, seed=0, epoch=0)
+        for batch in iterate([direction], plan):
             batch = batch.to(device)
             logits = model(batch.src, batch.tgt_in)
             loss, nll = label_smoothed_nll(logits, batch.tgt_out, p.label_smoothing, PAD_ID)

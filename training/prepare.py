@@ -1,4 +1,4 @@
-"""Raw parallel text -> a prepared corpus: token arrays on disk that training memory-maps.
+"""Raw parallel text -> a prepared corpus: token arrays on disk, which training reads batches from.
 
     python -m training.prepare --config C [--data-dir D] [--out O | --prepared-dir P]
 
@@ -50,6 +50,7 @@ from tqdm import tqdm
 from model.checkpoint import ModelInfo, source_prefix
 from model.config import ModelConfig
 from model.tokenizer import Tokenizer, target_token
+from training.arrays import DiskArray, token_dtype
 from training.config import ConfigError, DataConfig, TrainConfig
 from training.text import (
     DataError,
@@ -154,10 +155,6 @@ def model_info(
 
 
 # -- encoding --------------------------------------------------------------------------------------
-def token_dtype(vocab_size: int) -> np.dtype[Any]:
-    return np.dtype(np.uint16 if vocab_size <= np.iinfo(np.uint16).max + 1 else np.int32)
-
-
 def encode_file(tokenizer: Tokenizer, path: Path, prefix: Path, dtype: np.dtype[Any]) -> tuple[int, int]:
     """Encode every line of ``path`` into ``prefix``.tokens / .offsets; returns (lines, tokens)."""
     lines, tokens = 0, 0
@@ -182,8 +179,8 @@ class FilterStats:
 
 
 def select_pairs(
-    src_offsets: np.ndarray,
-    tgt_offsets: np.ndarray,
+    src_offsets: DiskArray,
+    tgt_offsets: DiskArray,
     out: Path,
     *,
     prefix_len: int,
@@ -314,8 +311,8 @@ def _build(
                 counts = f"{src_path} has {src['lines']} lines but {tgt_path} has {tgt['lines']}"
                 raise DataError(f"{counts}: files are not parallel")
             stats = select_pairs(
-                np.memmap(out / f"{file_id(src_path)}.offsets", np.int64, mode="r"),
-                np.memmap(out / f"{file_id(tgt_path)}.offsets", np.int64, mode="r"),
+                DiskArray(out / f"{file_id(src_path)}.offsets", np.int64),
+                DiskArray(out / f"{file_id(tgt_path)}.offsets", np.int64),
                 out / f"{split}.{name}",
                 prefix_len=len(source_prefix(info, name.split("-")[1])),
                 max_tokens=data.max_tokens_per_sentence if role == "train" else 10**9,

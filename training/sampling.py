@@ -26,6 +26,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from training.arrays import Sliceable
+
 PIECE = 1024  # the most consecutive pairs of a direction kept together through the shuffle
 
 
@@ -57,11 +59,11 @@ class PlannedBatch:
 
 class EpochPlan:
     """The batches of one epoch for one rank. ``sizes[d][k]``: the padded size of pair k of
-    direction d (an array, typically memory-mapped; only one pool's entries are read at a time)."""
+    direction d (an array, or a ``DiskArray``: only one pool's pieces are read at a time)."""
 
     def __init__(
         self,
-        sizes: Sequence[np.ndarray],
+        sizes: Sequence[Sliceable],
         *,
         max_tokens: int,
         pool: int,
@@ -116,10 +118,7 @@ class EpochPlan:
         directions = np.repeat(pieces[:, 0], lengths)
         # each piece's pairs: start, start + 1, ..., stop - 1
         indices = np.arange(total) - np.repeat(np.cumsum(lengths) - lengths - pieces[:, 1], lengths)
-        sizes = np.empty(total, np.int64)
-        for d in np.unique(directions):
-            mask = directions == d
-            sizes[mask] = self.sizes[d][indices[mask]]
+        sizes = np.concatenate([self.sizes[d][a:b] for d, a, b in pieces.tolist()]).astype(np.int64)
         order = np.lexsort((rng.random(total), sizes))  # by size; ties broken at random
         cuts = cut_batches(sizes[order], self.max_tokens)
         batches = [order[a:b] for a, b in zip(cuts[:-1], cuts[1:], strict=True)]

@@ -3,7 +3,7 @@
     python -m training.train --config training/configs/multi30k_de_en.toml [--data-dir D] [--out D] [--resume]
     torchrun --nproc_per_node N -m training.train --config ...      # data parallel (gloo on CPU, NCCL on GPU)
 
-The raw parallel files are prepared into memory-mapped token arrays on first use (training.prepare;
+The raw parallel files are prepared into token arrays on disk on first use (training.prepare;
 cached, reused by later runs and by --resume). Output directory: sentencepiece.model,
 train_log.jsonl, training_curve.png, checkpoints/step_*.pt (training state: model, optimizer,
 scheduler, step, data position, RNG), prepared/ (the cached prepared data, unless data.prepared_dir
@@ -221,7 +221,7 @@ def train(cfg: TrainConfig, out: str | Path, *, resume: bool = False) -> TrainRe
 
     def plan(epoch: int) -> EpochPlan:
         """This process's batches of ``epoch`` (every process plans the same, and takes its share)."""
-        sizes = [d.sizes.array for d in corpus.train]
+        sizes = [d.sizes for d in corpus.train]
         return EpochPlan(
             sizes,
             max_tokens=p.max_tokens,
@@ -233,7 +233,8 @@ def train(cfg: TrainConfig, out: str | Path, *, resume: bool = False) -> TrainRe
             world=dist.world,
         )
 
-    steps_per_epoch = len(plan(0))
+    epoch_plan = plan(state.epoch)
+    steps_per_epoch = len(epoch_plan)  # this epoch's; with several directions others differ a little
     total_steps = p.max_steps or p.epochs * math.ceil(steps_per_epoch / p.accum_steps)
     bar = tqdm(
         total=total_steps, initial=state.step, disable=not dist.main, mininterval=1.0, dynamic_ncols=True
@@ -256,10 +257,10 @@ def train(cfg: TrainConfig, out: str | Path, *, resume: bool = False) -> TrainRe
     window = {"loss": 0.0, "nll": 0.0, "tokens": 0, "time": time.perf_counter()}
     net.train()
     while state.epoch < p.epochs and not (p.max_steps and state.step >= p.max_steps):
-        epoch_plan = plan(state.epoch)
+        if epoch_plan.epoch != state.epoch:
+            epoch_plan = plan(state.epoch)
         n_batches = len(epoch_plan)
-        corpus.release()  # counting read every pool's sizes
-        batches = iterate(corpus, corpus.train, epoch_plan, start=state.batch_in_epoch)
+        batches = iterate(corpus.train, epoch_plan, start=state.batch_in_epoch)
         while state.batch_in_epoch < n_batches:
             if p.max_steps and state.step >= p.max_steps:
                 break
