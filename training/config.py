@@ -150,6 +150,19 @@ class TrainConfig:
         return cls.from_dict(raw, str(path))
 
 
+def from_command_line(
+    config: str, *, data_dir: str | None, prepared_dir: str | None, out: str | None
+) -> tuple[TrainConfig, Path]:
+    """The config of ``training.train`` and ``training.prepare``: the file with ``--data-dir`` and
+    ``--prepared-dir`` over it, and the output directory (default ``runs/<config name>``)."""
+    cfg = TrainConfig.load(config)
+    if data_dir:
+        cfg.data.dir = data_dir
+    if prepared_dir:
+        cfg.data.prepared_dir = prepared_dir
+    return cfg, Path(out or Path("runs") / Path(config).stem)
+
+
 def _build(cls: type, table: Any, where: str) -> Any:
     """Instantiate a dataclass from a TOML table, checking key names and value types."""
     if not isinstance(table, dict):

@@ -51,7 +51,7 @@ from model.checkpoint import ModelInfo, source_prefix
 from model.config import ModelConfig
 from model.tokenizer import Tokenizer, target_token
 from training.arrays import DiskArray, token_dtype
-from training.config import ConfigError, DataConfig, TrainConfig
+from training.config import ConfigError, DataConfig, from_command_line
 from training.text import (
     DataError,
     Sources,
@@ -123,8 +123,11 @@ def vocabulary(data: DataConfig, sources: Sources, root: Path, log: Log) -> Path
         sample += reservoir_sample(lines, share, rng)
     log(f"vocabulary: training a {data.vocab_size}-piece SentencePiece model on {len(sample)} sentences")
     tmp = _temporary(root, final.name)
-    # model_prefix "sentencepiece": writes sentencepiece.model and sentencepiece.vocab
-    Tokenizer.train(sample, tmp / "sentencepiece", data.vocab_size, control_symbols=symbols)
+    try:  # model_prefix "sentencepiece": writes sentencepiece.model and sentencepiece.vocab
+        Tokenizer.train(sample, tmp / "sentencepiece", data.vocab_size, control_symbols=symbols)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     (tmp / "vocab.json").write_text(json.dumps(spec, indent=2) + "\n")
     return _publish(tmp, final) / SPM_FILE
 
@@ -378,12 +381,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = ap.parse_args(argv)
     try:
-        cfg = TrainConfig.load(args.config)
-        if args.data_dir:
-            cfg.data.dir = args.data_dir
-        if args.prepared_dir:
-            cfg.data.prepared_dir = args.prepared_dir
-        out = Path(args.out or Path("runs") / Path(args.config).stem)
+        cfg, out = from_command_line(
+            args.config, data_dir=args.data_dir, prepared_dir=args.prepared_dir, out=args.out
+        )
         path = prepared_corpus(cfg.data, out)
     except (ConfigError, DataError) as e:
         print(f"error: {e}", file=sys.stderr)

@@ -47,7 +47,7 @@ from training.checkpoints import (
     save_checkpoint,
     set_rng_state,
 )
-from training.config import ConfigError, TrainConfig
+from training.config import ConfigError, TrainConfig, from_command_line
 from training.data import Batch, DataError, PreparedCorpus, iterate
 from training.evaluate import validate
 from training.loss import label_smoothed_nll
@@ -425,12 +425,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = ap.parse_args(argv)
     try:
-        cfg = TrainConfig.load(args.config)
-        if args.data_dir:
-            cfg.data.dir = args.data_dir
-        if args.prepared_dir:
-            cfg.data.prepared_dir = args.prepared_dir
-        out = Path(args.out or Path("runs") / Path(args.config).stem)
+        cfg, out = from_command_line(
+            args.config, data_dir=args.data_dir, prepared_dir=args.prepared_dir, out=args.out
+        )
         train(cfg, out, resume=args.resume)
     except (ConfigError, DataError, ModelDirError) as e:
         print(f"error: {e}", file=sys.stderr)
