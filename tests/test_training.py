@@ -1,12 +1,11 @@
-"""The training module: data handling, loss, schedule, the loop (loss falls, exact resume,
-checkpoint averaging, export), DDP with two processes, evaluation, and clear errors."""
+"""The training module: loss, schedule, the loop (loss falls, exact resume mid-epoch from prepared
+data, checkpoint averaging, export), DDP with two processes, evaluation, and clear errors."""
 
 from __future__ import annotations
 
 import json
 import math
 import os
-import random
 import signal
 import subprocess
 import sys
@@ -19,41 +18,13 @@ from safetensors.torch import load_file
 
 from model.checkpoint import read_info
 from model.translator import Translator
+from tests.corpora import REPO, TINY, tiny_config, write_corpus
 from training import evaluate as evaluate_cli
 from training import train as train_cli
-from training.config import TrainConfig
-from training.data import bucket_batches, encode_pairs, shard
+from training.checkpoints import average_checkpoints, checkpoint_paths
+from training.config import ConfigError, TrainConfig
 from training.loss import label_smoothed_nll
-from training.train import TrainResult, average_checkpoints, checkpoint_paths, inverse_sqrt_schedule, train
-
-REPO = Path(__file__).resolve().parents[1]
-TINY = REPO / "training" / "configs" / "tiny.toml"
-
-# A toy language pair: every source word has one target word, in the same order.
-LEXICON = {
-    "ein": "a", "mann": "man", "frau": "woman", "hund": "dog", "kind": "child", "läuft": "runs",
-    "sitzt": "sits", "auf": "on", "der": "the", "straße": "street", "wiese": "meadow", "rot": "red",
-    "blau": "blue", "groß": "big", "klein": "small", "spielt": "plays", "mit": "with", "ball": "ball",
-}  # fmt: skip
-
-
-def write_corpus(path: Path, n_train: int = 400, n_val: int = 30, seed: int = 0) -> Path:
-    rng = random.Random(seed)
-    words = list(LEXICON)
-    for split, n in (("train", n_train), ("val", n_val)):
-        src = [" ".join(rng.choice(words) for _ in range(rng.randint(3, 8))) for _ in range(n)]
-        (path / f"{split}.de").write_text("".join(s.capitalize() + ".\n" for s in src))
-        tgt = [" ".join(LEXICON[w] for w in s.split()) for s in src]
-        (path / f"{split}.en").write_text("".join(t.capitalize() + ".\n" for t in tgt))
-    return path
-
-
-def tiny_config(data_dir: Path, **train_overrides: object) -> TrainConfig:
-    cfg = TrainConfig.load(TINY)
-    cfg.data.dir = str(data_dir)
-    for key, value in train_overrides.items():
-        setattr(cfg.train, key, value)
-    return cfg
+from training.train import TrainResult, inverse_sqrt_schedule, train
 
 
 @pytest.fixture(scope="module")
@@ -65,31 +36,6 @@ def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def trained(corpus: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[TrainResult, Path]:
     out = tmp_path_factory.mktemp("run")
     return train(tiny_config(corpus, epochs=3, max_steps=0), out), out
-
-
-# -- data ------------------------------------------------------------------------------------------
-def test_bucket_batches_cover_every_example_once_within_the_token_budget() -> None:
-    rng = random.Random(1)
-    lengths = [(rng.randint(1, 40), rng.randint(1, 40)) for _ in range(500)]
-    batches = bucket_batches(lengths, 300, seed=3, epoch=0)
-    assert sorted(i for b in batches for i in b) == list(range(500))
-    for b in batches:
-        assert max(lengths[i][0] + lengths[i][1] + 2 for i in b) * len(b) <= 300
-    assert batches == bucket_batches(lengths, 300, seed=3, epoch=0)  # deterministic: resume relies on it
-    assert batches != bucket_batches(lengths, 300, seed=3, epoch=1)  # reshuffled every epoch
-    parts = [shard(batches, r, 3) for r in range(3)]
-    assert len({len(p) for p in parts}) == 1 and sum(map(len, parts)) > len(batches) - 3
-
-
-def test_encode_pairs_drops_and_counts_empty_and_long_pairs(corpus: Path) -> None:
-    from model.tokenizer import Tokenizer
-
-    tok = Tokenizer(Tokenizer.train(["ein mann läuft", "a man runs"] * 50, corpus / "spm_t", 40))
-    src = ["ein mann", "", "mann " * 30, "ein"]
-    tgt = ["a man", "a", "man", ""]
-    pairs, stats = encode_pairs(tok, src, tgt, max_tokens=20)
-    assert (stats.kept, stats.empty, stats.too_long) == (1, 2, 1)
-    assert tok.decode([pairs[0][0]]) == ["ein mann"]
 
 
 # -- loss and schedule -----------------------------------------------------------------------------
@@ -143,41 +89,72 @@ def test_export_averages_the_last_checkpoints_and_loads(trained: tuple[TrainResu
     assert translator.translate_batch(["Ein Mann läuft."], beam_size=2)[0].hypotheses[0]
 
 
-def test_resume_continues_exactly(corpus: Path, tmp_path: Path) -> None:
-    overrides = {"epochs": 20, "checkpoint_every": 7, "accum_steps": 2}
+def test_resume_mid_epoch_from_prepared_data_continues_exactly(corpus: Path, tmp_path: Path) -> None:
+    # small pools: the interruption falls inside an epoch, several pools into it
+    overrides = {"epochs": 20, "checkpoint_every": 7, "accum_steps": 2, "shuffle_pool": 64}
     straight = train(tiny_config(corpus, max_steps=24, **overrides), tmp_path / "a")
     train(tiny_config(corpus, max_steps=11, **overrides), tmp_path / "b")  # "interrupted" mid-epoch
+    (prepared,) = (tmp_path / "b" / "prepared").glob("data-*")
+    stamp = (prepared / "manifest.json").stat().st_mtime_ns
     resumed = train(tiny_config(corpus, max_steps=24, **overrides), tmp_path / "b", resume=True)
     assert resumed.state.step == straight.state.step == 24
     assert resumed.state.epoch == straight.state.epoch
+    assert straight.state.batch_in_epoch > 0  # it ended mid-epoch too
     a, b = straight.model.state_dict(), resumed.model.state_dict()
     assert all(torch.equal(a[k], b[k]) for k in a)
     log = (tmp_path / "b" / "train_log.jsonl").read_text().splitlines()
     keys = [(rec["kind"], rec["step"]) for rec in map(json.loads, log)]
     assert len(keys) == len(set(keys))  # the log holds no duplicate lines from the interrupted run
+    # the resumed run read the same prepared arrays: not prepared again
+    assert [p.name for p in (tmp_path / "b" / "prepared").glob("data-*")] == [prepared.name]
+    assert (prepared / "manifest.json").stat().st_mtime_ns == stamp
 
 
-def test_ddp_two_processes_end_with_identical_weights(corpus: Path, tmp_path: Path) -> None:
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+def test_resume_refuses_another_vocabulary(corpus: Path, tmp_path: Path, spm_model: Path) -> None:
+    train(tiny_config(corpus, max_steps=3), tmp_path)
+    cfg = tiny_config(corpus, max_steps=6)
+    cfg.data.spm_model = str(spm_model)  # not the one the checkpoints were trained with
+    with pytest.raises(ConfigError, match="trained with another vocabulary"):
+        train(cfg, tmp_path, resume=True)
+
+
+def run_ddp(data_dir: Path, out: Path, timeout: float = 300) -> tuple[int, str]:
+    """tests/ddp_worker.py in two processes under torchrun: (exit status, stderr)."""
+    # PYTHONPATH: the workers import this checkout's code, not whichever one the venv has installed
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
-    cmd += [str(REPO / "tests" / "ddp_worker.py"), str(TINY), str(corpus), str(tmp_path)]
+    cmd += [str(REPO / "tests" / "ddp_worker.py"), str(TINY), str(data_dir), str(out)]
     # A session of its own, so that on a hang the workers die with the launcher.
     proc = subprocess.Popen(
         cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
     )
     try:
-        _, stderr = proc.communicate(timeout=300)
+        _, stderr = proc.communicate(timeout=timeout)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
-    assert proc.returncode == 0, stderr[-3000:]
+    return proc.returncode, stderr
+
+
+def test_ddp_two_processes_end_with_identical_weights(corpus: Path, tmp_path: Path) -> None:
+    code, stderr = run_ddp(corpus, tmp_path)
+    assert code == 0, stderr[-3000:]
     w0, w1 = load_file(str(tmp_path / "rank0.safetensors")), load_file(str(tmp_path / "rank1.safetensors"))
     assert all(torch.equal(w0[k], w1[k]) for k in w0)
     assert read_info(tmp_path / "model").training["world_size"] == 2
+    assert len(list((tmp_path / "prepared").glob("data-*"))) == 1  # prepared once, read by both ranks
     torch.manual_seed(TrainConfig.load(TINY).train.seed)  # the weights moved away from the shared init
     assert any(
         not torch.equal(w0[k], v) for k, v in Translator.load(tmp_path / "model").model.state_dict().items()
     )
+
+
+def test_ddp_a_failed_preparation_stops_every_process(tmp_path: Path) -> None:
+    # the main process prepares while the other waits on a group without a practical timeout: its
+    # failure must reach the other process, not leave it waiting
+    code, stderr = run_ddp(tmp_path / "no-such-data", tmp_path / "out", timeout=120)
+    assert code != 0
+    assert "train.de[.gz]: file not found" in stderr and "the main process failed" in stderr, stderr[-3000:]
 
 
 # -- command lines ---------------------------------------------------------------------------------

@@ -8,7 +8,7 @@ from __future__ import annotations
 import tomllib
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, get_type_hints
+from typing import Any, get_args, get_origin, get_type_hints
 
 from model.config import ModelConfig
 
@@ -20,14 +20,53 @@ class ConfigError(ValueError):
 @dataclass
 class DataConfig:
     dir: str = "../shared/data/multi30k"  # directory of {split}.{lang}[.gz] files; relative to the CWD
-    source_lang: str = "de"
+    source_lang: str = "de"  # a bilingual model: source_lang -> target_lang
     target_lang: str = "en"
+    # A multilingual model: two or more "source-target" directions, e.g. ["de-en", "en-de", "fr-en"]
+    # (source_lang and target_lang are then ignored). One model, one shared vocabulary, a
+    # target-language token before every source sentence. A single direction is a bilingual model.
+    directions: list[str] = field(default_factory=list)
+    # Multilingual: each epoch draws direction d's pairs with probability ~ n_d ** (1 / T), n_d its
+    # pair count: 1 keeps the data's proportions, larger values flatten them so that small
+    # directions are not drowned (Arivazhagan et al. 2019 use 5). An epoch draws as many pairs as
+    # all directions hold together.
+    sampling_temperature: float = 5.0
     train_split: str = "train"
     valid_split: str = "val"
-    vocab_size: int = 8000  # joint SentencePiece vocabulary trained on source + target training text
+    vocab_size: int = 8000  # joint SentencePiece vocabulary trained on the training text of every language
+    # SentencePiece trains on at most this many sentences, sampled uniformly from each language's
+    # training text (an equal share per language): a large corpus is not read into memory for it.
+    spm_sample_sentences: int = 1_000_000
     spm_model: str = ""  # reuse this SentencePiece model instead of training one
     max_tokens_per_sentence: int = 200  # longer pairs are dropped (and counted)
     max_length_ratio: float = 0.0  # drop pairs whose token lengths differ more than this factor (0: off)
+    # Where the tokenized corpus (training.prepare) is cached, keyed by the data files, vocabulary
+    # and filters: "" is <out>/prepared. Several runs may share one. A directory that is itself a
+    # prepared corpus (it holds manifest.json) is used as it is, without the raw files.
+    prepared_dir: str = ""
+
+    def __post_init__(self) -> None:
+        for text in self.directions:
+            src, sep, tgt = text.partition("-")
+            if not sep or not src or not tgt or "-" in tgt or src == tgt:
+                raise ValueError(f"directions: {text!r} is not 'source-target' with two different languages")
+        if len(set(self.directions)) != len(self.directions):
+            raise ValueError("directions: a direction is listed twice")
+        if self.sampling_temperature <= 0:
+            raise ValueError("sampling_temperature must be > 0")
+        if self.spm_sample_sentences < 1:
+            raise ValueError("spm_sample_sentences must be >= 1")
+
+    @property
+    def pairs(self) -> list[tuple[str, str]]:
+        """The (source, target) directions to train, in config order."""
+        if self.directions:
+            return [(d.split("-")[0], d.split("-")[1]) for d in self.directions]
+        return [(self.source_lang, self.target_lang)]
+
+    @property
+    def multilingual(self) -> bool:
+        return len(self.pairs) > 1
 
 
 @dataclass
@@ -51,7 +90,11 @@ class TrainParams:
     keep_checkpoints: int = 5  # older step checkpoints are deleted
     average_last: int = 5  # the exported model averages the weights of the last K checkpoints
     epoch_checkpoints: bool = True  # also checkpoint at the end of every epoch
-    valid_max_sentences: int = 0  # validation BLEU on at most this many sentences (0: all)
+    # Batches are formed from pools of this many pairs: a pool (pieces of the corpus drawn at random)
+    # is sorted by length, cut into batches of similar lengths, and its batches shuffled. Bounds the
+    # memory that batching takes, whatever the corpus size; a corpus smaller than this is one pool.
+    shuffle_pool: int = 262_144
+    valid_max_sentences: int = 0  # validation BLEU on at most this many sentences per direction (0: all)
     valid_batch_size: int = 128
     export_dtype: str = "float32"  # float32 | float16 weights in the exported model directory
 
@@ -61,7 +104,14 @@ class TrainParams:
         for key, allowed in choices.items():
             if getattr(self, key) not in allowed:
                 raise ValueError(f"{key} must be one of {', '.join(allowed)}, not {getattr(self, key)!r}")
-        for key in ("max_tokens", "accum_steps", "warmup_steps", "checkpoint_every", "log_every"):
+        for key in (
+            "max_tokens",
+            "accum_steps",
+            "warmup_steps",
+            "checkpoint_every",
+            "log_every",
+            "shuffle_pool",
+        ):
             if getattr(self, key) < 1:
                 raise ValueError(f"{key} must be >= 1")
 
@@ -100,6 +150,19 @@ class TrainConfig:
         return cls.from_dict(raw, str(path))
 
 
+def from_command_line(
+    config: str, *, data_dir: str | None, prepared_dir: str | None, out: str | None
+) -> tuple[TrainConfig, Path]:
+    """The config of ``training.train`` and ``training.prepare``: the file with ``--data-dir`` and
+    ``--prepared-dir`` over it, and the output directory (default ``runs/<config name>``)."""
+    cfg = TrainConfig.load(config)
+    if data_dir:
+        cfg.data.dir = data_dir
+    if prepared_dir:
+        cfg.data.prepared_dir = prepared_dir
+    return cfg, Path(out or Path("runs") / Path(config).stem)
+
+
 def _build(cls: type, table: Any, where: str) -> Any:
     """Instantiate a dataclass from a TOML table, checking key names and value types."""
     if not isinstance(table, dict):
@@ -125,6 +188,10 @@ def _coerce(value: Any, hint: Any, where: str) -> Any:
         value = float(value) if ok else value
     elif hint is str:
         ok = isinstance(value, str)
+    elif get_origin(hint) is list:  # list[str]
+        (item,) = get_args(hint)
+        ok = isinstance(value, list) and all(isinstance(v, item) for v in value)
+        value = list(value) if ok else value
     else:  # tuple[float, float]
         ok = isinstance(value, list) and len(value) == 2 and all(isinstance(v, int | float) for v in value)
         value = tuple(float(v) for v in value) if ok else value

@@ -1,92 +1,125 @@
-"""Parallel text -> filtered token pairs -> token-bucketed, padded batches."""
+"""A prepared corpus (``training.prepare``), opened, and the padded batches read from it.
+
+The token arrays stay on disk: a batch reads its pairs' tokens from them (``training.arrays``),
+so the trainer's resident memory stays the same whether the corpus has thousands of pairs or
+hundreds of millions.
+"""
 
 from __future__ import annotations
 
-import gzip
-import random
-from collections.abc import Iterator
+import json
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 from torch import Tensor
 
+from model.checkpoint import ModelInfo, source_prefix
+from model.config import ModelConfig
 from model.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
+from training.arrays import DiskArray
+from training.prepare import MANIFEST, SPM_FILE, model_info
+from training.sampling import EpochPlan, PlannedBatch
+from training.text import DataError, read_lines
+
+__all__ = ["Batch", "DataError", "PreparedCorpus", "collate", "iterate", "read_lines"]
 
 
-class DataError(ValueError):
-    """Training data that cannot be used; the message names the file."""
+class TokenFile:
+    """The encoded lines of one input file."""
 
+    def __init__(self, root: Path, file_id: str, dtype: str) -> None:
+        self.file_id = file_id  # the input's name without .gz: "train.de"
+        self.tokens = DiskArray(root / f"{file_id}.tokens", dtype)
+        self.offsets = DiskArray(root / f"{file_id}.offsets", np.int64)
 
-def find_split(data_dir: str | Path, split: str, lang: str) -> Path:
-    """``{split}.{lang}`` or ``{split}.{lang}.gz`` inside ``data_dir``."""
-    for name in (f"{split}.{lang}", f"{split}.{lang}.gz"):
-        path = Path(data_dir) / name
-        if path.is_file():
-            return path
-    raise DataError(f"{Path(data_dir) / f'{split}.{lang}'}[.gz]: file not found")
-
-
-def read_lines(path: str | Path) -> list[str]:
-    """One sentence per line, gzip or plain UTF-8; trailing newlines stripped."""
-    path = Path(path)
-    opener = gzip.open if path.suffix == ".gz" else open
-    try:
-        with opener(path, "rt", encoding="utf-8") as f:
-            return [line.rstrip("\r\n") for line in f]
-    except FileNotFoundError as e:
-        raise DataError(f"{path}: file not found") from e
-    except (UnicodeDecodeError, OSError, EOFError) as e:
-        raise DataError(f"{path}: cannot read as UTF-8 text ({e})") from e
-
-
-def read_parallel(
-    data_dir: str | Path, split: str, src_lang: str, tgt_lang: str
-) -> tuple[list[str], list[str]]:
-    src_path, tgt_path = find_split(data_dir, split, src_lang), find_split(data_dir, split, tgt_lang)
-    src, tgt = read_lines(src_path), read_lines(tgt_path)
-    if len(src) != len(tgt):
-        raise DataError(
-            f"{src_path} has {len(src)} lines but {tgt_path} has {len(tgt)}: files are not parallel"
-        )
-    return src, tgt
+    def line(self, i: int) -> np.ndarray:
+        start, stop = self.offsets[i : i + 2]
+        return self.tokens[int(start) : int(stop)]
 
 
 @dataclass
-class FilterStats:
-    kept: int = 0
-    empty: int = 0
-    too_long: int = 0
-    bad_ratio: int = 0
+class Direction:
+    """The usable pairs of one direction in one split."""
+
+    name: str  # "de-en"
+    source: str
+    target: str
+    src: TokenFile
+    tgt: TokenFile
+    pairs: DiskArray  # int64 line numbers
+    sizes: DiskArray  # int32 padded sizes (what batching counts)
+    prefix: list[int]  # ids before every source sentence (the target-language token, if any)
+
+    def __len__(self) -> int:
+        return len(self.pairs)
+
+    def example(self, k: int) -> tuple[np.ndarray, np.ndarray]:
+        line = self.pairs.item(k)
+        return self.src.line(line), self.tgt.line(line)
 
 
-def encode_pairs(
-    tokenizer: Tokenizer,
-    src: list[str],
-    tgt: list[str],
-    *,
-    max_tokens: int,
-    max_ratio: float = 0.0,
-) -> tuple[list[tuple[list[int], list[int]]], FilterStats]:
-    """Token ids of every usable pair; empty, over-long and (optionally) badly aligned pairs are dropped."""
-    stats = FilterStats()
-    pairs = []
-    for s, t in zip(tokenizer.encode(src), tokenizer.encode(tgt), strict=True):
-        if not s or not t:
-            stats.empty += 1
-        elif len(s) + 1 > max_tokens or len(t) + 1 > max_tokens:
-            stats.too_long += 1
-        elif max_ratio and max(len(s), len(t)) > max_ratio * min(len(s), len(t)):
-            stats.bad_ratio += 1
-        else:
-            pairs.append((s, t))
-    stats.kept = len(pairs)
-    return pairs, stats
+class PreparedCorpus:
+    """A prepared corpus directory, opened: its vocabulary, and every direction's training and
+    validation pairs as arrays on disk."""
+
+    def __init__(self, root: str | Path) -> None:
+        self.root = Path(root)
+        try:
+            self.manifest = json.loads((self.root / MANIFEST).read_text())
+        except (OSError, ValueError) as e:
+            raise DataError(f"{self.root / MANIFEST}: not a prepared corpus ({e})") from e
+        self.spm_path = self.root / SPM_FILE
+        self.tokenizer = Tokenizer(self.spm_path)
+        self.vocab_sha256: str = self.manifest["spec"]["vocab_sha256"]
+        names = list(self.manifest["directions"]["train"])
+        self.pairs = [(n.split("-")[0], n.split("-")[1]) for n in names]
+        self.target_prefix: dict[str, list[int]] = self.manifest["target_prefix"]
+        self.splits: dict[str, str] = self.manifest["spec"]["splits"]
+        self._files: dict[str, TokenFile] = {}
+        self._info = self.info(ModelConfig(vocab_size=self.manifest["vocab_size"]))
+        self.train = [self._direction("train", n) for n in names]
+        self.valid = [self._direction("valid", n) for n in names]
+
+    def info(self, config: ModelConfig) -> ModelInfo:
+        """The metadata of a model trained on this corpus (bilingual, or multilingual)."""
+        return model_info(config, self.pairs, self.target_prefix)
+
+    def _direction(self, role: str, name: str) -> Direction:
+        entry = self.manifest["directions"][role][name]
+        files = []
+        for side in ("src", "tgt"):
+            if entry[side] not in self._files:
+                self._files[entry[side]] = TokenFile(self.root, entry[side], self.manifest["token_dtype"])
+            files.append(self._files[entry[side]])
+        prefix = f"{self.splits[role]}.{name}"
+        source, target = name.split("-")
+        return Direction(
+            name,
+            source,
+            target,
+            files[0],
+            files[1],
+            DiskArray(self.root / f"{prefix}.pairs", np.int64),
+            DiskArray(self.root / f"{prefix}.sizes", np.int32),
+            source_prefix(self._info, target),
+        )
+
+    def valid_text(self, direction: Direction) -> tuple[list[str], list[str]]:
+        """The validation sources and references of ``direction``, as text (for BLEU)."""
+        src, ref = direction.src.file_id, direction.tgt.file_id
+        return read_lines(self.root / f"{src}.txt"), read_lines(self.root / f"{ref}.txt")
+
+    @property
+    def train_pairs(self) -> int:
+        return sum(len(d) for d in self.train)
 
 
 @dataclass
 class Batch:
-    src: Tensor  # (B, S) source ids + eos, right-padded
+    src: Tensor  # (B, S) [target token] + source ids + eos, right-padded
     tgt_in: Tensor  # (B, T) bos + target ids: the decoder's input
     tgt_out: Tensor  # (B, T) target ids + eos: what the decoder must predict
     n_tokens: int  # real (non-pad) target tokens, the loss normaliser
@@ -101,53 +134,36 @@ class Batch:
         )
 
 
-def collate(pairs: list[tuple[list[int], list[int]]]) -> Batch:
-    s_len = max(len(s) for s, _ in pairs) + 1
-    t_len = max(len(t) for _, t in pairs) + 1
-    src = torch.full((len(pairs), s_len), PAD_ID, dtype=torch.long)
-    tgt_in = torch.full((len(pairs), t_len), PAD_ID, dtype=torch.long)
-    tgt_out = torch.full((len(pairs), t_len), PAD_ID, dtype=torch.long)
-    for i, (s, t) in enumerate(pairs):
-        src[i, : len(s) + 1] = torch.tensor(s + [EOS_ID])
-        tgt_in[i, : len(t) + 1] = torch.tensor([BOS_ID] + t)
-        tgt_out[i, : len(t) + 1] = torch.tensor(t + [EOS_ID])
-    return Batch(src, tgt_in, tgt_out, int((tgt_out != PAD_ID).sum()))
+Example = tuple[Sequence[int], np.ndarray, np.ndarray]  # (source prefix, source ids, target ids)
 
 
-def bucket_batches(
-    lengths: list[tuple[int, int]], max_tokens: int, *, seed: int, epoch: int
-) -> list[list[int]]:
-    """Group example indices into batches of similar length whose padded size (rows x (longest
-    source + longest target)) stays within ``max_tokens``; the batch order is shuffled per epoch.
-
-    Deterministic in (seed, epoch): a resumed run sees exactly the batches it would have seen.
-    """
-    rng = random.Random(seed * 1_000_003 + epoch)
-    # Sort by length with a random tie-break, so batches differ between epochs but padding stays low.
-    order = sorted(range(len(lengths)), key=lambda i: (lengths[i][0] + lengths[i][1], rng.random()))
-    batches: list[list[int]] = []
-    batch: list[int] = []
-    longest = 0
-    for i in order:
-        size = lengths[i][0] + lengths[i][1] + 2  # + eos / bos
-        if batch and max(longest, size) * (len(batch) + 1) > max_tokens:
-            batches.append(batch)
-            batch, longest = [], 0
-        batch.append(i)
-        longest = max(longest, size)
-    if batch:
-        batches.append(batch)
-    rng.shuffle(batches)
-    return batches
+def collate(examples: Sequence[Example]) -> Batch:
+    s_len = max(len(p) + len(s) for p, s, _ in examples) + 1
+    t_len = max(len(t) for _, _, t in examples) + 1
+    src = np.full((len(examples), s_len), PAD_ID, dtype=np.int64)
+    tgt_in = np.full((len(examples), t_len), PAD_ID, dtype=np.int64)
+    tgt_out = np.full((len(examples), t_len), PAD_ID, dtype=np.int64)
+    for i, (p, s, t) in enumerate(examples):
+        n = len(p)
+        src[i, :n] = p
+        src[i, n : n + len(s)] = s
+        src[i, n + len(s)] = EOS_ID
+        tgt_in[i, 0] = BOS_ID
+        tgt_in[i, 1 : len(t) + 1] = t
+        tgt_out[i, : len(t)] = t
+        tgt_out[i, len(t)] = EOS_ID
+    n_tokens = sum(len(t) + 1 for _, _, t in examples)
+    return Batch(torch.from_numpy(src), torch.from_numpy(tgt_in), torch.from_numpy(tgt_out), n_tokens)
 
 
-def shard(batches: list[list[int]], rank: int, world: int) -> list[list[int]]:
-    """This process's share under data parallelism: every rank gets the same number of batches
-    (the few left over are dropped) so that no rank waits for a gradient all-reduce that never comes."""
-    usable = len(batches) - len(batches) % world
-    return batches[rank:usable:world]
+def batch_of(directions: Sequence[Direction], planned: PlannedBatch) -> Batch:
+    examples: list[Example] = []
+    for d, k in zip(planned.directions.tolist(), planned.indices.tolist(), strict=True):
+        examples.append((directions[d].prefix, *directions[d].example(k)))
+    return collate(examples)
 
 
-def iterate(pairs: list[tuple[list[int], list[int]]], batches: list[list[int]]) -> Iterator[Batch]:
-    for idx in batches:
-        yield collate([pairs[i] for i in idx])
+def iterate(directions: Sequence[Direction], plan: EpochPlan, start: int = 0) -> Iterator[Batch]:
+    """The batches of ``plan`` (over ``directions``) from the ``start``-th on."""
+    for planned in plan.batches(start):
+        yield batch_of(directions, planned)

@@ -1,19 +1,22 @@
-"""The training curve: train/validation loss and validation BLEU from the JSONL log, as a PNG."""
+"""The training curve: train/validation loss and validation BLEU from the JSONL log, as a PNG
+(a multilingual run: validation BLEU of each direction)."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 
-def plot_curve(log_path: Path, png_path: Path) -> None:
+def plot_curve(log_path: Path, png_path: Path) -> list[str]:
+    """Draw the curve; returns the legend's labels."""
     import matplotlib
 
     matplotlib.use("Agg")  # no display on servers
     import matplotlib.pyplot as plt
 
-    train: list[dict[str, float]] = []
-    valid: list[dict[str, float]] = []
+    train: list[dict[str, Any]] = []
+    valid: list[dict[str, Any]] = []
     for line in log_path.read_text().splitlines():
         rec = json.loads(line)
         (valid if rec.get("kind") == "valid" else train).append(rec)
@@ -24,16 +27,28 @@ def plot_curve(log_path: Path, png_path: Path) -> None:
     ax.set_ylabel("loss per token")
     ax.grid(alpha=0.3)
     ax2 = ax.twinx()
-    ax2.plot(
-        [r["step"] for r in valid],
-        [r["valid_bleu"] for r in valid],
-        "s--",
-        color="tab:green",
-        label="valid BLEU",
-    )
+    directions = sorted({name for r in valid for name in r.get("directions", {})})
+    if directions:  # a multilingual run: one BLEU line per direction
+        for name in directions:
+            points = [
+                (r["step"], r["directions"][name]["valid_bleu"])
+                for r in valid
+                if name in r.get("directions", {})
+            ]
+            ax2.plot(*zip(*points, strict=True), "s--", ms=3, label=f"valid BLEU {name}")
+    else:
+        ax2.plot(
+            [r["step"] for r in valid],
+            [r["valid_bleu"] for r in valid],
+            "s--",
+            color="tab:green",
+            label="valid BLEU",
+        )
     ax2.set_ylabel("valid BLEU (greedy)", color="tab:green")
     lines = ax.get_lines() + ax2.get_lines()
-    ax.legend(lines, [str(line.get_label()) for line in lines], loc="center right")
+    labels = [str(line.get_label()) for line in lines]
+    ax.legend(lines, labels, loc="center right")
     fig.tight_layout()
     fig.savefig(png_path, dpi=110)
     plt.close(fig)
+    return labels

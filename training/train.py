@@ -3,25 +3,31 @@
     python -m training.train --config training/configs/multi30k_de_en.toml [--data-dir D] [--out D] [--resume]
     torchrun --nproc_per_node N -m training.train --config ...      # data parallel (gloo on CPU, NCCL on GPU)
 
-Output directory: sentencepiece.model, train_log.jsonl, training_curve.png, checkpoints/step_*.pt
-(training state: model, optimizer, scheduler, step, data position, RNG), and model/ (the exported
-model directory, weights averaged over the last checkpoints).
+The raw parallel files are prepared into token arrays on disk on first use (training.prepare;
+cached, reused by later runs and by --resume). Output directory: sentencepiece.model,
+train_log.jsonl, training_curve.png, checkpoints/step_*.pt (training state: model, optimizer,
+scheduler, step, data position, RNG), prepared/ (the cached prepared data, unless data.prepared_dir
+says elsewhere), and model/ (the exported model directory, weights averaged over the last
+checkpoints).
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 import os
 import random
+import shutil
 import sys
 import time
 from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
+from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 import torch.distributed as torch_dist
@@ -30,14 +36,26 @@ from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
 from model.checkpoint import ModelDirError, ModelInfo, save_model_dir
-from model.tokenizer import PAD_ID, Tokenizer
+from model.tokenizer import PAD_ID
 from model.transformer import Transformer
-from model.translator import Translator
-from training.config import ConfigError, TrainConfig
-from training.data import Batch, DataError, bucket_batches, encode_pairs, iterate, read_parallel, shard
-from training.evaluate import evaluate
+from training.checkpoints import (
+    TrainState,
+    average_checkpoints,
+    checkpoint_paths,
+    load_checkpoint,
+    rng_state,
+    save_checkpoint,
+    set_rng_state,
+)
+from training.config import ConfigError, TrainConfig, from_command_line
+from training.data import Batch, DataError, PreparedCorpus, iterate
+from training.evaluate import validate
 from training.loss import label_smoothed_nll
 from training.plot import plot_curve
+from training.prepare import prepared_corpus, sha256_file
+from training.sampling import EpochPlan
+
+T = TypeVar("T")
 
 
 # -- processes and devices -------------------------------------------------------------------------
@@ -46,6 +64,7 @@ class Dist:
     rank: int = 0
     world: int = 1
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+    patient: Any = None  # a gloo group without a practical timeout, to wait for data preparation
 
     @property
     def main(self) -> bool:
@@ -54,6 +73,26 @@ class Dist:
     def barrier(self) -> None:
         if self.world > 1:
             torch_dist.barrier()
+
+    def on_main(self, fn: Callable[[], T]) -> T:
+        """``fn()`` run by the main process only, its result (or its error) given to every process.
+        The others wait as long as it takes (preparing a large corpus takes longer than the
+        process group's default timeout)."""
+        if self.world == 1:
+            return fn()
+        box: list[Any] = [None]
+        if self.main:
+            try:
+                box[0] = ("ok", fn())
+            except Exception as e:
+                torch_dist.broadcast_object_list(
+                    [("error", f"{type(e).__name__}: {e}")], src=0, group=self.patient
+                )
+                raise
+        torch_dist.broadcast_object_list(box, src=0, group=self.patient)
+        if box[0][0] == "error":
+            raise DataError(f"the main process failed: {box[0][1]}")
+        return box[0][1]  # type: ignore[no-any-return]
 
 
 def setup_distributed(device: str) -> Dist:
@@ -66,47 +105,38 @@ def setup_distributed(device: str) -> Dist:
     dev = torch.device(f"cuda:{local}") if use_cuda else torch.device("cpu")
     if use_cuda:
         torch.cuda.set_device(dev)
-    if world > 1 and not torch_dist.is_initialized():
-        torch_dist.init_process_group("nccl" if use_cuda else "gloo")
-    return Dist(rank, world, dev)
+    patient = None
+    if world > 1:
+        if not torch_dist.is_initialized():
+            torch_dist.init_process_group("nccl" if use_cuda else "gloo")
+        patient = torch_dist.new_group(backend="gloo", timeout=timedelta(days=7))
+    return Dist(rank, world, dev, patient)
 
 
 # -- data ------------------------------------------------------------------------------------------
-@dataclass
-class Data:
-    tokenizer: Tokenizer
-    spm_path: Path
-    train: list[tuple[list[int], list[int]]]
-    valid: list[tuple[list[int], list[int]]]
-    valid_src: list[str]
-    valid_ref: list[str]
-
-
-def prepare_data(cfg: TrainConfig, out: Path, dist: Dist, log: Callable[[str], None]) -> Data:
-    d = cfg.data
-    src, tgt = read_parallel(d.dir, d.train_split, d.source_lang, d.target_lang)
-    valid_src, valid_ref = read_parallel(d.dir, d.valid_split, d.source_lang, d.target_lang)
-    spm_path = Path(d.spm_model) if d.spm_model else out / "sentencepiece.model"
-    if not d.spm_model and not spm_path.exists():
-        if dist.main:  # one process trains the vocabulary, the others wait and load it
-            log(f"training a {d.vocab_size}-piece SentencePiece model on {len(src) * 2} sentences")
-            tmp = Tokenizer.train((s for s in src + tgt if s.strip()), out / "spm_tmp", d.vocab_size)
-            tmp.replace(spm_path)
-            tmp.with_suffix(".vocab").replace(out / "sentencepiece.vocab")
-        dist.barrier()
-    tokenizer = Tokenizer(spm_path)
-    train, stats = encode_pairs(
-        tokenizer, src, tgt, max_tokens=d.max_tokens_per_sentence, max_ratio=d.max_length_ratio
-    )
-    log(
-        f"train pairs: {stats.kept} kept, {stats.empty} empty, {stats.too_long} longer than "
-        f"{d.max_tokens_per_sentence} tokens, {stats.bad_ratio} over the length ratio (dropped)"
-    )
-    if not train:
-        raise DataError(f"{d.dir}: no usable training pairs in split '{d.train_split}'")
-    valid, _ = encode_pairs(tokenizer, valid_src, valid_ref, max_tokens=10**9)
-    n = cfg.train.valid_max_sentences or len(valid_src)
-    return Data(tokenizer, spm_path, train, valid, valid_src[:n], valid_ref[:n])
+def open_corpus(
+    cfg: TrainConfig, out: Path, dist: Dist, *, resume: bool, log: Callable[[str], None]
+) -> PreparedCorpus:
+    """The prepared corpus for ``cfg``: found in the cache, or prepared by the main process while
+    the others wait. A resumed run keeps its own vocabulary (``out``/sentencepiece.model), unless
+    the config names one (``data.spm_model``): the checkpoint then tells whether it is the same."""
+    vocab = out / "sentencepiece.model"
+    resumed = bool(resume and vocab.is_file() and checkpoint_paths(out) and not cfg.data.spm_model)
+    resume_vocab = vocab if resumed else None
+    path = dist.on_main(lambda: prepared_corpus(cfg.data, out, vocab=resume_vocab, log=log))
+    try:
+        corpus = PreparedCorpus(path)
+    except DataError as e:
+        if dist.world == 1:
+            raise
+        raise DataError(
+            f"{e}: process {dist.rank} cannot read what the main process prepared; with several "
+            "machines the output (or prepared) directory must be on storage every machine sees"
+        ) from e
+    if dist.main and (not vocab.is_file() or sha256_file(vocab) != corpus.vocab_sha256):
+        shutil.copyfile(corpus.spm_path, vocab)  # the run's vocabulary, beside its checkpoints
+    dist.barrier()
+    return corpus
 
 
 # -- optimisation ----------------------------------------------------------------------------------
@@ -118,101 +148,6 @@ def inverse_sqrt_schedule(warmup: int) -> Callable[[int], float]:
         return min(step / warmup, math.sqrt(warmup / step))
 
     return factor
-
-
-@dataclass
-class TrainState:
-    step: int = 0  # optimizer steps taken
-    epoch: int = 0  # current epoch (0-based)
-    batch_in_epoch: int = 0  # batches of the current epoch already consumed (for exact resume)
-    train_time_s: float = 0.0
-
-
-# -- checkpoints -----------------------------------------------------------------------------------
-def checkpoint_paths(out: Path) -> list[Path]:
-    return sorted((out / "checkpoints").glob("step_*.pt"))
-
-
-def save_checkpoint(
-    out: Path,
-    model: nn.Module,
-    opt: torch.optim.Optimizer,
-    sched: Any,
-    state: TrainState,
-    rng: list[Any],
-    keep: int,
-) -> Path:
-    path = out / "checkpoints" / f"step_{state.step:08d}.pt"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    blob = {
-        "model": model.state_dict(),
-        "optimizer": opt.state_dict(),
-        "scheduler": sched.state_dict(),
-        "state": asdict(state),
-        "rng": rng,
-    }
-    tmp = path.with_suffix(".tmp")
-    torch.save(blob, tmp)
-    tmp.replace(path)  # atomic: an interrupted save never leaves a half-written checkpoint
-    for old in checkpoint_paths(out)[:-keep]:
-        old.unlink()
-    return path
-
-
-def load_checkpoint(path: Path) -> dict[str, Any]:
-    # weights_only: tensors and plain containers only, never arbitrary pickled objects.
-    return torch.load(path, map_location="cpu", weights_only=True)  # type: ignore[no-any-return]
-
-
-def rng_state(device: torch.device) -> dict[str, Any]:
-    state: dict[str, Any] = {"torch": torch.get_rng_state(), "python": random.getstate()}
-    if device.type == "cuda":
-        state["cuda"] = torch.cuda.get_rng_state(device)
-    return state
-
-
-def set_rng_state(state: dict[str, Any], device: torch.device) -> None:
-    torch.set_rng_state(state["torch"])
-    random.setstate(state["python"])
-    if device.type == "cuda" and "cuda" in state:
-        torch.cuda.set_rng_state(state["cuda"], device)
-
-
-def average_checkpoints(paths: list[Path]) -> dict[str, torch.Tensor]:
-    """Mean of the model weights of ``paths`` (Vaswani et al. average the last 5 or 20)."""
-    total: dict[str, torch.Tensor] = {}
-    for p in paths:
-        for k, v in load_checkpoint(p)["model"].items():
-            total[k] = total.get(k, torch.zeros_like(v, dtype=torch.float64)) + v.double()
-    return {k: (v / len(paths)).float() for k, v in total.items()}
-
-
-# -- evaluation ------------------------------------------------------------------------------------
-@torch.no_grad()
-def validate(
-    model: Transformer, data: Data, cfg: TrainConfig, info: ModelInfo, device: torch.device
-) -> dict[str, float]:
-    """Validation loss (per target token) and greedy sacreBLEU."""
-    was_training = model.training
-    model.eval()
-    loss_sum, nll_sum, tokens = 0.0, 0.0, 0
-    batches = bucket_batches([(len(s), len(t)) for s, t in data.valid], cfg.train.max_tokens, seed=0, epoch=0)
-    for batch in iterate(data.valid, batches):
-        batch = batch.to(device)
-        logits = model(batch.src, batch.tgt_in)
-        loss, nll = label_smoothed_nll(logits, batch.tgt_out, cfg.train.label_smoothing, PAD_ID)
-        loss_sum, nll_sum, tokens = loss_sum + float(loss), nll_sum + float(nll), tokens + batch.n_tokens
-    translator = Translator(model, data.tokenizer, info, device)
-    scores, _ = evaluate(
-        translator, data.valid_src, data.valid_ref, beam_size=1, batch_size=cfg.train.valid_batch_size
-    )
-    model.train(was_training)
-    return {
-        "valid_loss": loss_sum / tokens,
-        "valid_nll": nll_sum / tokens,
-        "valid_bleu": scores.bleu,
-        "valid_chrf": scores.chrf,
-    }
 
 
 # -- the loop --------------------------------------------------------------------------------------
@@ -237,14 +172,14 @@ def train(cfg: TrainConfig, out: str | Path, *, resume: bool = False) -> TrainRe
     if dist.main:
         out.mkdir(parents=True, exist_ok=True)
     dist.barrier()
-    data = prepare_data(cfg, out, dist, log)
-    cfg.model.vocab_size = data.tokenizer.vocab_size  # the vocabulary decides the embedding size
+    corpus = open_corpus(cfg, out, dist, resume=resume, log=log)
+    cfg.model.vocab_size = corpus.tokenizer.vocab_size  # the vocabulary decides the embedding size
     torch.manual_seed(p.seed)  # the same initial weights in every process...
     model = Transformer(cfg.model)
     torch.manual_seed(p.seed + 1000 * (dist.rank + 1))  # ...but different dropout masks
     random.seed(p.seed + dist.rank)
     model.to(device)
-    info = ModelInfo(cfg.model, cfg.data.source_lang, cfg.data.target_lang)
+    info = corpus.info(cfg.model)
     n_params = sum(t.numel() for t in model.parameters())
     log(f"model: {n_params / 1e6:.2f}M parameters on {device} x{dist.world}")
 
@@ -256,6 +191,11 @@ def train(cfg: TrainConfig, out: str | Path, *, resume: bool = False) -> TrainRe
     ckpts = checkpoint_paths(out)
     if resume and ckpts:
         blob = load_checkpoint(ckpts[-1])
+        if blob.get("vocab_sha256", corpus.vocab_sha256) != corpus.vocab_sha256:
+            raise ConfigError(
+                f"{ckpts[-1]} was trained with another vocabulary than {corpus.spm_path}: "
+                "resume with the run's own sentencepiece.model (or start a new run)"
+            )
         model.load_state_dict(blob["model"])
         opt.load_state_dict(blob["optimizer"])
         sched.load_state_dict(blob["scheduler"])
@@ -278,13 +218,28 @@ def train(cfg: TrainConfig, out: str | Path, *, resume: bool = False) -> TrainRe
         raise ConfigError(f"train.amp = {amp!r} needs CUDA; use 'none' or 'auto' on CPU")
     amp_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(amp)
     scaler = torch.amp.GradScaler("cuda", enabled=amp == "fp16")
-    lengths = [(len(s), len(t)) for s, t in data.train]
-    steps_per_epoch = len(shard(bucket_batches(lengths, p.max_tokens, seed=p.seed, epoch=0), 0, dist.world))
+
+    def plan(epoch: int) -> EpochPlan:
+        """This process's batches of ``epoch`` (every process plans the same, and takes its share)."""
+        sizes = [d.sizes for d in corpus.train]
+        return EpochPlan(
+            sizes,
+            max_tokens=p.max_tokens,
+            pool=p.shuffle_pool,
+            seed=p.seed,
+            epoch=epoch,
+            temperature=cfg.data.sampling_temperature,
+            rank=dist.rank,
+            world=dist.world,
+        )
+
+    epoch_plan = plan(state.epoch)
+    steps_per_epoch = len(epoch_plan)  # this epoch's; with several directions others differ a little
     total_steps = p.max_steps or p.epochs * math.ceil(steps_per_epoch / p.accum_steps)
     bar = tqdm(
         total=total_steps, initial=state.step, disable=not dist.main, mininterval=1.0, dynamic_ncols=True
     )
-    valid: dict[str, float] = {}
+    valid: dict[str, Any] = {}
     last_ckpt_step = state.step if ckpts and resume else -1
 
     def checkpoint() -> None:
@@ -295,24 +250,23 @@ def train(cfg: TrainConfig, out: str | Path, *, resume: bool = False) -> TrainRe
             torch_dist.all_gather_object(gathered, rng[0])
             rng = gathered
         if dist.main:
-            save_checkpoint(out, model, opt, sched, state, rng, p.keep_checkpoints)
+            save_checkpoint(out, model, opt, sched, state, rng, p.keep_checkpoints, corpus.vocab_sha256)
         last_ckpt_step = state.step
         dist.barrier()
 
     window = {"loss": 0.0, "nll": 0.0, "tokens": 0, "time": time.perf_counter()}
     net.train()
     while state.epoch < p.epochs and not (p.max_steps and state.step >= p.max_steps):
-        batches = shard(
-            bucket_batches(lengths, p.max_tokens, seed=p.seed, epoch=state.epoch), dist.rank, dist.world
-        )
-        while state.batch_in_epoch < len(batches):
+        if epoch_plan.epoch != state.epoch:
+            epoch_plan = plan(state.epoch)
+        n_batches = len(epoch_plan)
+        batches = iterate(corpus.train, epoch_plan, start=state.batch_in_epoch)
+        while state.batch_in_epoch < n_batches:
             if p.max_steps and state.step >= p.max_steps:
                 break
-            group = batches[state.batch_in_epoch : state.batch_in_epoch + p.accum_steps]
             t0 = time.perf_counter()
-            loss, nll, ntok = _optimizer_step(
-                net, ddp, opt, sched, scaler, list(iterate(data.train, group)), p, amp_dtype, device
-            )
+            group = list(itertools.islice(batches, p.accum_steps))
+            loss, nll, ntok = _optimizer_step(net, ddp, opt, sched, scaler, group, p, amp_dtype, device)
             state.train_time_s += time.perf_counter() - t0
             state.batch_in_epoch += len(group)
             state.step += 1
@@ -328,16 +282,13 @@ def train(cfg: TrainConfig, out: str | Path, *, resume: bool = False) -> TrainRe
                     _append_log(log_path, rec)
             if state.step % p.checkpoint_every == 0:
                 checkpoint()
-        if state.batch_in_epoch >= len(batches):  # the epoch is complete: validate, then move on
+        if state.batch_in_epoch >= n_batches:  # the epoch is complete: validate, then move on
             if dist.main:
-                valid = validate(model, data, cfg, info, device)
+                valid = validate(model, corpus, info, cfg.train, device)
                 _append_log(
                     log_path, {"kind": "valid", "step": state.step, "epoch": state.epoch + 1, **valid}
                 )
-                log(
-                    f"epoch {state.epoch + 1}: step {state.step} valid loss {valid['valid_loss']:.3f} "
-                    f"BLEU {valid['valid_bleu']:.2f}"
-                )
+                log(_describe_valid(state.epoch + 1, state.step, valid))
             state.epoch += 1
             state.batch_in_epoch = 0
             window["time"] = time.perf_counter()  # tokens/s measures training, not validation
@@ -349,7 +300,7 @@ def train(cfg: TrainConfig, out: str | Path, *, resume: bool = False) -> TrainRe
         checkpoint()
     model_dir = None
     if dist.main:
-        model_dir = _export(out, model, data, cfg, info, state, valid, dist, log)
+        model_dir = _export(out, model, corpus, cfg, info, state, valid, dist, log)
         if log_path.exists():
             plot_curve(log_path, out / "training_curve.png")
     dist.barrier()
@@ -407,6 +358,14 @@ def _log_window(window: dict[str, float], state: TrainState, lr: float) -> dict[
     return rec
 
 
+def _describe_valid(epoch: int, step: int, valid: dict[str, Any]) -> str:
+    text = f"epoch {epoch}: step {step} valid loss {valid['valid_loss']:.3f} BLEU {valid['valid_bleu']:.2f}"
+    for name, scores in valid.get("directions", {}).items():
+        text += f"\n  {name}: loss {scores['valid_loss']:.3f} BLEU {scores['valid_bleu']:.2f}"
+        text += f" chrF {scores['valid_chrf']:.2f}"
+    return text
+
+
 def _append_log(path: Path, rec: dict[str, Any]) -> None:
     with path.open("a") as f:
         f.write(json.dumps(rec) + "\n")
@@ -421,11 +380,11 @@ def _truncate_log(path: Path, step: int) -> None:
 def _export(
     out: Path,
     model: Transformer,
-    data: Data,
+    corpus: PreparedCorpus,
     cfg: TrainConfig,
     info: ModelInfo,
     state: TrainState,
-    valid: dict[str, float],
+    valid: dict[str, Any],
     dist: Dist,
     log: Callable[[str], None],
 ) -> Path:
@@ -436,17 +395,20 @@ def _export(
     info.training = {
         "steps": state.step,
         "epochs": state.epoch,
-        "train_pairs": len(data.train),
+        "train_pairs": corpus.train_pairs,
         "train_time_s": round(state.train_time_s, 1),
         "device": str(dist.device),
         "world_size": dist.world,
         "averaged_checkpoints": [p.name for p in paths],
         "data_dir": str(cfg.data.dir),
+        "prepared_data": str(corpus.root),
         "last_valid": valid,
         "config": {"data": asdict(cfg.data), "train": asdict(cfg.train)},
     }
     dtype = torch.float16 if cfg.train.export_dtype == "float16" else torch.float32
-    path = save_model_dir(out / "model", export, info, data.spm_path, dtype=dtype)
+    if info.is_multilingual:
+        info.training["train_pairs_per_direction"] = {d.name: len(d) for d in corpus.train}
+    path = save_model_dir(out / "model", export, info, corpus.spm_path, dtype=dtype)
     log(f"exported {path} (average of {len(paths)} checkpoint(s))")
     return path
 
@@ -457,12 +419,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--data-dir", help="directory of {split}.{lang}[.gz] files (overrides data.dir)")
     ap.add_argument("--out", help="output directory (default: runs/<config name>)")
     ap.add_argument("--resume", action="store_true", help="continue from the last checkpoint in --out")
+    ap.add_argument(
+        "--prepared-dir",
+        help="where prepared data is cached, or a prepared corpus (overrides data.prepared_dir)",
+    )
     args = ap.parse_args(argv)
     try:
-        cfg = TrainConfig.load(args.config)
-        if args.data_dir:
-            cfg.data.dir = args.data_dir
-        out = Path(args.out or Path("runs") / Path(args.config).stem)
+        cfg, out = from_command_line(
+            args.config, data_dir=args.data_dir, prepared_dir=args.prepared_dir, out=args.out
+        )
         train(cfg, out, resume=args.resume)
     except (ConfigError, DataError, ModelDirError) as e:
         print(f"error: {e}", file=sys.stderr)
