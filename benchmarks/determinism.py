@@ -2,7 +2,7 @@
 
 Every sentence of the test set is translated alone (batch of one, the eager step), then all of them
 in batches of ``--batch-size`` in a shuffled order, and all of them through the serving executor
-with the compiled decoding step (``model.static_slots``, as the workers run it: arrivals spread
+with the compiled decoding step (``model.compiled_step``, as the workers run it: arrivals spread
 over the steps in a shuffled order, joining and leaving the running batch), with the service's
 default model settings (``--quantization auto``: int8 on CPU) or another. Reported per search
 (greedy, beam 5): sentences whose best translation differs from the one alone, and BLEU of each
