@@ -15,23 +15,12 @@ from app.body import parse_request
 from app.deps import RouterDep, SettingsDep
 from app.langid import detect
 from app.languages import source_languages
-from app.routes.translate import check_api_key, form_schema, is_utf8
+from app.routes.translate import check_api_key, is_utf8, openapi_body
 from app.schemas import DetectedLanguage, DetectRequest, ErrorResponse, ValidationErrorResponse
 
 router = APIRouter(tags=["translate"])
 
-_BODY_SCHEMA = {"schema": DetectRequest.model_json_schema()}
-_FORM_SCHEMA = {"schema": form_schema(_BODY_SCHEMA["schema"])}
-_OPENAPI_BODY = {
-    "requestBody": {
-        "required": True,
-        "content": {
-            "application/json": _BODY_SCHEMA,
-            "application/x-www-form-urlencoded": _FORM_SCHEMA,
-            "multipart/form-data": _FORM_SCHEMA,
-        },
-    }
-}
+_OPENAPI_BODY = openapi_body(DetectRequest)
 _ERRORS: dict[int | str, dict[str, Any]] = {
     400: {"model": ErrorResponse, "description": "Invalid UTF-8"},
     403: {"model": ErrorResponse, "description": "Missing or invalid api_key (when keys are required)"},

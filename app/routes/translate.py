@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from fastapi import APIRouter, HTTPException, Request, Response
+from pydantic import BaseModel
 from starlette.types import Receive
 
 from app.body import parse_translate_request
@@ -47,7 +48,6 @@ router = APIRouter(tags=["translate"])
 CLIENT_CLOSED_REQUEST = 499  # nginx's status for "the client went away before the answer"
 AUTO = "auto"
 
-_BODY_SCHEMA = {"schema": TranslateRequest.model_json_schema()}
 _ERRORS: dict[int | str, dict[str, Any]] = {
     code: {"model": ErrorResponse, "description": text}
     for code, text in {
@@ -80,18 +80,24 @@ def form_schema(schema: dict[str, Any]) -> dict[str, Any]:
     return {**schema, "properties": properties}
 
 
-_FORM_SCHEMA = {"schema": form_schema(_BODY_SCHEMA["schema"])}
-# The body is parsed by app.body (three content types), so its schema is declared here for /docs.
-_OPENAPI_BODY = {
-    "requestBody": {
-        "required": True,
-        "content": {
-            "application/json": _BODY_SCHEMA,
-            "application/x-www-form-urlencoded": _FORM_SCHEMA,
-            "multipart/form-data": _FORM_SCHEMA,
-        },
+def openapi_body(model: type[BaseModel]) -> dict[str, Any]:
+    """The request body of an operation whose body app.body parses (JSON, or a form in either of
+    its two content types), declared for /docs since FastAPI does not see it: ``openapi_extra``."""
+    schema = model.model_json_schema()
+    form = {"schema": form_schema(schema)}
+    return {
+        "requestBody": {
+            "required": True,
+            "content": {
+                "application/json": {"schema": schema},
+                "application/x-www-form-urlencoded": form,
+                "multipart/form-data": form,
+            },
+        }
     }
-}
+
+
+_OPENAPI_BODY = openapi_body(TranslateRequest)
 
 
 def document_served(
