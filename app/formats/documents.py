@@ -22,9 +22,9 @@ from dataclasses import dataclass
 from pathlib import PurePath
 from typing import Any, Protocol
 
-from app.formats.html import HtmlDocument, HtmlError, HtmlText
+from app.formats.html import HtmlDocument, HtmlError
 from app.formats.inline import Block, Mark, SplitBlock
-from app.text import SplitText, split_text
+from app.text import split_text
 
 DOCX_MEDIA_TYPE = "application/vnd.openxmlformats-officedocument.wordprocessingml.document"
 MEDIA_TYPES = {
@@ -96,19 +96,6 @@ class TextFile:
 
 
 @dataclass(frozen=True)
-class SplitTextFile:
-    layout: SplitText
-    bom: bool
-
-    @property
-    def sentences(self) -> tuple[str, ...]:
-        return self.layout.sentences
-
-    def join(self, translations: Sequence[str]) -> bytes:
-        return encode(self.layout.join(translations), self.bom)
-
-
-@dataclass(frozen=True)
 class HtmlFile:
     document: HtmlDocument
     bom: bool
@@ -117,13 +104,25 @@ class HtmlFile:
     def text(self) -> str:
         return self.document.text
 
-    def split(self, language: str) -> SplitHtmlFile:
-        return SplitHtmlFile(self.document.split(language), self.bom)
+    def split(self, language: str) -> SplitTextFile:
+        return SplitTextFile(self.document.split(language), self.bom)
+
+
+class SplitLayout(Protocol):
+    """A text's sentences and how to put their translations back (``SplitText``, ``HtmlText``)."""
+
+    @property
+    def sentences(self) -> tuple[str, ...]: ...
+
+    def join(self, translations: Sequence[str]) -> str: ...
 
 
 @dataclass(frozen=True)
-class SplitHtmlFile:
-    layout: HtmlText
+class SplitTextFile:
+    """A .txt or .html file split into sentences; joined, it is UTF-8 again (with its BOM if it
+    had one)."""
+
+    layout: SplitLayout
     bom: bool
 
     @property
