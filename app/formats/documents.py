@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import PurePath
 from typing import Any, Protocol
 
+from app.formats import Layout
 from app.formats.html import HtmlDocument, HtmlError
 from app.formats.inline import Block, Mark, SplitBlock
 from app.text import split_text
@@ -108,21 +109,12 @@ class HtmlFile:
         return SplitTextFile(self.document.split(language), self.bom)
 
 
-class SplitLayout(Protocol):
-    """A text's sentences and how to put their translations back (``SplitText``, ``HtmlText``)."""
-
-    @property
-    def sentences(self) -> tuple[str, ...]: ...
-
-    def join(self, translations: Sequence[str]) -> str: ...
-
-
 @dataclass(frozen=True)
 class SplitTextFile:
     """A .txt or .html file split into sentences; joined, it is UTF-8 again (with its BOM if it
     had one)."""
 
-    layout: SplitLayout
+    layout: Layout
     bom: bool
 
     @property
