@@ -30,6 +30,7 @@ from app.metrics import Metrics, process_metrics
 from app.middleware import RequestMetricsMiddleware
 from app.routes import detect, files, frontend, health, info, languages, metrics, translate
 from app.served import ServedModel, find_model_dirs, model_names
+from app.serving.cores import CoreBoard, CoreShare
 from app.serving.router import Router
 from app.serving.scheduler import Scheduler
 from app.serving.worker import ModelSpec, WorkerProcess
@@ -68,8 +69,11 @@ def worker_count(settings: Settings) -> int:
     of the model and the torch runtime per worker), not CPU."""
     if settings.replicas:
         return settings.replicas
-    on_gpu = settings.device.startswith("cuda") or (settings.device == "auto" and cuda_available())
-    return 1 if on_gpu else len(os.sched_getaffinity(0))
+    return 1 if on_gpu(settings) else len(os.sched_getaffinity(0))
+
+
+def on_gpu(settings: Settings) -> bool:
+    return settings.device.startswith("cuda") or (settings.device == "auto" and cuda_available())
 
 
 def worker_threads(settings: Settings) -> int:
@@ -133,6 +137,12 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     app.state.metrics = metrics
     opened = open_models(settings)  # checked here too, so that a broken directory is named first
     threads, count = worker_threads(settings), worker_count(settings)
+    # A lone worker may run on its model's other workers' threads too (app/serving/cores.py).
+    board = CoreBoard(count * len(opened)) if settings.idle_cores and not on_gpu(settings) else None
+
+    def cores(slot: int) -> CoreShare | None:
+        return None if board is None else board.share(slot, own=threads, alone=count * threads)
+
     workers = {
         spec.name: [
             WorkerProcess(
@@ -141,10 +151,11 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
                 threads=threads,
                 metrics_dir=str(metrics.directory),
                 name=f"nmt-{spec.name}-{i}",
+                cores=cores(m * count + i),
             )
             for i in range(count)
         ]
-        for spec, _, _ in opened
+        for m, (spec, _, _) in enumerate(opened)
     }
     scheduler = Scheduler(
         [w for mine in workers.values() for w in mine],

@@ -2,7 +2,8 @@
 the same tokens alone as among any neighbours, greedy and beam 5: in batches of other sizes and
 orders, and in the serving executor's running batch, where sentences join and leave at every step
 (decoded there by the compiled step, ``model.compiled_step``, as deployed). And the compiled step in
-float32 gives the eager float32 translations.
+float32 gives the eager float32 translations; and a worker computes the same bits on 1 thread as on
+2 (a lone worker runs on its idle neighbours' cores, ``app.serving.cores``).
 
 The shipped model with the service's defaults (int8 linear layers on CPU, ``model.prepack``): with
 one activation scale per batch, 137 of the 1,000 test_2016 sentences had come out differently alone
@@ -17,12 +18,14 @@ from pathlib import Path
 from unittest import mock
 
 import pytest
+import torch
 
 from app.config import Settings
 from app.serving.worker import compiled_decoder, open_translator
 from benchmarks.common import DATA, DEFAULT_MODEL
 from benchmarks.determinism import served
 from model.compiled_step import CompiledDecoder
+from model.static_slots import StaticSlots
 from model.translator import Translator
 from tests.conftest import compile_cache_dir, synthetic_sentences
 from training.data import read_lines
@@ -122,3 +125,42 @@ def test_the_compiled_float32_step_translates_as_the_eager_one(
     translator, decoder = float32
     eager = batched(translator, sentences, beam, size=64, seed=3)
     assert served(translator, decoder, sentences, [beam] * len(sentences)) == eager
+
+
+def step_outputs(
+    translator: Translator, decoder: CompiledDecoder, sentences: list[str]
+) -> list[torch.Tensor]:
+    """The encoder's output and 8 compiled greedy steps' outputs (every row asks for its best
+    candidates) for ``sentences`` as one batch."""
+    model = translator.model
+    outputs: list[torch.Tensor] = []
+    with torch.inference_mode():
+        enc = model.encode(translator.batch(translator.source_ids(sentences)))
+        slots = StaticSlots(model, decoder.capacity)
+        slots.append(model.start_cache(enc, capacity=1))
+        tokens = torch.full((len(sentences),), model.cfg.bos_id, dtype=torch.long)
+        outputs.append(enc.memory.clone())
+        for _ in range(8):
+            step = slots.decode(decoder, tokens, torch.arange(len(sentences)))
+            outputs += [step.choice, step.top_tokens, step.top_lprobs, step.eos_lprob]
+            tokens = step.choice
+    return outputs
+
+
+@pytest.mark.parametrize("which", ["deployed", "float32"])
+def test_a_worker_on_more_threads_computes_the_same_bits(
+    which: str, request: pytest.FixtureRequest, sentences: list[str]
+) -> None:
+    """A worker alone at work runs on its idle neighbours' cores too (``app.serving.cores``): the
+    encoder and the compiled step give the same bits on 1 and 2 threads, one sentence or many."""
+    translator, decoder = request.getfixturevalue(which)
+    threads = torch.get_num_threads()
+    try:
+        for batch in (sentences[:1], sentences[:N]):
+            torch.set_num_threads(1)
+            one = step_outputs(translator, decoder, batch)
+            torch.set_num_threads(2)
+            two = step_outputs(translator, decoder, batch)
+            assert all(torch.equal(a, b) for a, b in zip(one, two, strict=True))
+    finally:
+        torch.set_num_threads(threads)

@@ -46,6 +46,7 @@ import torch
 
 from app.config import Settings
 from app.metrics import Metrics, process_metrics
+from app.serving.cores import CoreShare
 from app.serving.executor import Executor, Job
 from app.serving.fairqueue import FairQueue, Policy
 from model.compiled_step import CompiledDecoder
@@ -203,10 +204,16 @@ class Inbox:
 
 # -- the worker process ----------------------------------------------------------------------------
 def serve_worker(
-    settings: Settings, model: ModelSpec, threads: int | None, metrics_dir: str, conn: Connection
+    settings: Settings,
+    model: ModelSpec,
+    threads: int | None,
+    metrics_dir: str,
+    conn: Connection,
+    cores: CoreShare | None = None,
 ) -> None:
     """The child process: load the model, report ready, then translate what the front end gives
-    until it says stop or goes away."""
+    until it says stop or goes away. ``cores``: its slot on the front end's ``CoreBoard`` (on CPU),
+    to run on the idle workers' cores too while it is the only one at work."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     if threads:
@@ -230,6 +237,8 @@ def serve_worker(
     try:
         with torch.inference_mode():
             while inbox.wait(lambda: executor.busy):
+                if cores is not None:
+                    cores.update(busy=True)
                 answers: list[tuple[Any, ...]] = []
                 for job, result in executor.iteration():
                     if not inbox.release(job):
@@ -238,10 +247,14 @@ def serve_worker(
                         answers.append(("failed", job.id, str(result)))
                     else:
                         answers.append(("done", job.id, result))
+                if cores is not None and not executor.busy and not inbox.waiting:
+                    cores.update(busy=False)  # going to sleep: its core is free for the others
                 if answers:
                     with contextlib.suppress(OSError):  # the front end is gone: the reader stops us
                         conn.send(("answers", answers))
     finally:
+        if cores is not None:
+            cores.update(busy=False)
         conn.close()
 
 
@@ -299,9 +312,17 @@ class WorkerProcess:
     (``on_exit``)."""
 
     def __init__(
-        self, settings: Settings, spec: ModelSpec, *, threads: int | None, metrics_dir: str, name: str
+        self,
+        settings: Settings,
+        spec: ModelSpec,
+        *,
+        threads: int | None,
+        metrics_dir: str,
+        name: str,
+        cores: CoreShare | None = None,
     ) -> None:
         self.settings, self.threads, self.metrics_dir, self.name = settings, threads, metrics_dir, name
+        self.cores = cores
         self.spec = spec
         self.model = spec.name  # the scheduler's key: this worker's model
         self.listener: Any = None
@@ -325,7 +346,7 @@ class WorkerProcess:
         self._conn, child_conn = context.Pipe()
         self.process = context.Process(
             target=serve_worker,
-            args=(self.settings, self.spec, self.threads, self.metrics_dir, child_conn),
+            args=(self.settings, self.spec, self.threads, self.metrics_dir, child_conn, self.cores),
             name=self.name,
             daemon=True,
         )

@@ -1,0 +1,71 @@
+"""Cores that idle workers leave: a worker alone at work runs on them too.
+
+Each worker is single-threaded by default, one per core: under load that is the most sentences/s
+(README, "Why processes"). But a request that arrives alone, the web page's translate-as-you-type,
+then runs on one core while the others sleep. The ``CoreBoard`` tells each worker whether it is
+alone: a small array in shared memory with one slot per worker process (of every model), holding
+``inf`` while that worker has sentences in hand (running or waiting) and, while it sleeps, the
+``time.monotonic()`` at which it went to sleep (one clock for every process of the machine). Before
+every iteration a worker writes its slot and reads the others'; when they have all slept for
+``QUIET_S`` it runs with the threads of every worker of its model (``alone``), otherwise with its
+own (``own``). No lock: each slot is written by one process, and a stale read costs one step at the
+other thread count.
+
+Why ``QUIET_S``: with two clients in a closed loop, each worker sleeps a millisecond between one
+answer and the next request. Switching at every such gap cost 25% of the sentences/s at two
+connections (float32, BENCHMARKS.md "A lone request on every core"): the worker that had taken two
+threads kept them for a step after its neighbour woke, and their OpenMP threads shared two cores
+three ways. A neighbour idle for ``QUIET_S`` is one that no client keeps busy.
+
+The number of threads does not change a translation: the kernels split their work over rows and
+output columns, not over the sums (bit-for-bit the same results on 1 and 2 threads,
+``tests/test_determinism.py``). Only CPU workers take part (a GPU worker's work is on the GPU).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+import multiprocessing
+import time
+from typing import Any
+
+import torch
+
+QUIET_S = 0.05  # how long every other worker must have slept before one takes their threads
+
+
+class CoreBoard:
+    """The shared slots, made by the front end before its workers start (``spawn`` passes them to
+    each child); ``share(i, ...)`` is what worker ``i`` takes with it."""
+
+    def __init__(self, workers: int) -> None:
+        # Zero: asleep since the clock's start (before the first request, every worker sleeps).
+        self.slots: Any = multiprocessing.get_context("spawn").RawArray(ctypes.c_double, workers)
+
+    def share(self, index: int, *, own: int, alone: int) -> CoreShare:
+        return CoreShare(self.slots, index, own=own, alone=max(own, alone))
+
+
+class CoreShare:
+    """One worker's view of the board: its slot, and the thread counts it switches between."""
+
+    def __init__(self, slots: Any, index: int, *, own: int, alone: int) -> None:
+        self.slots, self.index = slots, index
+        self.own, self.alone = own, alone
+
+    def update(self, busy: bool) -> int:
+        """Record whether this worker has work, and run torch with the threads that fit: ``alone``
+        while it is the only worker with work and the others have slept for ``QUIET_S``, else
+        ``own``. Returns the thread count."""
+        slots, now = self.slots, time.monotonic()
+        if busy:
+            slots[self.index] = math.inf
+        elif slots[self.index] == math.inf:
+            slots[self.index] = now  # going to sleep now
+        quiet = now - QUIET_S
+        lone = busy and all(slots[i] <= quiet for i in range(len(slots)) if i != self.index)
+        threads = self.alone if lone else self.own
+        if threads != torch.get_num_threads():
+            torch.set_num_threads(threads)
+        return threads
