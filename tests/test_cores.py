@@ -39,6 +39,16 @@ def test_a_worker_alone_at_work_takes_the_idle_workers_threads() -> None:
     assert b.update(busy=False) == 1 and c.update(busy=True) == 3  # b slept on: still quiet
 
 
+def test_a_worker_started_again_is_asleep_until_it_has_work() -> None:
+    board = CoreBoard(2)
+    crashed, other = board.share(0, own=1, alone=2), board.share(1, own=1, alone=2)
+    crashed.update(busy=True)  # then killed: its slot says busy
+    assert other.update(busy=True) == 1
+    crashed.starting()
+    time.sleep(QUIET_S)
+    assert other.update(busy=True) == 2
+
+
 def test_own_threads_are_never_cut() -> None:
     board = CoreBoard(2)
     share = board.share(0, own=4, alone=2)  # NMT_THREADS above the model's share: kept

@@ -13,13 +13,13 @@ other thread count.
 
 Why ``QUIET_S``: with two clients in a closed loop, each worker sleeps a millisecond between one
 answer and the next request. Switching at every such gap cost 25% of the sentences/s at two
-connections (float32, BENCHMARKS.md "A lone request on every core"): the worker that had taken two
-threads kept them for a step after its neighbour woke, and their OpenMP threads shared two cores
-three ways. A neighbour idle for ``QUIET_S`` is one that no client keeps busy.
+connections (float32, BENCHMARKS.md "A lone request on every core"), likely because the worker
+that had taken two threads kept them for a step after its neighbour woke, three OpenMP threads
+sharing two cores. A neighbour idle for ``QUIET_S`` is one that no client keeps busy.
 
-The number of threads does not change a translation: the kernels split their work over rows and
-output columns, not over the sums (bit-for-bit the same results on 1 and 2 threads,
-``tests/test_determinism.py``). Only CPU workers take part (a GPU worker's work is on the GPU).
+The number of threads did not change a bit of the results: the encoder's output and the compiled
+step's on 1 and 2 threads, int8 and float32 (``tests/test_determinism.py`` checks it). Only CPU
+workers take part (a GPU worker's work is on the GPU).
 """
 
 from __future__ import annotations
@@ -53,6 +53,10 @@ class CoreShare:
     def __init__(self, slots: Any, index: int, *, own: int, alone: int) -> None:
         self.slots, self.index = slots, index
         self.own, self.alone = own, alone
+
+    def starting(self) -> None:
+        """Asleep from now: a worker started again after a crash may have left its slot busy."""
+        self.slots[self.index] = time.monotonic()
 
     def update(self, busy: bool) -> int:
         """Record whether this worker has work, and run torch with the threads that fit: ``alone``

@@ -234,6 +234,8 @@ def serve_worker(
         return
     conn.send(("ready", describe(translator, decoder)))
     threading.Thread(target=_read, args=(conn, inbox), name="nmt-worker-inbox", daemon=True).start()
+    if cores is not None:
+        cores.starting()
     try:
         with torch.inference_mode():
             while inbox.wait(lambda: executor.busy):
