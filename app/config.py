@@ -84,7 +84,7 @@ class Settings(BaseSettings):
     replicas: Annotated[int, Field(ge=0)] = 0
     # torch intra-op threads per worker; 0 = the usable cores shared out among the workers.
     threads: Annotated[int, Field(ge=0)] = 0
-    # On CPU, a worker that is the only one with work (every other idle for 50 ms) runs on the
+    # A worker that is the only one with work (every other idle for 50 ms) runs on the
     # threads of all its model's workers (replicas x threads): a lone request is not held to one
     # core while the others sleep (app/serving/cores.py; same translations on any thread count).
     idle_cores: bool = True

@@ -69,11 +69,8 @@ def worker_count(settings: Settings) -> int:
     of the model and the torch runtime per worker), not CPU."""
     if settings.replicas:
         return settings.replicas
-    return 1 if on_gpu(settings) else len(os.sched_getaffinity(0))
-
-
-def on_gpu(settings: Settings) -> bool:
-    return settings.device.startswith("cuda") or (settings.device == "auto" and cuda_available())
+    on_gpu = settings.device.startswith("cuda") or (settings.device == "auto" and cuda_available())
+    return 1 if on_gpu else len(os.sched_getaffinity(0))
 
 
 def worker_threads(settings: Settings) -> int:
@@ -138,7 +135,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     opened = open_models(settings)  # checked here too, so that a broken directory is named first
     threads, count = worker_threads(settings), worker_count(settings)
     # A lone worker may run on its model's other workers' threads too (app/serving/cores.py).
-    board = CoreBoard(count * len(opened)) if settings.idle_cores and not on_gpu(settings) else None
+    board = CoreBoard(count * len(opened)) if settings.idle_cores else None
 
     def cores(slot: int) -> CoreShare | None:
         return None if board is None else board.share(slot, own=threads, alone=count * threads)

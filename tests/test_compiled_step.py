@@ -37,7 +37,7 @@ def decode(
     beam_rows: list[int],
 ) -> list[StepChoice]:
     model = translator.model
-    slots = StaticSlots(model, CAPACITY)
+    slots = StaticSlots(model, decoder.capacity)
     slots.append(model.start_cache(model.encode(translator.batch(sources)), capacity=1))
     tokens = torch.full((len(sources),), model.cfg.bos_id, dtype=torch.long)
     out = []

@@ -25,9 +25,9 @@ from app.serving.worker import compiled_decoder, open_translator
 from benchmarks.common import DATA, DEFAULT_MODEL
 from benchmarks.determinism import served
 from model.compiled_step import CompiledDecoder
-from model.static_slots import StaticSlots
 from model.translator import Translator
 from tests.conftest import compile_cache_dir, synthetic_sentences
+from tests.test_compiled_step import decode
 from training.data import read_lines
 
 N = 64
@@ -132,18 +132,11 @@ def step_outputs(
 ) -> list[torch.Tensor]:
     """The encoder's output and 8 compiled greedy steps' outputs (every row asks for its best
     candidates) for ``sentences`` as one batch."""
-    model = translator.model
-    outputs: list[torch.Tensor] = []
+    sources = translator.source_ids(sentences)
     with torch.inference_mode():
-        enc = model.encode(translator.batch(translator.source_ids(sentences)))
-        slots = StaticSlots(model, decoder.capacity)
-        slots.append(model.start_cache(enc, capacity=1))
-        tokens = torch.full((len(sentences),), model.cfg.bos_id, dtype=torch.long)
-        outputs.append(enc.memory.clone())
-        for _ in range(8):
-            step = slots.decode(decoder, tokens, torch.arange(len(sentences)))
+        outputs = [translator.model.encode(translator.batch(sources)).memory]
+        for step in decode(decoder, translator, sources, 8, list(range(len(sources)))):
             outputs += [step.choice, step.top_tokens, step.top_lprobs, step.eos_lprob]
-            tokens = step.choice
     return outputs
 
 

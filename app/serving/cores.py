@@ -18,8 +18,8 @@ that had taken two threads kept them for a step after its neighbour woke, three 
 sharing two cores. A neighbour idle for ``QUIET_S`` is one that no client keeps busy.
 
 The number of threads did not change a bit of the results: the encoder's output and the compiled
-step's on 1 and 2 threads, int8 and float32 (``tests/test_determinism.py`` checks it). Only CPU
-workers take part (a GPU worker's work is on the GPU).
+step's on 1 and 2 threads, int8 and float32 (``tests/test_determinism.py`` checks it). On a GPU,
+one worker per model by default, ``alone`` is ``own``: nothing changes there.
 """
 
 from __future__ import annotations
