@@ -15,6 +15,8 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from app.formats.limits import DocumentLimits
+
 ENV_PREFIX = "NMT_"
 
 PositiveInt = Annotated[int, Field(gt=0)]
@@ -67,6 +69,26 @@ class Settings(BaseSettings):
     max_file_bytes: PositiveInt = 2 * 1024 * 1024
     max_file_chars: PositiveInt = 100_000
     file_ttl_s: Annotated[float, Field(gt=0)] = 600.0
+    # What a file may hold, checked while it is read, before anything is built from it (a file over
+    # one gets 413; app/formats/limits.py): sentences; for a .docx (a zip package) its files, what
+    # they inflate to (all of them, and each: at most NMT_MAX_FILE_RATIO times its compressed size
+    # beyond 1 MiB) and its XML elements; an HTML file's tags and nesting depth.
+    max_file_sentences: PositiveInt = 10_000
+    max_file_entries: PositiveInt = 1_000
+    max_file_unpacked_bytes: PositiveInt = 32 * 1024 * 1024
+    max_file_entry_bytes: PositiveInt = 16 * 1024 * 1024
+    max_file_ratio: PositiveInt = 100
+    max_file_elements: PositiveInt = 200_000
+    max_file_depth: PositiveInt = 512
+    # Each file is read (and written back) in a child process of its own (app/formats/sandbox.py):
+    # this many at a time, each step within this time, allocating at most this many MiB beyond the
+    # ~100 MiB it starts with; a file that needs more gets 413, and never costs the front end memory.
+    file_readers: PositiveInt = 2
+    file_read_timeout_s: Annotated[float, Field(gt=0)] = 10.0
+    file_reader_memory_mb: PositiveInt = 512
+    # File requests in progress at a time (each holds its upload in memory until it is translated);
+    # more get 503 with Retry-After.
+    max_file_requests: PositiveInt = 16
     # The page at / (and LibreTranslate's /frontend/settings): quiet typing before it translates.
     frontend_timeout_ms: PositiveInt = 500
     # Comma-separated in the environment ("k1,k2"); empty means no authentication.
@@ -98,6 +120,20 @@ class Settings(BaseSettings):
     # Where compiled steps are kept between starts (one .pt2 file per model and settings; TorchInductor
     # builds in its inductor/ folder): a volume in Docker keeps them across containers.
     compile_cache_dir: Path = Path.home() / ".cache" / "nmt-service" / "compiled"
+
+    def document_limits(self) -> DocumentLimits:
+        return DocumentLimits(
+            max_chars=self.max_file_chars,
+            max_sentences=self.max_file_sentences,
+            max_entries=self.max_file_entries,
+            max_unpacked_bytes=self.max_file_unpacked_bytes,
+            max_entry_bytes=self.max_file_entry_bytes,
+            max_ratio=self.max_file_ratio,
+            max_elements=self.max_file_elements,
+            max_depth=self.max_file_depth,
+            read_seconds=self.file_read_timeout_s,
+            memory_bytes=self.file_reader_memory_mb * 1024 * 1024,
+        )
 
     @field_validator("device")
     @classmethod

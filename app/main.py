@@ -177,6 +177,8 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         quiet_garbage_collector()
         app.state.router = router
         app.state.files = files.new_file_store(settings)
+        app.state.file_requests = files.FileRequests(settings.max_file_requests)
+        app.state.readers = await asyncio.to_thread(files.new_readers, settings)
         await asyncio.to_thread(prepare_detection, router)
         app.state.scheduler = scheduler
         app.state.turns = asyncio.Semaphore(TURNS)
@@ -242,6 +244,8 @@ def create_app(settings: Settings | None = None) -> TranslationApp:
     app.state.router = None
     app.state.scheduler = None
     app.state.files = None
+    app.state.file_requests = None
+    app.state.readers = None
     app.state.turns = None
     app.state.ready = False
     app.add_middleware(RequestMetricsMiddleware, state=app.state)

@@ -11,12 +11,15 @@ from html.parser import HTMLParser
 import docx
 import pytest
 
-from app.formats.documents import DocumentError, read
+from app.config import Settings
+from app.formats.documents import read
 from app.formats.html import HtmlDocument
 from app.formats.inline import Block, Mark
+from app.formats.limits import DocumentError
 from app.text import sentence_spans
 
 Translate = Callable[[str], str]
+LIMITS = Settings().document_limits()  # the defaults
 
 
 def upper(sentence: str) -> str:
@@ -180,7 +183,7 @@ def test_sentence_spans_point_into_the_text() -> None:
 
 
 def translate_file(name: str, data: bytes, translate: Translate = upper) -> tuple[Sequence[str], bytes]:
-    layout = read(name, data).split("de")
+    layout = read(name, data, LIMITS).split("de")
     return layout.sentences, layout.join([translate(s) for s in layout.sentences])
 
 
@@ -242,4 +245,4 @@ def test_docx_keeps_runs_tables_headers_and_footers() -> None:
 )
 def test_unreadable_files_are_refused_with_a_reason(name: str, data: bytes, message: str) -> None:
     with pytest.raises(DocumentError, match=message):
-        read(name, data)
+        read(name, data, LIMITS)

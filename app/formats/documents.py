@@ -6,7 +6,8 @@ sentences to translate and a ``join(translations)`` that writes the translated f
 
 * .txt: UTF-8 (a byte-order mark is kept); the layout is kept as for ``/translate``'s text.
 * .html: as ``format: "html"`` (``app.formats.html``).
-* .docx: with python-docx. Every paragraph of the body, of tables (nested ones too) and of the
+* .docx: checked as a package first (``app.formats.package``), then read with python-docx. Every
+  paragraph of the body, of tables (nested ones too) and of the
   headers and footers is translated; a paragraph's runs (its stretches of one formatting: bold,
   a font, a hyperlink) keep their formatting, and sentences are split across them as across inline
   HTML tags (``app.formats.inline``). Runs without text (pictures, breaks) are not touched. Text
@@ -16,6 +17,7 @@ sentences to translate and a ``join(translations)`` that writes the translated f
 from __future__ import annotations
 
 import io
+import re
 import zipfile
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -25,6 +27,8 @@ from typing import Any, Protocol
 from app.formats import Layout
 from app.formats.html import HtmlDocument, HtmlError
 from app.formats.inline import Block, Mark, SplitBlock
+from app.formats.limits import DocumentError, DocumentLimits, Forbidden
+from app.formats.package import check_package
 from app.text import split_text
 
 DOCX_MEDIA_TYPE = "application/vnd.openxmlformats-officedocument.wordprocessingml.document"
@@ -36,10 +40,8 @@ MEDIA_TYPES = {
 }
 SUPPORTED = tuple(MEDIA_TYPES)
 UTF8_BOM = b"\xef\xbb\xbf"
-
-
-class DocumentError(ValueError):
-    """The upload cannot be read as the format its name says (a 400, with this message)."""
+# What XML 1.0 cannot hold (C0 controls but tab and line breaks, surrogates, U+FFFE/U+FFFF).
+NOT_XML = re.compile("[^\t\n\r\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
 
 
 class SplitDocument(Protocol):
@@ -60,27 +62,33 @@ def extension(name: str) -> str:
     return PurePath(name).suffix.lower()
 
 
-def read(name: str, data: bytes) -> Document:
-    """The upload ``data``, named ``name``, parsed by its extension (``DocumentError`` if it
-    cannot be; the caller has checked that the extension is one of ``SUPPORTED``)."""
+def read(name: str, data: bytes, limits: DocumentLimits) -> Document:
+    """The upload ``data``, named ``name``, parsed by its extension within ``limits``
+    (``DocumentError`` or one of its kinds if it cannot be; the caller has checked that the
+    extension is one of ``SUPPORTED``)."""
     kind = extension(name)
     if kind == ".docx":
-        return DocxDocument.read(data)
+        return DocxDocument.read(data, limits)
     text, bom = decode(data)
     if kind in (".html", ".htm"):
         try:
-            return HtmlFile(HtmlDocument.parse(text), bom)
+            return HtmlFile(HtmlDocument.parse(text, limits), bom)
         except HtmlError as e:
             raise DocumentError(str(e)) from e
+    limits.check_chars(len(text))
     return TextFile(text, bom)
 
 
 def decode(data: bytes) -> tuple[str, bool]:
     bom = data.startswith(UTF8_BOM)
     try:
-        return data[len(UTF8_BOM) if bom else 0 :].decode("utf-8"), bom
+        text = data[len(UTF8_BOM) if bom else 0 :].decode("utf-8")
     except UnicodeDecodeError as e:
         raise DocumentError(f"the file is not UTF-8 text (invalid byte at offset {e.start})") from e
+    nul = text.find("\0")
+    if nul >= 0:
+        raise Forbidden(f"the file holds NUL characters (the first at character {nul}): it is not text")
+    return text, bom
 
 
 def encode(text: str, bom: bool) -> bytes:
@@ -191,9 +199,10 @@ class DocxDocument:
     blocks: tuple[Block, ...]
 
     @classmethod
-    def read(cls, data: bytes) -> DocxDocument:
+    def read(cls, data: bytes, limits: DocumentLimits) -> DocxDocument:
         import docx
 
+        check_package(data, limits)
         try:
             document = docx.Document(io.BytesIO(data))
         except (zipfile.BadZipFile, KeyError, ValueError) as e:
@@ -233,8 +242,9 @@ class SplitDocx:
             start += count
             cuts = [0, *offsets, len(text)]
             for run, begin, end in zip(runs, cuts[:-1], cuts[1:], strict=True):
-                if run.text != text[begin:end]:  # a run left as it was keeps pictures and breaks
-                    run.text = text[begin:end]
+                piece = NOT_XML.sub("", text[begin:end])
+                if run.text != piece:  # a run left as it was keeps pictures and breaks
+                    run.text = piece
         out = io.BytesIO()
         self.source.document.save(out)
         return out.getvalue()

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from html.parser import HTMLParser
 
 from app.formats.inline import Block, Mark, Side, SplitBlock
+from app.formats.limits import DocumentLimits, TooLarge
 
 # fmt: off
 # Phrasing content that may sit inside a sentence; any other tag ends a block.
@@ -43,6 +44,16 @@ VOID = frozenset({
 })
 # Kept as they are, content included.
 UNTRANSLATED = frozenset({"script", "style", "code", "kbd", "samp", "svg", "math", "template"})
+# Elements whose end tag may be left out: a start tag of the key closes the open ones of its value,
+# as a browser does (``<li>a<li>b`` are siblings, not nested), so that such HTML does not count as
+# deep. Any block-level start tag also closes an open <p>.
+IMPLIED_END = {
+    "li": {"li"}, "dt": {"dt", "dd"}, "dd": {"dt", "dd"}, "option": {"option"},
+    "td": {"td", "th"}, "th": {"td", "th"}, "tr": {"tr", "td", "th"},
+    "thead": {"thead", "tbody", "tfoot", "tr", "td", "th"},
+    "tbody": {"thead", "tbody", "tfoot", "tr", "td", "th"},
+    "tfoot": {"thead", "tbody", "tfoot", "tr", "td", "th"},
+}
 # fmt: on
 
 
@@ -109,13 +120,43 @@ class _Builder:
         self.flush()
 
 
+class _Nesting:
+    """The elements open at a point of a document, as far as depth is concerned (not a tree:
+    nothing else is built from it), and how many there were: both bounded by ``limits``."""
+
+    def __init__(self, limits: DocumentLimits) -> None:
+        self.limits = limits
+        self.open: list[str] = []
+        self.elements = 0
+
+    def start(self, tag: str, void: bool) -> None:
+        self.elements += 1
+        if self.elements > self.limits.max_elements:
+            raise TooLarge(f"the HTML has more than {self.limits.max_elements:,} tags")
+        if void:
+            return
+        closes = IMPLIED_END.get(tag, ())
+        while self.open and (self.open[-1] in closes or (self.open[-1] == "p" and tag not in INLINE)):
+            self.open.pop()
+        self.open.append(tag)
+        if len(self.open) > self.limits.max_depth:
+            raise TooLarge(f"the HTML nests more than {self.limits.max_depth} elements deep")
+
+    def end(self, tag: str) -> None:
+        if tag in self.open:  # a stray end tag closes nothing
+            del self.open[len(self.open) - 1 - self.open[::-1].index(tag) :]
+
+
 class _Tokenizer(HTMLParser):
-    def __init__(self) -> None:
+    def __init__(self, limits: DocumentLimits | None) -> None:
         super().__init__(convert_charrefs=False)  # entities come as events: they are kept
         self.out = _Builder()
         self.skipping: list[str] = []  # the untranslated element being copied, and nested same tags
         self.skipped: list[str] = []
         self.skip_inline = False
+        self.chars = 0
+        self.limits = limits
+        self.nesting = None if limits is None else _Nesting(limits)
 
     # An untranslated element is copied whole, then stands as one piece.
     def _copy(self, raw: str) -> bool:
@@ -125,6 +166,8 @@ class _Tokenizer(HTMLParser):
         return True
 
     def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        if self.nesting is not None:
+            self.nesting.start(tag, void=tag in VOID)
         raw = self.get_starttag_text() or f"<{tag}>"
         if self._copy(raw):
             if tag == self.skipping[0] and tag not in VOID:
@@ -139,6 +182,8 @@ class _Tokenizer(HTMLParser):
             self.out.add_boundary(raw)
 
     def handle_startendtag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        if self.nesting is not None:
+            self.nesting.start(tag, void=True)
         raw = self.get_starttag_text() or f"<{tag}/>"
         if self._copy(raw):
             return
@@ -148,6 +193,8 @@ class _Tokenizer(HTMLParser):
             self.out.add_boundary(raw)
 
     def handle_endtag(self, tag: str) -> None:
+        if self.nesting is not None:
+            self.nesting.end(tag)
         raw = f"</{tag}>"
         if self.skipping:
             self.skipped.append(raw)
@@ -167,18 +214,25 @@ class _Tokenizer(HTMLParser):
 
     def handle_data(self, data: str) -> None:
         if not self._copy(data):
-            self.out.add_text(data, data)
+            self._add_text(data, data)
+
+    def _add_text(self, decoded: str, raw: str) -> None:
+        """Text to translate, counted against the limit as it comes."""
+        self.out.add_text(decoded, raw)
+        self.chars += len(decoded)
+        if self.limits is not None:
+            self.limits.check_chars(self.chars)
 
     def _reference(self, raw: str) -> None:
         if self._copy(raw):
             return
         decoded = html.unescape(raw)
         if decoded == raw:  # not a known entity: plain text
-            self.out.add_text(raw, raw)
+            self._add_text(raw, raw)
             return
         if len(decoded) == 1:
             self.out.entities.setdefault(decoded, raw)
-        self.out.add_text(decoded, raw)
+        self._add_text(decoded, raw)
 
     def handle_entityref(self, name: str) -> None:
         self._reference(f"&{name};")
@@ -218,11 +272,21 @@ class HtmlDocument:
     entities: dict[str, str]
 
     @classmethod
-    def parse(cls, markup: str) -> HtmlDocument:
-        tokenizer = _Tokenizer()
+    def parse(cls, markup: str, limits: DocumentLimits | None = None) -> HtmlDocument:
+        """``markup`` parsed; with ``limits``, ``TooLarge`` as soon as it crosses one (tags, depth,
+        text), before the rest is read."""
+        # Tags cost the tokenizer ~15 us each: count them first, at the speed of str.count, so that
+        # 300,000 of them are refused in milliseconds, not after seconds of parsing. Every start tag
+        # has a "<" that no "</" begins (the count is an upper bound: a "<" in a script or in text
+        # counts too, and the tokenizer counts exactly afterwards).
+        if limits is not None and markup.count("<") - markup.count("</") > limits.max_elements:
+            raise TooLarge(f"the HTML has more than {limits.max_elements:,} tags")
+        tokenizer = _Tokenizer(limits)
         try:
             tokenizer.feed(markup)
             out = tokenizer.finish()
+        except TooLarge:
+            raise
         except (AssertionError, ValueError) as e:  # the few inputs the tokenizer gives up on
             raise HtmlError(f"cannot parse HTML: {e}") from e
         return cls(tuple(out.items), out.entities)

@@ -4,15 +4,20 @@ The upload (multipart: ``file``, ``source``, ``target``, ``api_key``) is transla
 request waits, and the answer is ``{"translatedFileUrl": ...}``; a GET of that URL returns the
 translated file once (``app.filestore``). Formats: ``app.formats.documents``.
 
+The upload is never parsed here: a child process reads it within the limits of
+``app.formats.limits`` and gives back its sentences, and another writes their translations into
+it (``app.formats.sandbox``), so that a hostile file costs the front end no more than its bytes.
+At most ``NMT_MAX_FILE_REQUESTS`` files are in progress at a time.
+
 A document can hold far more sentences than a request to /translate, so they go to the scheduler
 in chunks, one after the other: the queue is never asked to hold more than a chunk of one file,
 and the scheduler's round-robin over requests keeps everyone else's one-liners moving meanwhile.
-Parsing and writing a document (lxml for .docx) happen in a thread, off the event loop.
 """
 
 from __future__ import annotations
 
-import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Annotated, Any
 from urllib.parse import quote
 
@@ -25,7 +30,9 @@ from app.body import MULTIPART, media_type, read_within, replayed
 from app.config import Settings
 from app.deps import RouterDep, SchedulerDep, SettingsDep
 from app.filestore import FileStore
-from app.formats.documents import MEDIA_TYPES, SUPPORTED, Document, DocumentError, extension, read
+from app.formats.documents import MEDIA_TYPES, SUPPORTED, extension
+from app.formats.limits import DocumentError
+from app.formats.sandbox import Busy, DocumentReaders
 from app.routes.translate import (
     AUTO,
     CLIENT_CLOSED_REQUEST,
@@ -39,15 +46,18 @@ from app.routes.translate import (
 )
 from app.schemas import ErrorResponse, TranslateFileResponse, ValidationErrorResponse
 from app.served import ServedModel
-from app.serving.router import Route
+from app.serving.router import Route, Router
 from app.serving.scheduler import Scheduler
 
 router = APIRouter(tags=["files"])
 
 FORM_OVERHEAD_BYTES = 64 * 1024  # the form's other fields and part headers, beyond the file itself
 CHUNK_SENTENCES = 256  # sentences of one file in the queue at a time (at most half the queue)
-DETECT_CHARS = 10_000  # language identification reads the start of a document, not all of it
 STORE_FILES = 32  # the store holds this many maximal files' bytes
+# A translated file may be this many times larger than NMT_MAX_FILE_BYTES (text grows in
+# translation; a .docx is also written with python-docx's compression): more is refused (413).
+OUTPUT_GROWTH = 8
+BUSY_RETRY_AFTER_S = "2"
 
 
 class TranslateFileForm(BaseModel):
@@ -84,12 +94,14 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
         400: "Unsupported pair or file format, a file that cannot be read as its format, not a form",
         403: "Missing or invalid api_key (when the server requires keys)",
         408: "The upload did not arrive within its time",
-        413: "A file over NMT_MAX_FILE_BYTES, or with more text than NMT_MAX_FILE_CHARS",
-        503: "Queue full or too many files waiting for download (see Retry-After), or not ready",
+        413: "A file over NMT_MAX_FILE_BYTES, or over another of the file limits (text, sentences, "
+        "a .docx's files, inflated size or XML elements, HTML depth, time or memory to read it)",
+        422: "A field missing or of the wrong type; a file with a DTD or XML entities, or NUL characters",
+        503: "Queue full, too many files in progress or waiting for download (see Retry-After), not ready",
         504: "A part of the file did not finish within the request timeout",
     }.items()
 }
-_ERRORS[422] = {"model": ValidationErrorResponse, "description": "A field missing or of the wrong type"}
+_ERRORS[422] = {"model": ValidationErrorResponse, "description": _ERRORS[422]["description"]}
 
 
 async def get_file_store(request: Request) -> FileStore:
@@ -102,8 +114,46 @@ async def get_file_store(request: Request) -> FileStore:
 FileStoreDep = Annotated[FileStore, Depends(get_file_store)]
 
 
+async def get_readers(request: Request) -> DocumentReaders:
+    readers: DocumentReaders | None = request.app.state.readers
+    if readers is None:
+        raise HTTPException(503, "the service is not ready")
+    return readers
+
+
+ReadersDep = Annotated[DocumentReaders, Depends(get_readers)]
+
+
 def new_file_store(settings: Settings) -> FileStore:
     return FileStore(settings.file_ttl_s, STORE_FILES * settings.max_file_bytes)
+
+
+def new_readers(settings: Settings) -> DocumentReaders:
+    """The document readers (their fork server started: ~1 s, in a thread)."""
+    readers = DocumentReaders(
+        settings.document_limits(), settings.file_readers, OUTPUT_GROWTH * settings.max_file_bytes
+    )
+    readers.start()
+    return readers
+
+
+class FileRequests:
+    """File requests in progress, at most ``limit``: each holds its upload until it is written."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.count = 0
+
+    @asynccontextmanager
+    async def place(self) -> AsyncIterator[None]:
+        if self.count >= self.limit:
+            message = f"{self.limit} files are being translated; retry later"
+            raise HTTPException(503, message, {"Retry-After": BUSY_RETRY_AFTER_S})
+        self.count += 1
+        try:
+            yield
+        finally:
+            self.count -= 1
 
 
 def upload_seconds(limit: int) -> float:
@@ -180,7 +230,31 @@ async def translate_document(
     summary="Translate a .txt, .html or .docx file (LibreTranslate-compatible)",
 )
 async def translate_file(
-    request: Request, settings: SettingsDep, router: RouterDep, scheduler: SchedulerDep, store: FileStoreDep
+    request: Request,
+    settings: SettingsDep,
+    router: RouterDep,
+    scheduler: SchedulerDep,
+    store: FileStoreDep,
+    readers: ReadersDep,
+) -> Response:
+    places: FileRequests = request.app.state.file_requests
+    async with places.place():
+        return await translate_upload(request, settings, router, scheduler, store, readers)
+
+
+def document_error(e: DocumentError | Busy) -> HTTPException:
+    if isinstance(e, Busy):
+        return HTTPException(503, str(e), {"Retry-After": BUSY_RETRY_AFTER_S})
+    return HTTPException(e.status, str(e))
+
+
+async def translate_upload(
+    request: Request,
+    settings: Settings,
+    router: Router[ServedModel],
+    scheduler: Scheduler,
+    store: FileStore,
+    readers: DocumentReaders,
 ) -> Response:
     form, name, data = await read_form(request, settings)
     check_api_key(form.api_key, settings.api_keys)
@@ -188,23 +262,24 @@ async def translate_file(
         kind = shorten(extension(name) or name)
         raise HTTPException(400, f"unsupported file format {kind}; supported: {', '.join(SUPPORTED)}")
     candidates = check_languages(form.source, form.target, router)
+
+    def language(sample: str) -> str:
+        if form.source.lower() == AUTO:
+            return source_language(sample, candidates).language
+        return candidates[0]
+
     try:
-        document: Document = await asyncio.to_thread(read, name, data)
-    except DocumentError as e:
-        raise HTTPException(400, str(e)) from e
-    chars = len(document.text)
-    if chars > settings.max_file_chars:
-        limit = settings.max_file_chars
-        raise HTTPException(413, f"too much text in the file: {chars} characters (at most {limit})")
-    language = candidates[0]
-    if form.source.lower() == AUTO:
-        language = source_language(document.text[:DETECT_CHARS], candidates).language
-    layout = await asyncio.to_thread(document.split, language)
-    route = route_of(router, language, form.target)
-    translations = await translate_document(request, layout.sentences, route, scheduler, settings)
+        source, sentences = await readers.read(name, data, language)
+    except (DocumentError, Busy) as e:
+        raise document_error(e) from e
+    route = route_of(router, source, form.target)
+    translations = await translate_document(request, sentences, route, scheduler, settings)
     if translations is None:
         return Response(status_code=CLIENT_CLOSED_REQUEST)
-    output = await asyncio.to_thread(layout.join, translations)
+    try:
+        output = await readers.write(name, data, source, len(sentences), translations)
+    except (DocumentError, Busy) as e:
+        raise document_error(e) from e
     saved = download_name(name, form.target)
     token = store.put(output, saved, MEDIA_TYPES[extension(name)])
     if token is None:

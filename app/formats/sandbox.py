@@ -1,0 +1,285 @@
+"""Uploaded documents are read and written in child processes, never in the front end.
+
+Reading a document builds a tree of it (python-docx's lxml tree, the HTML tokenizer's blocks):
+memory and CPU that depend on what a stranger sent. In the front end, a document that passed every
+check of ``app.formats.limits`` could still take hundreds of MB that the allocator keeps, and hold
+the interpreter while the event loop waits. So each document gets a child process of its own:
+
+* forked from a fork server that imported the format libraries once (a child starts in ~10 ms);
+* with an address-space limit (``memory_bytes`` beyond what it had at start) and a CPU-time limit,
+  so that a document that gets past the checks fails on its own, as a ``MemoryError`` answered 413
+  or a killed child, and never costs the front end or the pod more than that;
+* given ``read_seconds`` per step, after which the front end kills it (413);
+* at most ``readers`` at a time; a request waits for one at most ``read_seconds`` (then 503).
+
+A document is read twice: once to find its text and sentences (``DocumentReaders.read``), and
+again, after its sentences are translated, to write them into it (``DocumentReaders.write``). The
+child is not kept alive in between: a document translates for seconds to minutes, and a child per
+document in translation would hold a reader's place and memory all that time, for a second
+reading that costs ~a tenth of the translation. Reading is deterministic, so both readings give the
+same sentences (checked: a count that differs is an error).
+
+What crosses the pipe is JSON and bytes, read with a size limit: the front end never unpickles
+what a process that parsed a stranger's file sends it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import multiprocessing
+import os
+import resource
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import asdict, dataclass, fields
+from multiprocessing.connection import Connection
+from typing import Any, TypeVar
+
+from app.formats.documents import Document, SplitDocument, read
+from app.formats.limits import DocumentError, DocumentLimits, Forbidden, TooLarge
+
+SAMPLE_CHARS = 10_000  # of a document's text, for language identification (its start is enough)
+# Imported once by the fork server, so that each child starts with them loaded.
+PRELOAD = ["app.formats.sandbox", "docx", "lxml.etree", "defusedxml.ElementTree", "sentencex"]
+HEADER_BYTES = 64 * 1024 * 1024  # the most a message's JSON may take (sentences of a document)
+MiB = 1024 * 1024
+
+
+class Busy(Exception):
+    """Every reader was taken for ``read_seconds``: the service is busy reading documents (503)."""
+
+
+# --- Messages: front end -> child ---------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ReadFile:
+    name: str
+    data: bytes
+
+
+@dataclass(frozen=True)
+class SplitFile:
+    language: str
+
+
+@dataclass(frozen=True)
+class JoinFile:
+    translations: tuple[str, ...]
+
+
+# --- child -> front end --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Opened:
+    sample: str  # the start of the document's text
+    chars: int
+
+
+@dataclass(frozen=True)
+class Split:
+    sentences: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Joined:
+    data: bytes
+
+
+@dataclass(frozen=True)
+class Refused:
+    status: int  # 400, 413 or 422: the kind of DocumentError
+    message: str
+
+
+Message = ReadFile | SplitFile | JoinFile | Opened | Split | Joined | Refused
+KINDS: dict[str, type[Message]] = {
+    cls.__name__: cls for cls in (ReadFile, SplitFile, JoinFile, Opened, Split, Joined, Refused)
+}
+ERRORS: dict[int, type[DocumentError]] = {400: DocumentError, 413: TooLarge, 422: Forbidden}
+M = TypeVar("M", bound=Message)
+
+
+def send(conn: Connection, message: Message) -> None:
+    """A message as its JSON fields, then its bytes field (``data``) as they are, if it has one."""
+    values = asdict(message)
+    data = values.pop("data", None)
+    conn.send_bytes(json.dumps({"kind": type(message).__name__, **values}).encode())
+    if data is not None:
+        conn.send_bytes(data)
+
+
+def receive(conn: Connection, max_data: int) -> Message:
+    """The next message, refusing (``OSError``) one longer than the limits; raises ``EOFError`` if
+    the other side has gone."""
+    values: dict[str, Any] = json.loads(conn.recv_bytes(HEADER_BYTES))
+    cls = KINDS[values.pop("kind")]
+    if any(f.name == "data" for f in fields(cls)):
+        values["data"] = conn.recv_bytes(max_data)
+    arguments: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in values.items()}
+    return cls(**arguments)
+
+
+# --- The child ------------------------------------------------------------------------------------
+
+
+def confine(limits: DocumentLimits) -> None:
+    """Limit this process: its address space to what it has now plus ``memory_bytes``, its CPU time
+    to what three steps may take (the front end kills it sooner on time; this is for the case it
+    cannot)."""
+    with open("/proc/self/statm") as statm:
+        mapped = int(statm.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+    memory = mapped + limits.memory_bytes
+    resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
+    cpu = math.ceil(3 * limits.read_seconds) + 1
+    resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu))
+
+
+class Reading:
+    """One document in the child, as the front end asks for it: read, split, joined."""
+
+    def __init__(self, limits: DocumentLimits) -> None:
+        self.limits = limits
+        self.document: Document | None = None
+        self.split: SplitDocument | None = None
+
+    def answer(self, message: Message) -> Message:
+        try:
+            return self._answer(message)
+        except DocumentError as e:
+            return Refused(e.status, str(e))
+        except MemoryError:
+            return Refused(413, f"reading the file takes more than {self.limits.memory_bytes // MiB} MiB")
+        except RecursionError:
+            return Refused(413, "the file nests too deep to be read")
+
+    def _answer(self, message: Message) -> Message:
+        if isinstance(message, ReadFile):
+            self.document = read(message.name, message.data, self.limits)
+            text = self.document.text
+            self.limits.check_chars(len(text))
+            return Opened(text[:SAMPLE_CHARS], len(text))
+        if isinstance(message, SplitFile) and self.document is not None:
+            self.split = self.document.split(message.language)
+            self.limits.check_sentences(len(self.split.sentences))
+            return Split(self.split.sentences)
+        if isinstance(message, JoinFile) and self.split is not None:
+            return Joined(self.split.join(message.translations))
+        raise ValueError(f"{type(message).__name__} out of order")
+
+
+def serve(conn: Connection, limits: DocumentLimits) -> None:
+    """The child's life: answer the front end's messages about one document until it hangs up."""
+    confine(limits)
+    reading = Reading(limits)
+    while True:
+        try:
+            message = receive(conn, max_data=2**31 - 1)  # the front end's, checked already
+        except EOFError:
+            return
+        send(conn, reading.answer(message))
+
+
+def _nothing() -> None:
+    """A child that does nothing: starting one starts the fork server."""
+
+
+# --- The front end's side ---------------------------------------------------------------------------
+
+
+class Reader:
+    """One child process reading one document; its methods block (call them in a thread)."""
+
+    def __init__(self, context: Any, limits: DocumentLimits, max_output: int) -> None:
+        self.limits = limits
+        self.max_output = max_output
+        self.conn, theirs = context.Pipe()
+        self.process = context.Process(target=serve, args=(theirs, limits), name="nmt-reader", daemon=True)
+        self.process.start()
+        theirs.close()
+
+    def ask(self, message: Message, expected: type[M]) -> M:
+        """The child's answer to ``message``: ``expected``, or the ``DocumentError`` it reported."""
+        send(self.conn, message)
+        if not self.conn.poll(self.limits.read_seconds):
+            self.process.kill()
+            raise TooLarge(f"reading the file takes longer than {self.limits.read_seconds:g} s")
+        try:
+            reply = receive(self.conn, self.max_output)
+        except EOFError:  # the child died: killed by its CPU limit, or its memory ran out outside Python
+            self.process.join(1)
+            raise TooLarge(
+                f"the file cannot be read within {self.limits.memory_bytes // MiB} MiB and "
+                f"{self.limits.read_seconds:g} s (reader exit code {self.process.exitcode})"
+            ) from None
+        except OSError as e:  # longer than max_output
+            raise TooLarge(f"the translated file would be larger than {self.max_output:,} bytes") from e
+        if isinstance(reply, Refused):
+            raise ERRORS.get(reply.status, DocumentError)(reply.message)
+        if not isinstance(reply, expected):
+            raise DocumentError(f"the reader answered {type(reply).__name__} to {type(message).__name__}")
+        return reply
+
+    def close(self) -> None:
+        self.conn.close()  # the child reads EOF and returns
+        self.process.join(1)
+        if self.process.is_alive():
+            self.process.kill()
+            self.process.join()
+
+
+class DocumentReaders:
+    """The child processes that read and write documents: at most ``readers`` at a time."""
+
+    def __init__(self, limits: DocumentLimits, readers: int, max_output: int) -> None:
+        self.limits = limits
+        self.max_output = max_output
+        self.slots = asyncio.Semaphore(readers)
+        self.context = multiprocessing.get_context("forkserver")
+        self.context.set_forkserver_preload(PRELOAD)
+
+    def start(self) -> None:
+        """Start the fork server now (it imports the format libraries: ~1 s), not on the first upload."""
+        process = self.context.Process(target=_nothing, daemon=True)
+        process.start()
+        process.join()
+
+    @asynccontextmanager
+    async def reader(self) -> AsyncIterator[Reader]:
+        try:
+            await asyncio.wait_for(self.slots.acquire(), self.limits.read_seconds)
+        except TimeoutError:
+            raise Busy("every document reader is busy; retry later") from None
+        try:
+            reader = await asyncio.to_thread(Reader, self.context, self.limits, self.max_output)
+            try:
+                yield reader
+            finally:
+                await asyncio.to_thread(reader.close)
+        finally:
+            self.slots.release()
+
+    async def read(
+        self, name: str, data: bytes, language: Callable[[str], str]
+    ) -> tuple[str, tuple[str, ...]]:
+        """The document's language (``language`` of the start of its text) and its sentences."""
+        async with self.reader() as reader:
+            opened = await asyncio.to_thread(reader.ask, ReadFile(name, data), Opened)
+            chosen = language(opened.sample)
+            split = await asyncio.to_thread(reader.ask, SplitFile(chosen), Split)
+        return chosen, split.sentences
+
+    async def write(
+        self, name: str, data: bytes, language: str, sentences: int, translations: Sequence[str]
+    ) -> bytes:
+        """The document with its ``sentences`` sentences (as ``read`` found them) translated."""
+        async with self.reader() as reader:
+            await asyncio.to_thread(reader.ask, ReadFile(name, data), Opened)
+            split = await asyncio.to_thread(reader.ask, SplitFile(language), Split)
+            if len(split.sentences) != sentences:
+                raise DocumentError(f"the file read as {len(split.sentences)} sentences, then {sentences}")
+            joined = await asyncio.to_thread(reader.ask, JoinFile(tuple(translations)), Joined)
+        return joined.data
