@@ -121,6 +121,12 @@ class ValidationErrorResponse(BaseModel):
     detail: list[dict[str, Any]]
 
 
+class StatusResponse(BaseModel):
+    """/health when ready: LibreTranslate's body, exactly."""
+
+    status: str = Field(description='"ok"')
+
+
 class HealthResponse(BaseModel):
     status: str
     model: str | None = Field(None, description="The served models' names, comma-separated")
