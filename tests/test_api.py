@@ -613,6 +613,20 @@ def test_openapi_documents_the_translate_body(client: TestClient) -> None:
     assert "q" in body["application/json"]["schema"]["properties"]
 
 
+def test_spec_is_the_openapi_document_with_the_served_languages(client: TestClient) -> None:
+    spec = client.get("/spec")  # where LibreTranslate serves its API description
+    assert spec.status_code == 200
+    document = spec.json()
+    assert document == client.get("/openapi.json").json()
+    body = document["paths"]["/translate"]["post"]["requestBody"]["content"]["application/json"]
+    assert body["schema"]["properties"]["target"]["enum"] == ["en"]
+    # The 400 documents the served pairs that come beside LibreTranslate's message.
+    bad_request = document["paths"]["/translate"]["post"]["responses"]["400"]["content"]["application/json"]
+    name = bad_request["schema"]["$ref"].rsplit("/", 1)[-1]
+    assert set(document["components"]["schemas"][name]["properties"]) == {"error", "supportedPairs"}
+    assert_error(client.post("/spec"), 405)
+
+
 def test_every_request_gives_back_its_gate_place_and_its_turn(client: TestClient) -> None:
     """Translated, refused by a route check or malformed: none keeps (or gives back twice) the
     admission place and the parsing turn it took (app.shedding)."""
