@@ -16,8 +16,10 @@ from urllib.parse import parse_qsl
 from fastapi import HTTPException, Request
 from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ValidationError
+from pydantic.fields import FieldInfo
 from starlette.types import Message
 
+from app.errors import missing_parameter
 from app.schemas import TranslateRequest
 
 URLENCODED = "application/x-www-form-urlencoded"
@@ -128,7 +130,29 @@ async def parse_multipart(request: Request, body: bytes, limit: int) -> dict[str
     return group_fields(pairs)
 
 
+def needs_content(field: FieldInfo) -> bool:
+    """Whether the field refuses an empty value (``min_length``): "" is then no value at all."""
+    return any((getattr(rule, "min_length", None) or 0) > 0 for rule in field.metadata)
+
+
+def check_present(data: Any, schema: type[BaseModel]) -> None:
+    """LibreTranslate's 400 "Invalid request: missing q parameter" for the first required field of
+    ``schema`` (in declaration order: q before target, as LibreTranslate checks them) that ``data``
+    lacks: absent, null, or empty where the field needs content. (A null or empty value is missing
+    to LibreTranslate too, ``if not q``; an empty ``q`` to /translate is not, here: it translates
+    to "".) A body that is no object at all is left to validation (422)."""
+    if not isinstance(data, dict):
+        return
+    for name, field in schema.model_fields.items():
+        if not field.is_required():
+            continue
+        value = data.get(name)
+        if value is None or (value == "" and needs_content(field)):
+            raise missing_parameter(name)
+
+
 def validate_request(data: Any, schema: type[Body]) -> Body:
+    check_present(data, schema)
     try:
         return schema.model_validate(data)
     except ValidationError as e:
@@ -151,7 +175,8 @@ async def read_within(request: Request, limit: int, timeout_s: float | None = No
 
 
 async def parse_request(request: Request, limit: int, schema: type[Body]) -> Body:
-    """Read, decode and validate a body as JSON, urlencoded or multipart form (4xx on any problem).
+    """Read, decode and validate a body as JSON, urlencoded or multipart form (4xx on any problem:
+    400 for a required field missing, ``check_present``; 422 for one of the wrong type).
 
     A body that takes over ``BODY_TIMEOUT_S`` to arrive is a 408: while it is read the request
     holds one of the few turns to be parsed (``app.shedding.take_turn``), which a handful of
@@ -159,7 +184,9 @@ async def parse_request(request: Request, limit: int, schema: type[Body]) -> Bod
     body = await read_within(request, limit)
     text = decode_utf8(body)
     kind = media_type(request)
-    if kind == URLENCODED:
+    if not body:  # no parameters at all, whatever the type says: "missing q", as LibreTranslate has it
+        data: Any = {}
+    elif kind == URLENCODED:
         data = parse_urlencoded(text)
     elif kind == MULTIPART:
         data = await parse_multipart(request, body, limit)

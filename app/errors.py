@@ -1,7 +1,9 @@
 """Error responses: every error body has an ``error`` key, as LibreTranslate clients expect.
 
 Bad input is always a 4xx with a message saying what to change; a 500 means a bug in the service
-and is logged.
+and is logged. Where LibreTranslate has a message for a case (a missing parameter, an unsupported
+language) the ``error`` is its message word for word, since clients and LibreTranslate's own tests
+compare it; anything more we have to say goes in other fields of the body (``ApiError``).
 """
 
 from __future__ import annotations
@@ -23,8 +25,26 @@ _ERROR_KEYS = ("type", "loc", "msg", "ctx")
 _MAX_LISTED_ERRORS = 5
 
 
-def error_response(status_code: int, message: str, headers: Mapping[str, str] | None = None) -> JSONResponse:
-    return JSONResponse({"error": message}, status_code=status_code, headers=headers)
+class ApiError(StarletteHTTPException):
+    """An HTTP error whose body has ``fields`` beside ``error`` (``{"error": ..., **fields}``)."""
+
+    def __init__(self, status_code: int, message: str, **fields: Any) -> None:
+        super().__init__(status_code, message)
+        self.fields = fields
+
+
+def missing_parameter(name: str) -> ApiError:
+    """LibreTranslate's 400 for a request without ``name`` (its words, which clients compare)."""
+    return ApiError(400, f"Invalid request: missing {name} parameter")
+
+
+def error_response(
+    status_code: int,
+    message: str,
+    headers: Mapping[str, str] | None = None,
+    fields: Mapping[str, Any] | None = None,
+) -> JSONResponse:
+    return JSONResponse({"error": message, **(fields or {})}, status_code=status_code, headers=headers)
 
 
 def summarize_validation_errors(errors: list[dict[str, Any]]) -> str:
@@ -43,7 +63,8 @@ def summarize_validation_errors(errors: list[dict[str, Any]]) -> str:
 
 async def http_exception_handler(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, StarletteHTTPException)
-    return error_response(exc.status_code, str(exc.detail), exc.headers)
+    fields = exc.fields if isinstance(exc, ApiError) else None
+    return error_response(exc.status_code, str(exc.detail), exc.headers, fields)
 
 
 async def validation_exception_handler(request: Request, exc: Exception) -> JSONResponse:

@@ -17,6 +17,8 @@ class TranslateRequest(BaseModel):
 
     q: str | list[str] = Field(description="Text, or list of texts, to translate")
     source: str = Field("auto", description='Source language code, or "auto"')
+    # Not min_length=1, though "" is a missing target (400, routes.translate.check_languages): with
+    # a length constraint pydantic refuses a lone surrogate as a type error (422), not our 400.
     target: str = Field(description="Target language code")
     format: Literal["text", "html"] = Field(
         "text", description="text, or html: tags kept, the text between them translated"
@@ -103,11 +105,26 @@ class ErrorResponse(BaseModel):
     error: str
 
 
+class BadRequestResponse(ErrorResponse):
+    """400: ``error`` is LibreTranslate's message where it has one ("Invalid request: missing q
+    parameter", "zz is not supported"); an unsupported language adds the pairs that are served."""
+
+    supportedPairs: list[str] | None = Field(
+        None, description='With an unsupported language or pair: the served pairs ("fr->de (via en)")'
+    )
+
+
 class ValidationErrorResponse(BaseModel):
     """422: ``error`` names the fields in one line; ``detail`` is FastAPI's usual list."""
 
     error: str
     detail: list[dict[str, Any]]
+
+
+class StatusResponse(BaseModel):
+    """/health when ready: LibreTranslate's body, exactly."""
+
+    status: str = Field(description='"ok"')
 
 
 class HealthResponse(BaseModel):

@@ -234,8 +234,7 @@ def test_malformed_json_is_422_with_position(client: TestClient) -> None:
         ({"q": "Hallo", "target": "en", "beam_size": True}, "beam_size"),
         ({"q": "Hallo", "target": "en", "alternatives": False}, "alternatives"),
         ({"q": "Hallo", "target": "en", "format": "pdf"}, "format"),
-        ({"target": "en"}, "q"),
-        ({"q": "Hallo"}, "target"),
+        ({"q": "Hallo", "source": None, "target": "en"}, "source"),
     ],
 )
 def test_wrong_types_are_422_naming_the_field(client: TestClient, body: JSON, field: str) -> None:
@@ -244,9 +243,49 @@ def test_wrong_types_are_422_naming_the_field(client: TestClient, body: JSON, fi
     assert any(err["loc"][:2] == ["body", field] for err in result["detail"]), result
 
 
-def test_unsupported_pair_is_400_naming_supported_pairs(client: TestClient) -> None:
-    assert_error(translate(client, q="Hallo", target="fr"), 400, "'fr'", "de->en")
-    assert_error(translate(client, q="Hallo", source="en"), 400, "'en'", "de->en")
+@pytest.mark.parametrize(
+    ("body", "missing"),
+    [
+        ({"target": "en"}, "q"),
+        ({"q": None, "target": "en"}, "q"),
+        ({}, "q"),  # q first, then source and target: LibreTranslate's order
+        ({"q": "Hallo"}, "target"),
+        ({"q": "Hallo", "target": None}, "target"),
+        ({"q": "Hallo", "target": ""}, "target"),
+        ({"q": "Hallo", "source": "", "target": "en"}, "source"),  # absent is "auto"; empty is missing
+    ],
+)
+def test_a_missing_parameter_is_400_in_libretranslates_words(
+    client: TestClient, body: JSON, missing: str
+) -> None:
+    expected = {"error": f"Invalid request: missing {missing} parameter"}
+    response = client.post("/translate", json=body)
+    assert (response.status_code, response.json()) == (400, expected)
+    form = {key: value for key, value in body.items() if value is not None}  # a form has no null
+    if len(form) == len(body):
+        response = client.post("/translate", data=form)
+        assert (response.status_code, response.json()) == (400, expected)
+
+
+@pytest.mark.parametrize(
+    ("source", "target", "message"),
+    [
+        ("de", "fr", "fr is not supported"),
+        ("auto", "fr", "fr is not supported"),
+        ("xx", "fr", "xx is not supported"),  # the source first, as LibreTranslate checks them
+        ("DE", "zz", "zz is not supported"),
+        ("de", "z" * 100, "z" * 32 + "... is not supported"),  # no 100-character echo
+        ("en", "en", "English (en) is not available as a target language from English (en)"),
+        ("de", "DE", "German (de) is not available as a target language from German (de)"),
+        ("auto", "de", "German (de) is not available as a target language"),
+    ],
+)
+def test_an_unsupported_language_is_400_in_libretranslates_words_with_the_served_pairs(
+    client: TestClient, source: str, target: str, message: str
+) -> None:
+    response = translate(client, q="Hallo", source=source, target=target)
+    assert response.status_code == 400, response.text
+    assert response.json() == {"error": message, "supportedPairs": ["de->en"]}
 
 
 def test_more_sentences_than_the_queue_holds_is_413(model_dir: Path) -> None:
@@ -318,7 +357,7 @@ _FORM_TYPE = {"content-type": "application/x-www-form-urlencoded"}
 @pytest.mark.parametrize(
     ("content", "headers", "status"),
     [
-        (b"", _JSON_TYPE, 422),
+        (b"", _JSON_TYPE, 400),  # no parameters: q missing
         (b"null", _JSON_TYPE, 422),
         (b"[]", _JSON_TYPE, 422),
         (b'"just a string"', _JSON_TYPE, 422),
@@ -331,7 +370,7 @@ _FORM_TYPE = {"content-type": "application/x-www-form-urlencoded"}
         (b'{"q": "a", "target": "en"}', {"content-type": "text/plain"}, 200),  # forgiving: JSON
         (b"q=a&target=en&beam_size=", _FORM_TYPE, 422),
         (b"q=a&target=en&alternatives=x", _FORM_TYPE, 422),
-        (b"no equals sign at all", _FORM_TYPE, 422),
+        (b"no equals sign at all", _FORM_TYPE, 400),  # a field "no equals sign at all": no q
         (b"--x\r\n", {"content-type": "multipart/form-data"}, 400),  # no boundary
         (
             b'--b\r\nContent-Disposition: form-data; name="q"; filename="a.txt"\r\n\r\nHallo\r\n--b--\r\n',
@@ -345,6 +384,12 @@ def test_odd_bodies_never_give_500(client: TestClient, content: bytes, headers: 
     assert response.status_code == status, response.text
     if status != 200:
         assert_error(response, status)
+
+
+@pytest.mark.parametrize("headers", [_JSON_TYPE, _FORM_TYPE, {}], ids=["json", "form", "untyped"])
+def test_an_empty_body_misses_q(client: TestClient, headers: dict[str, str]) -> None:
+    response = client.post("/translate", content=b"", headers=headers)
+    assert (response.status_code, response.json()) == (400, {"error": "Invalid request: missing q parameter"})
 
 
 # --- Engine errors, disconnects and real bugs ---------------------------------------------------
@@ -467,10 +512,13 @@ def test_languages(client: TestClient) -> None:
 
 
 def test_health_when_ready(client: TestClient) -> None:
-    for path in ("/health", "/health/ready"):
-        response = client.get(path)
-        assert response.status_code == 200
-        assert response.json() == {"status": "ok", "model": "tiny-de-en", "device": "cpu"}
+    ready = client.get("/health/ready")
+    assert (ready.status_code, ready.json()) == (
+        200,
+        {"status": "ok", "model": "tiny-de-en", "device": "cpu"},
+    )
+    health = client.get("/health")  # LibreTranslate's body, which its clients compare whole
+    assert (health.status_code, health.json()) == (200, {"status": "ok"})
     assert client.get("/health/live").json() == {"status": "alive"}
 
 
@@ -563,6 +611,20 @@ def test_openapi_documents_the_translate_body(client: TestClient) -> None:
     body = schema["paths"]["/translate"]["post"]["requestBody"]["content"]
     assert set(body) == {"application/json", "application/x-www-form-urlencoded", "multipart/form-data"}
     assert "q" in body["application/json"]["schema"]["properties"]
+
+
+def test_spec_is_the_openapi_document_with_the_served_languages(client: TestClient) -> None:
+    spec = client.get("/spec")  # where LibreTranslate serves its API description
+    assert spec.status_code == 200
+    document = spec.json()
+    assert document == client.get("/openapi.json").json()
+    body = document["paths"]["/translate"]["post"]["requestBody"]["content"]["application/json"]
+    assert body["schema"]["properties"]["target"]["enum"] == ["en"]
+    # The 400 documents the served pairs that come beside LibreTranslate's message.
+    bad_request = document["paths"]["/translate"]["post"]["responses"]["400"]["content"]["application/json"]
+    name = bad_request["schema"]["$ref"].rsplit("/", 1)[-1]
+    assert set(document["components"]["schemas"][name]["properties"]) == {"error", "supportedPairs"}
+    assert_error(client.post("/spec"), 405)
 
 
 def test_every_request_gives_back_its_gate_place_and_its_turn(client: TestClient) -> None:

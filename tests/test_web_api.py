@@ -44,8 +44,11 @@ def test_detect_answers_in_libretranslates_shape(client: TestClient) -> None:
 
 
 def test_detect_refuses_what_it_should(client: TestClient, keyed: TestClient) -> None:
-    assert_error(client.post("/detect", json={"q": ""}), 422, "q")
-    assert_error(client.post("/detect", json={}), 422, "q")
+    missing = {"error": "Invalid request: missing q parameter"}  # LibreTranslate's words
+    for send in ({"json": {"q": ""}}, {"json": {}}, {"json": {"q": None}}, {"data": {"q": ""}}, {}):
+        response = client.post("/detect", **send)  # type: ignore[arg-type]
+        assert (response.status_code, response.json()) == (400, missing), send
+    assert_error(client.post("/detect", json={"q": 5}), 422, "q")  # there, but not text
     assert_error(client.post("/detect", json={"q": "x" * 301}), 413, "at most 300")
     assert_error(keyed.post("/detect", json={"q": "Hallo"}), 403, "api_key")
     assert keyed.post("/detect", json={"q": "Hallo", "api_key": "k1"}).status_code == 200
@@ -145,11 +148,17 @@ def test_file_errors(client: TestClient, keyed: TestClient) -> None:
     assert_error(upload(client, "a.txt", b"\xff\xfe"), 400, "not UTF-8")
     assert_error(upload(client, "a.txt", b"x" * 65537), 413, "larger than 65536 bytes")
     assert_error(upload(client, "a.txt", b"Ein Hund. " * 61), 413, "at most 600")
-    assert_error(upload(client, "a.txt", b"Hallo", target="fr"), 400, "not supported", "de->en")
+    unsupported = upload(client, "a.txt", b"Hallo", target="fr")
+    assert unsupported.status_code == 400
+    assert unsupported.json() == {"error": "fr is not supported", "supportedPairs": ["de->en"]}
     assert_error(client.post("/translate_file", data={"source": "de", "target": "en"}), 400, "multipart")
     no_file = client.post("/translate_file", data={"target": "en"}, files={"other": ("a.txt", b"x")})
-    assert_error(no_file, 422, "file")
-    assert_error(client.post("/translate_file", files={"file": ("a.txt", b"x")}), 422, "target")
+    assert no_file.json() == {"error": "Invalid request: missing file parameter"}
+    assert no_file.status_code == 400
+    for fields in ({}, {"target": ""}):
+        no_target = client.post("/translate_file", data=fields, files={"file": ("a.txt", b"x")})
+        assert no_target.json() == {"error": "Invalid request: missing target parameter"}
+        assert no_target.status_code == 400
     assert_error(upload(keyed, "a.txt", b"Hallo"), 403, "api_key")
     assert upload(keyed, "a.txt", b"Hallo", api_key="k1").status_code == 200
 

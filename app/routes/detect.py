@@ -22,11 +22,15 @@ router = APIRouter(tags=["translate"])
 
 _OPENAPI_BODY = openapi_body(DetectRequest)
 _ERRORS: dict[int | str, dict[str, Any]] = {
-    400: {"model": ErrorResponse, "description": "Invalid UTF-8"},
+    400: {
+        "model": ErrorResponse,
+        "description": 'q missing or empty ("Invalid request: missing q parameter", LibreTranslate\'s '
+        "words), or invalid UTF-8",
+    },
     403: {"model": ErrorResponse, "description": "Missing or invalid api_key (when keys are required)"},
     408: {"model": ErrorResponse, "description": "The request body did not arrive within 10 s"},
     413: {"model": ErrorResponse, "description": "More characters than NMT_MAX_CHARS, or too large a body"},
-    422: {"model": ValidationErrorResponse, "description": "Malformed body, or q missing or empty"},
+    422: {"model": ValidationErrorResponse, "description": "Malformed body, or q not a string"},
     503: {"model": ErrorResponse, "description": "The models are not loaded yet"},
 }
 

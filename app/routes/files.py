@@ -22,13 +22,13 @@ from typing import Annotated, Any
 from urllib.parse import quote
 
 from fastapi import APIRouter, Depends, HTTPException, Request, Response
-from fastapi.exceptions import RequestValidationError
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 from starlette.datastructures import UploadFile
 
-from app.body import MULTIPART, media_type, read_within, replayed
+from app.body import MULTIPART, media_type, read_within, replayed, validate_request
 from app.config import Settings
 from app.deps import RouterDep, SchedulerDep, SettingsDep
+from app.errors import missing_parameter
 from app.filestore import FileStore
 from app.formats.documents import MEDIA_TYPES, SUPPORTED, extension
 from app.formats.limits import DocumentError
@@ -44,7 +44,7 @@ from app.routes.translate import (
     source_language,
     translate_sentences,
 )
-from app.schemas import ErrorResponse, TranslateFileResponse, ValidationErrorResponse
+from app.schemas import BadRequestResponse, ErrorResponse, TranslateFileResponse, ValidationErrorResponse
 from app.served import ServedModel
 from app.serving.router import Route, Router
 from app.serving.scheduler import Scheduler
@@ -64,7 +64,7 @@ class TranslateFileForm(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     source: str = Field("auto", description='Source language code, or "auto"')
-    target: str = Field(description="Target language code")
+    target: str = Field(description="Target language code")  # "": missing (check_languages)
     api_key: str | None = None
 
 
@@ -91,16 +91,22 @@ _OPENAPI_BODY = {
 _ERRORS: dict[int | str, dict[str, Any]] = {
     code: {"model": ErrorResponse, "description": text}
     for code, text in {
-        400: "Unsupported pair or file format, a file that cannot be read as its format, not a form",
+        400: (
+            'file or target missing or empty ("Invalid request: missing file parameter"), an '
+            'unsupported language ("zz is not supported", with supportedPairs) or pair, as '
+            "LibreTranslate words them; an unsupported file format, a file that cannot be read as its "
+            "format, not a form"
+        ),
         403: "Missing or invalid api_key (when the server requires keys)",
         408: "The upload did not arrive within its time",
         413: "A file over NMT_MAX_FILE_BYTES, or over another of the file limits (text, sentences, "
         "a .docx's files, inflated size or XML elements, HTML depth, time or memory to read it)",
-        422: "A field missing or of the wrong type; a file with a DTD or XML entities, or NUL characters",
+        422: "A field of the wrong type; a file with a DTD or XML entities, or NUL characters",
         503: "Queue full, too many files in progress or waiting for download (see Retry-After), not ready",
         504: "A part of the file did not finish within the request timeout",
     }.items()
 }
+_ERRORS[400]["model"] = BadRequestResponse
 _ERRORS[422] = {"model": ValidationErrorResponse, "description": _ERRORS[422]["description"]}
 
 
@@ -161,10 +167,6 @@ def upload_seconds(limit: int) -> float:
     return 10.0 + limit / (256 * 1024)
 
 
-def field_error(name: str, message: str) -> RequestValidationError:
-    return RequestValidationError([{"type": "missing", "loc": ("body", name), "msg": message}])
-
-
 async def read_form(request: Request, settings: Settings) -> tuple[TranslateFileForm, str, bytes]:
     """The form fields, and the file's name and bytes (4xx for anything else)."""
     if media_type(request) != MULTIPART:
@@ -176,16 +178,12 @@ async def read_form(request: Request, settings: Settings) -> tuple[TranslateFile
         fields = {k: v for k, v in form.multi_items() if isinstance(v, str)}
         upload = form.get("file")
         if not isinstance(upload, UploadFile):
-            raise field_error("file", "Field required (a file part named 'file')")
+            raise missing_parameter("file")
         data = await upload.read()
         name = upload.filename or ""
     if fields.get("api_key") == "":
         del fields["api_key"]
-    try:
-        values = TranslateFileForm.model_validate(fields)
-    except ValidationError as e:
-        errors = [{**err, "loc": ("body", *err["loc"])} for err in e.errors(include_url=False)]
-        raise RequestValidationError(errors) from e
+    values = validate_request(fields, TranslateFileForm)
     if len(data) > settings.max_file_bytes:
         raise HTTPException(413, f"the file is larger than {settings.max_file_bytes} bytes")
     return values, name, data

@@ -1,5 +1,8 @@
 """Health checks: /health/live (the process answers), /health/ready and /health (it can translate).
 
+/health answers LibreTranslate's body, ``{"status": "ok"}`` and nothing more (its clients and tests
+compare the whole body); /health/ready adds the models served and the device.
+
 Orchestrators restart on a failing liveness probe and stop routing on a failing readiness probe,
 so liveness never depends on the models, and readiness turns 503 while loading, while shutting
 down, and while some model has no worker running (one that exited is being started again): a
@@ -13,7 +16,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
-from app.schemas import HealthResponse, NotReadyResponse
+from app.schemas import HealthResponse, NotReadyResponse, StatusResponse
 
 router = APIRouter(tags=["health"])
 _NOT_READY: dict[int | str, dict[str, Any]] = {
@@ -24,7 +27,8 @@ _NOT_READY: dict[int | str, dict[str, Any]] = {
 }
 
 
-def readiness(request: Request) -> JSONResponse:
+def readiness(request: Request, details: bool = True) -> JSONResponse:
+    """200 when ready (with the models and device if ``details``), else 503 saying why."""
     state = request.app.state
     if not state.ready or state.scheduler is None or state.router is None:
         return JSONResponse({"status": "loading", "error": "the models are not ready"}, status_code=503)
@@ -32,6 +36,8 @@ def readiness(request: Request) -> JSONResponse:
         return JSONResponse(
             {"status": "error", "error": "the translation engine is not running"}, status_code=503
         )
+    if not details:
+        return JSONResponse(StatusResponse(status="ok").model_dump())
     models = state.router.models
     body = HealthResponse(
         status="ok", model=",".join(m.name for m in models), device=models[0].description.device
@@ -41,12 +47,12 @@ def readiness(request: Request) -> JSONResponse:
 
 @router.get(
     "/health",
-    response_model=HealthResponse,
+    response_model=StatusResponse,
     responses=_NOT_READY,
-    summary="Ready to translate (200) or not (503)",
+    summary="Ready to translate (200) or not (503), LibreTranslate's answer",
 )
 async def health(request: Request) -> JSONResponse:
-    return readiness(request)
+    return readiness(request, details=False)
 
 
 @router.get("/health/ready", response_model=HealthResponse, responses=_NOT_READY, summary="Readiness probe")

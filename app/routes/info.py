@@ -1,10 +1,12 @@
-"""GET /info: what is being served and how (models, routes, device, batching, limits)."""
+"""GET /info: what is being served and how (models, routes, device, batching, limits); GET /spec:
+the API's description, where LibreTranslate serves its own."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
 
 from app.config import service_version
 from app.deps import RouterDep, SettingsDep
@@ -77,3 +79,14 @@ async def info(settings: SettingsDep, routes: RouterDep) -> dict[str, Any]:
         },
         "api_keys_required": bool(settings.api_keys),
     }
+
+
+@router.get(
+    "/spec",
+    summary="This API's OpenAPI document, with the served languages (LibreTranslate's /spec)",
+    responses={200: {"content": {"application/json": {"schema": {"type": "object"}}}}},
+)
+async def spec(request: Request) -> JSONResponse:
+    # LibreTranslate clients and tools look for the API description at /spec (LibreTranslate's is
+    # Swagger 2.0; ours is the OpenAPI 3 document of /openapi.json, the same one /docs shows).
+    return JSONResponse(request.app.openapi())

@@ -23,11 +23,13 @@ from starlette.types import Receive
 from app.body import parse_translate_request
 from app.config import Settings
 from app.deps import RouterDep, SchedulerDep, SettingsDep
+from app.errors import ApiError, missing_parameter
 from app.formats import Layout, PlainText, parse
 from app.formats.html import HtmlDocument, HtmlError
 from app.langid import detect
-from app.languages import served_pairs, source_languages, supported_pairs, target_languages
+from app.languages import language_name, served_pairs, source_languages, supported_pairs, target_languages
 from app.schemas import (
+    BadRequestResponse,
     DetectedLanguage,
     ErrorResponse,
     TranslateRequest,
@@ -51,13 +53,21 @@ AUTO = "auto"
 _ERRORS: dict[int | str, dict[str, Any]] = {
     code: {"model": ErrorResponse, "description": text}
     for code, text in {
-        400: "Unsupported language pair, beam size or alternatives; invalid UTF-8 or HTML",
         403: "Missing or invalid api_key (when the server requires keys)",
         408: "The request body did not arrive within 10 s",
         413: "Too many texts, characters, sentences or too large a body",
         503: "Every queue full (see Retry-After), engine stopped, or model not loaded yet",
         504: "The translation did not finish within the request timeout",
     }.items()
+}
+_ERRORS[400] = {
+    "model": BadRequestResponse,
+    "description": (
+        'A parameter missing ("Invalid request: missing q parameter": q or target absent or null, '
+        'source or target empty), an unsupported language ("zz is not supported", with supportedPairs) '
+        "or pair, as LibreTranslate words them; too large a beam size or too many alternatives; "
+        "invalid UTF-8 or HTML"
+    ),
 }
 _ERRORS[422] = {
     "model": ValidationErrorResponse,
@@ -138,9 +148,14 @@ class SentenceResult:
     hypotheses: list[str]  # n-best translations, best first
 
 
+def clip(value: str, limit: int = 32) -> str:
+    """A user-supplied value cut for an error message, so that messages stay small."""
+    return value if len(value) <= limit else value[:limit] + "..."
+
+
 def shorten(value: str, limit: int = 32) -> str:
     """A user-supplied value quoted for an error message, cut so that messages stay small."""
-    return repr(value if len(value) <= limit else value[:limit] + "...")
+    return repr(clip(value, limit))
 
 
 def check_limits(texts: Sequence[str], settings: Settings) -> None:
@@ -180,21 +195,43 @@ def check_api_key(api_key: str | None, keys: Sequence[str]) -> None:
         raise HTTPException(403, "invalid api_key")
 
 
+def unsupported(message: str, router: Router[ServedModel]) -> ApiError:
+    """A 400 in LibreTranslate's words, which clients compare exactly; the served pairs, which it
+    does not name, go beside them."""
+    return ApiError(400, message, supportedPairs=[route.describe() for route in router.routes])
+
+
 def check_languages(source: str, target: str, router: Router[ServedModel]) -> list[str]:
     """400 unless (``source``, ``target``) is served, directly or through English (``source`` may
     be "auto"); the served source languages it stands for (one, or every source language
-    translated into ``target``)."""
-    supported = f"supported pairs: {supported_pairs(router)} (source may be {AUTO!r})"
+    translated into ``target``).
+
+    The messages are LibreTranslate's: in its order (source, then target), "zz is not supported"
+    for a code the service does not know at all, and "German (de) is not available as a target
+    language from English (en)" for two it knows but no route joins."""
+    if not source:
+        raise missing_parameter("source")
+    if not target:
+        raise missing_parameter("target")
+    known = {code.lower(): code for pair in served_pairs(router) for code in pair}
+    auto = source.lower() == AUTO
+    for code in ([] if auto else [source]) + [target]:
+        if code.lower() not in known:
+            raise unsupported(f"{clip(code)} is not supported", router)
+
+    def named(code: str) -> str:
+        served = known[code.lower()]
+        return f"{language_name(served)} ({served})"
+
     candidates = source_languages(router, target)
-    if not candidates:
-        raise HTTPException(400, f"target language {shorten(target)} is not supported; {supported}")
-    if source.lower() == AUTO:
+    if auto:
+        if not candidates:
+            raise unsupported(f"{named(target)} is not available as a target language", router)
         return candidates
     chosen = [code for code in candidates if code.lower() == source.lower()]
     if not chosen:
-        served = any(s.lower() == source.lower() for s, _ in served_pairs(router))
-        what = f"not translated into {shorten(target)}" if served else "not supported"
-        raise HTTPException(400, f"source language {shorten(source)} is {what}; {supported}")
+        message = f"{named(target)} is not available as a target language from {named(source)}"
+        raise unsupported(message, router)
     return chosen
 
 
