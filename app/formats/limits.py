@@ -45,7 +45,7 @@ class DocumentLimits:
     max_ratio: int  # inflated / compressed size of one file of a package (beyond RATIO_FLOOR_BYTES)
     max_elements: int  # XML elements of a package; tags of an HTML file
     max_depth: int  # HTML elements open at once
-    read_seconds: float  # each step of reading or writing one document, in its child process
+    read_seconds: float  # CPU time to read (or to write) one document, in its child process
     memory_bytes: int  # what that child may allocate beyond what it had when it started
 
     def check_chars(self, chars: int) -> None:

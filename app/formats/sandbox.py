@@ -6,10 +6,13 @@ check of ``app.formats.limits`` could still take hundreds of MB that the allocat
 the interpreter while the event loop waits. So each document gets a child process of its own:
 
 * forked from a fork server that imported the format libraries once (a child starts in ~10 ms);
-* with an address-space limit (``memory_bytes`` beyond what it had at start) and a CPU-time limit,
-  so that a document that gets past the checks fails on its own, as a ``MemoryError`` answered 413
-  or a killed child, and never costs the front end or the pod more than that;
-* given ``read_seconds`` per step, after which the front end kills it (413);
+* with an address-space limit (``memory_bytes`` beyond what it had at start) and a CPU-time limit
+  (``read_seconds``: CPU, not wall-clock time, so that a legitimate document is not refused for
+  the load others put on the machine), so that a document that gets past the checks fails on its
+  own, as a ``MemoryError`` answered 413 or a killed child, and never costs the front end or the
+  pod more than that;
+* given ``WALL_FACTOR`` times ``read_seconds`` of wall-clock time per step, after which the front
+  end kills it (413): for a child that waits instead of computing;
 * at most ``readers`` at a time; a request waits for one at most ``read_seconds`` (then 503).
 
 A document is read twice: once to find its text and sentences (``DocumentReaders.read``), and
@@ -31,6 +34,8 @@ import math
 import multiprocessing
 import os
 import resource
+import signal
+import traceback
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import asdict, dataclass, fields
@@ -43,6 +48,7 @@ from app.formats.limits import DocumentError, DocumentLimits, Forbidden, TooLarg
 SAMPLE_CHARS = 10_000  # of a document's text, for language identification (its start is enough)
 # Imported once by the fork server, so that each child starts with them loaded.
 PRELOAD = ["app.formats.sandbox", "docx", "lxml.etree", "defusedxml.ElementTree", "sentencex"]
+WALL_FACTOR = 3  # a step's wall-clock time, in multiples of the CPU time a reader has
 HEADER_BYTES = 64 * 1024 * 1024  # the most a message's JSON may take (sentences of a document)
 MiB = 1024 * 1024
 
@@ -127,15 +133,15 @@ def receive(conn: Connection, max_data: int) -> Message:
 
 
 def confine(limits: DocumentLimits) -> None:
-    """Limit this process: its address space to what it has now plus ``memory_bytes``, its CPU time
-    to what three steps may take (the front end kills it sooner on time; this is for the case it
-    cannot)."""
+    """Limit this process: its address space to what it has now plus ``memory_bytes`` (beyond it,
+    allocations fail: ``MemoryError``), its CPU time to ``read_seconds`` (beyond it, the kernel
+    sends SIGXCPU, which ends it)."""
     with open("/proc/self/statm") as statm:
         mapped = int(statm.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
     memory = mapped + limits.memory_bytes
     resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
-    cpu = math.ceil(3 * limits.read_seconds) + 1
-    resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu))
+    cpu = math.ceil(limits.read_seconds)
+    resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
 
 
 class Reading:
@@ -155,6 +161,9 @@ class Reading:
             return Refused(413, f"reading the file takes more than {self.limits.memory_bytes // MiB} MiB")
         except RecursionError:
             return Refused(413, "the file nests too deep to be read")
+        except Exception as e:  # a library's own error on a file it cannot read: unreadable, logged
+            traceback.print_exc()
+            return Refused(400, f"cannot read the file: {type(e).__name__}: {e}")
 
     def _answer(self, message: Message) -> Message:
         if isinstance(message, ReadFile):
@@ -204,16 +213,20 @@ class Reader:
     def ask(self, message: Message, expected: type[M]) -> M:
         """The child's answer to ``message``: ``expected``, or the ``DocumentError`` it reported."""
         send(self.conn, message)
-        if not self.conn.poll(self.limits.read_seconds):
+        wall = WALL_FACTOR * self.limits.read_seconds
+        if not self.conn.poll(wall):
             self.process.kill()
-            raise TooLarge(f"reading the file takes longer than {self.limits.read_seconds:g} s")
+            raise TooLarge(f"reading the file takes longer than {wall:g} s")
         try:
             reply = receive(self.conn, self.max_output)
-        except EOFError:  # the child died: killed by its CPU limit, or its memory ran out outside Python
+        except EOFError:  # the child died: its CPU time ran out, or its memory outside Python's reach
             self.process.join(1)
+            if self.process.exitcode == -signal.SIGXCPU:
+                cpu = self.limits.read_seconds
+                raise TooLarge(f"reading the file takes more than {cpu:g} s of CPU") from None
             raise TooLarge(
-                f"the file cannot be read within {self.limits.memory_bytes // MiB} MiB and "
-                f"{self.limits.read_seconds:g} s (reader exit code {self.process.exitcode})"
+                f"the file cannot be read within {self.limits.memory_bytes // MiB} MiB "
+                f"(reader exit code {self.process.exitcode})"
             ) from None
         except OSError as e:  # longer than max_output
             raise TooLarge(f"the translated file would be larger than {self.max_output:,} bytes") from e
