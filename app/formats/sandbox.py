@@ -46,8 +46,10 @@ from app.formats.documents import Document, SplitDocument, read
 from app.formats.limits import DocumentError, DocumentLimits, Forbidden, TooLarge
 
 SAMPLE_CHARS = 10_000  # of a document's text, for language identification (its start is enough)
-# Imported once by the fork server, so that each child starts with them loaded.
-PRELOAD = ["app.formats.sandbox", "docx", "lxml.etree", "defusedxml.ElementTree", "sentencex"]
+# Imported once by the fork server, so that each child starts with them loaded. "__main__" too:
+# multiprocessing imports the parent's main module in each child (uvicorn's console script, when
+# the server runs as `uvicorn app.main:app`) unless the fork server already has.
+PRELOAD = ["__main__", "app.formats.sandbox", "docx", "lxml.etree", "defusedxml.ElementTree", "sentencex"]
 WALL_FACTOR = 3  # a step's wall-clock time, in multiples of the CPU time a reader has
 HEADER_BYTES = 64 * 1024 * 1024  # the most a message's JSON may take (sentences of a document)
 MiB = 1024 * 1024
