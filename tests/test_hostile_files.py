@@ -175,6 +175,10 @@ def test_file_limits_are_read_from_the_settings(model_dir: Path) -> None:
 
         assert_error(upload("a.txt", b"Ein Hund. Eine Katze. Ein Kind."), 413, "(at most 2)")
         assert upload("a.txt", b"Ein Hund. Eine Katze.").status_code == 200
+        # Controls other than NUL are text: bidi overrides and isolates, escapes, zero-width marks.
+        controls = "\u202eEin\u202c \u2066Hund\u2069.\n\x1b[1m\u200bKatze\ufeff."
+        assert upload("a.txt", controls.encode()).status_code == 200
+        assert upload("a.docx", small_docx(controls.replace("\x1b", ""))).status_code == 200
         assert_error(upload("a.html", b"<div><div><div><div>Hund"), 413, "nests more than 3")
         places = client.app.state.file_requests  # type: ignore[attr-defined]
         places.count = 1  # one file in progress: the most allowed
