@@ -272,3 +272,13 @@ def test_limits_without_counted_ones_touch_nothing(store: UsageStore) -> None:
     assert not KeyLimits(char_limit=10).counted
     assert store.admit("k", KeyLimits(char_limit=10)) is None
     assert store._db.execute("SELECT COUNT(*) FROM usage").fetchone()[0] == 0
+
+
+def test_a_damaged_database_is_moved_aside_and_counting_begins_anew(tmp_path: Path, clock: Clock) -> None:
+    (tmp_path / "usage.sqlite3").write_bytes(b"a power cut left this" * 1000)
+    store = UsageStore(tmp_path, clock=clock)
+    assert store.admit("k", KeyLimits(requests_per_minute=1)) is None
+    assert store.admit("k", KeyLimits(requests_per_minute=1)) is not None
+    assert [p.name.split("-")[0] for p in tmp_path.glob("usage.sqlite3.damaged-*")] == [
+        "usage.sqlite3.damaged"
+    ]
