@@ -26,11 +26,11 @@ from app.config import Settings
 from app.deps import RouterDep, SchedulerDep, SettingsDep
 from app.filestore import FileStore
 from app.formats.documents import MEDIA_TYPES, SUPPORTED, Document, DocumentError, extension, read
+from app.key_limits import admit_key, charge_key
 from app.routes.translate import (
     AUTO,
     CLIENT_CLOSED_REQUEST,
     SearchPlan,
-    check_api_key,
     check_languages,
     route_of,
     shorten,
@@ -85,6 +85,7 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
         403: "Missing or invalid api_key (when the server requires keys)",
         408: "The upload did not arrive within its time",
         413: "A file over NMT_MAX_FILE_BYTES, or with more text than NMT_MAX_FILE_CHARS",
+        429: "Over a limit of the api_key (see Retry-After)",
         503: "Queue full or too many files waiting for download (see Retry-After), or not ready",
         504: "A part of the file did not finish within the request timeout",
     }.items()
@@ -183,7 +184,7 @@ async def translate_file(
     request: Request, settings: SettingsDep, router: RouterDep, scheduler: SchedulerDep, store: FileStoreDep
 ) -> Response:
     form, name, data = await read_form(request, settings)
-    check_api_key(form.api_key, settings.api_keys)
+    admit_key(request, form.api_key, requests=1, text_lengths=[])  # its characters once it is read
     if extension(name) not in SUPPORTED:
         kind = shorten(extension(name) or name)
         raise HTTPException(400, f"unsupported file format {kind}; supported: {', '.join(SUPPORTED)}")
@@ -196,6 +197,7 @@ async def translate_file(
     if chars > settings.max_file_chars:
         limit = settings.max_file_chars
         raise HTTPException(413, f"too much text in the file: {chars} characters (at most {limit})")
+    charge_key(request, chars)
     language = candidates[0]
     if form.source.lower() == AUTO:
         language = source_language(document.text[:DETECT_CHARS], candidates).language
