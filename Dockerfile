@@ -26,8 +26,11 @@ FROM python:${PYTHON_VERSION}-slim AS runtime
 RUN apt-get update \
     && apt-get install -y --no-install-recommends g++ \
     && rm -rf /var/lib/apt/lists/*
+# The compile cache and the keys' usage (NMT_DATA_DIR), owned by nmt: a volume mounted there
+# starts with this owner.
 RUN useradd --create-home --uid 10001 nmt \
-    && mkdir -p /home/nmt/.cache/nmt-service && chown -R nmt /home/nmt/.cache
+    && mkdir -p /home/nmt/.cache/nmt-service /home/nmt/.local/share/nmt-service \
+    && chown -R nmt /home/nmt/.cache /home/nmt/.local
 WORKDIR /app
 COPY --from=build /opt/venv /opt/venv
 COPY --from=build /app /app

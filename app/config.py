@@ -20,6 +20,7 @@ from app.formats.limits import DocumentLimits
 ENV_PREFIX = "NMT_"
 
 PositiveInt = Annotated[int, Field(gt=0)]
+NonNegativeInt = Annotated[int, Field(ge=0)]
 
 
 def service_version() -> str:
@@ -94,8 +95,23 @@ class Settings(BaseSettings):
     max_file_requests: PositiveInt = 16
     # The page at / (and LibreTranslate's /frontend/settings): quiet typing before it translates.
     frontend_timeout_ms: PositiveInt = 500
-    # Comma-separated in the environment ("k1,k2"); empty means no authentication.
+    # Comma-separated in the environment ("k1,k2"); empty means no authentication (unless a keys file).
     api_keys: Annotated[tuple[str, ...], NoDecode] = ()
+    # More keys, each with a name and limits of its own: a TOML file (app/keys.py, README "API keys
+    # and limits"), read at start.
+    api_keys_file: Path | None = None
+    # Each key's limits where the keys file sets none (0: no limit): requests as LibreTranslate's
+    # req_limit counts them (a list q is one per text) and characters, in any minute and any 24 hours;
+    # requests of one key in flight at once; characters of one text (LibreTranslate's char_limit).
+    key_requests_per_minute: NonNegativeInt = 0
+    key_requests_per_day: NonNegativeInt = 0
+    key_chars_per_minute: NonNegativeInt = 0
+    key_chars_per_day: NonNegativeInt = 0
+    key_max_concurrent: NonNegativeInt = 0
+    key_char_limit: NonNegativeInt = 0
+    # Where the keys' usage is counted (usage.sqlite3): shared by the front end's processes that
+    # use the same directory, and kept across restarts. Touched only when a key has a counted limit.
+    data_dir: Path = Path.home() / ".local" / "share" / "nmt-service"
 
     # Search.
     default_beam_size: PositiveInt = 5
@@ -169,6 +185,22 @@ class Settings(BaseSettings):
         if isinstance(value, list | tuple | set | frozenset):
             return tuple(k.strip() for k in value if isinstance(k, str) and k.strip())
         return value
+
+    @property
+    def keys_required(self) -> bool:
+        """Whether requests need an ``api_key`` (some key is configured)."""
+        return bool(self.api_keys) or self.api_keys_file is not None
+
+    @model_validator(mode="after")
+    def _check_key_limits(self) -> Settings:
+        # Limits with no key to carry them would silently limit nothing.
+        given = [name for name in type(self).model_fields if name.startswith("key_") and getattr(self, name)]
+        if given and not self.keys_required:
+            names = ", ".join(f"{ENV_PREFIX}{name.upper()}" for name in given)
+            raise ValueError(
+                f"{names} limit API keys, but none is configured (NMT_API_KEYS or NMT_API_KEYS_FILE)"
+            )
+        return self
 
     @model_validator(mode="after")
     def _check_quantization(self) -> Settings:

@@ -24,6 +24,8 @@ from starlette.types import Receive, Scope, Send
 
 from app.config import Settings, describe_settings_error, service_version
 from app.errors import install_error_handlers
+from app.key_limits import open_key_limiter, release_key
+from app.keys import KeysError
 from app.langid import prepare as prepare_langid
 from app.languages import source_languages, target_languages
 from app.metrics import Metrics, process_metrics
@@ -132,6 +134,11 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     app.state.settings = settings
     metrics = process_metrics()
     app.state.metrics = metrics
+    try:
+        keys = open_key_limiter(settings, metrics)
+    except KeysError as e:
+        fail(f"invalid configuration: {e}")
+    app.state.keys = keys
     opened = open_models(settings)  # checked here too, so that a broken directory is named first
     threads, count = worker_threads(settings), worker_count(settings)
     # A lone worker may run on its model's other workers' threads too (app/serving/cores.py).
@@ -199,6 +206,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         # fails first, so load balancers stop sending traffic.
         app.state.ready = False
         scheduler.stop()
+        keys.close()
 
 
 def prepare_detection(router: Router[ServedModel]) -> None:
@@ -221,6 +229,7 @@ class TranslationApp(FastAPI):
             await super().__call__(scope, receive, send)
         finally:
             passed(scope)
+            release_key(scope)
 
     def openapi(self) -> dict[str, Any]:
         """FastAPI's document; once the models are loaded, with their languages and the limits."""
@@ -246,6 +255,7 @@ def create_app(settings: Settings | None = None) -> TranslationApp:
     app.state.files = None
     app.state.file_requests = None
     app.state.readers = None
+    app.state.keys = None
     app.state.turns = None
     app.state.ready = False
     app.add_middleware(RequestMetricsMiddleware, state=app.state)

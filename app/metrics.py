@@ -38,6 +38,7 @@ MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 MODEL = "model"  # the label of everything recorded for one model
+KEY = "key"  # the label of what is recorded for one API key: its name
 
 
 class OutcomeCounter(Protocol):
@@ -161,6 +162,33 @@ class Metrics:
             "The loaded model and the service version",
             [MODEL, "source", "target", "device", "dtype", "quantization", "version"],
             multiprocess_mode="livemax",
+            registry=None,
+        )
+        # Per API key (app/key_limits.py), labelled with the key's configured name, never the key:
+        # as many label values as keys configured. Unknown keys are 403s in nmt_requests_total.
+        self.key_requests = Counter(
+            "nmt_key_requests_total",
+            "Requests admitted under each API key's limits (a request with a list q counts once)",
+            [KEY],
+            registry=None,
+        )
+        self.key_characters = Counter(
+            "nmt_key_characters_total",
+            "Characters of the texts admitted under each API key (a file's, once it is read)",
+            [KEY],
+            registry=None,
+        )
+        self.key_limited = Counter(
+            "nmt_key_limited_requests_total",
+            "Requests refused by a limit of their API key (429, or 400/413 when one request is over it)",
+            [KEY, "limit"],
+            registry=None,
+        )
+        self.key_in_flight = Gauge(
+            "nmt_key_requests_in_flight",
+            "Requests of each API key being answered",
+            [KEY],
+            multiprocess_mode="livesum",
             registry=None,
         )
 

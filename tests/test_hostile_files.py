@@ -123,7 +123,8 @@ def read_in_child(name: str, data: bytes, limits: DocumentLimits) -> tuple[str, 
     async def run() -> tuple[str, tuple[str, ...]]:
         readers = DocumentReaders(limits, readers=1, max_output=8 * MB)
         await asyncio.to_thread(readers.start)
-        return await readers.read(name, data, lambda sample: "de")
+        document = await readers.read(name, data, lambda sample: "de")
+        return document.language, document.sentences
 
     return asyncio.run(run())
 
@@ -157,7 +158,8 @@ def test_a_request_waits_for_a_reader_at_most_read_seconds_then_is_told_busy() -
         async with readers.reader():  # the only reader, taken
             with pytest.raises(Busy):
                 await readers.read("a.txt", b"Hallo.", lambda sample: "de")
-        assert await readers.read("a.txt", b"Hallo.", lambda sample: "de") == ("de", ("Hallo.",))
+        document = await readers.read("a.txt", b"Hallo.", lambda sample: "de")
+        assert (document.language, document.sentences, document.chars) == ("de", ("Hallo.",), 6)
 
     asyncio.run(run())
 

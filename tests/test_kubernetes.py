@@ -244,9 +244,9 @@ def test_what_the_service_writes_is_on_writable_volumes(docs: tuple[Doc, ...]) -
     spec, container = pod_spec(docs), translator(docs)
     volumes = {v["name"]: v for v in spec["volumes"]}
     settings = env(container)
-    # The compile cache (NMT_COMPILE_CACHE_DIR) and, under $TMPDIR, Prometheus' multiprocess
-    # directory (app/metrics.py: tempfile.mkdtemp) and the C++ compiler's files.
-    for path in (settings["NMT_COMPILE_CACHE_DIR"], settings.get("TMPDIR", "/tmp")):
+    # The compile cache (NMT_COMPILE_CACHE_DIR), the keys' usage (NMT_DATA_DIR) and, under $TMPDIR,
+    # Prometheus' multiprocess directory (app/metrics.py: tempfile.mkdtemp) and the C++ compiler's files.
+    for path in (settings["NMT_COMPILE_CACHE_DIR"], settings["NMT_DATA_DIR"], settings.get("TMPDIR", "/tmp")):
         mount, volume = mount_of(container, volumes, path)
         assert not mount.get("readOnly", False), path
         assert "emptyDir" in volume, path

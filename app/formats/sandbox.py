@@ -55,6 +55,15 @@ HEADER_BYTES = 64 * 1024 * 1024  # the most a message's JSON may take (sentences
 MiB = 1024 * 1024
 
 
+@dataclass(frozen=True)
+class ReadDocument:
+    """What the front end learns of a document it does not read itself."""
+
+    language: str
+    sentences: tuple[str, ...]
+    chars: int  # of its text
+
+
 class Busy(Exception):
     """Every reader was taken for ``read_seconds``: the service is busy reading documents (503)."""
 
@@ -277,15 +286,13 @@ class DocumentReaders:
         finally:
             self.slots.release()
 
-    async def read(
-        self, name: str, data: bytes, language: Callable[[str], str]
-    ) -> tuple[str, tuple[str, ...]]:
-        """The document's language (``language`` of the start of its text) and its sentences."""
+    async def read(self, name: str, data: bytes, language: Callable[[str], str]) -> ReadDocument:
+        """The document's language (``language`` of the start of its text), sentences and size."""
         async with self.reader() as reader:
             opened = await asyncio.to_thread(reader.ask, ReadFile(name, data), Opened)
             chosen = language(opened.sample)
             split = await asyncio.to_thread(reader.ask, SplitFile(chosen), Split)
-        return chosen, split.sentences
+        return ReadDocument(chosen, split.sentences, opened.chars)
 
     async def write(
         self, name: str, data: bytes, language: str, sentences: int, translations: Sequence[str]

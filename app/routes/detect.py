@@ -13,9 +13,10 @@ from fastapi import APIRouter, HTTPException, Request, Response
 
 from app.body import parse_request
 from app.deps import RouterDep, SettingsDep
+from app.key_limits import admit_key
 from app.langid import detect
 from app.languages import source_languages
-from app.routes.translate import check_api_key, is_utf8, openapi_body
+from app.routes.translate import is_utf8, openapi_body
 from app.schemas import DetectedLanguage, DetectRequest, ErrorResponse, ValidationErrorResponse
 
 router = APIRouter(tags=["translate"])
@@ -31,6 +32,7 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
     408: {"model": ErrorResponse, "description": "The request body did not arrive within 10 s"},
     413: {"model": ErrorResponse, "description": "More characters than NMT_MAX_CHARS, or too large a body"},
     422: {"model": ValidationErrorResponse, "description": "Malformed body, or q not a string"},
+    429: {"model": ErrorResponse, "description": "Over a limit of the api_key (see Retry-After)"},
     503: {"model": ErrorResponse, "description": "The models are not loaded yet"},
 }
 
@@ -50,7 +52,7 @@ async def detect_language(request: Request, settings: SettingsDep, router: Route
         )
     if not is_utf8(req.q) or not is_utf8(req.api_key or ""):
         raise HTTPException(400, "invalid text: unpaired surrogate (not representable in UTF-8)")
-    check_api_key(req.api_key, settings.api_keys)
+    admit_key(request, req.api_key, requests=1, text_lengths=[len(req.q)])
     found = [
         DetectedLanguage(confidence=d.confidence, language=d.language)
         for d in detect(req.q, source_languages(router))

@@ -33,11 +33,11 @@ from app.filestore import FileStore
 from app.formats.documents import MEDIA_TYPES, SUPPORTED, extension
 from app.formats.limits import DocumentError
 from app.formats.sandbox import Busy, DocumentReaders
+from app.key_limits import admit_key, charge_key
 from app.routes.translate import (
     AUTO,
     CLIENT_CLOSED_REQUEST,
     SearchPlan,
-    check_api_key,
     check_languages,
     route_of,
     shorten,
@@ -102,6 +102,7 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
         413: "A file over NMT_MAX_FILE_BYTES, or over another of the file limits (text, sentences, "
         "a .docx's files, inflated size or XML elements, HTML depth, time or memory to read it)",
         422: "A field of the wrong type; a file with a DTD or XML entities, or NUL characters",
+        429: "Over a limit of the api_key (see Retry-After)",
         503: "Queue full, too many files in progress or waiting for download (see Retry-After), not ready",
         504: "A part of the file did not finish within the request timeout",
     }.items()
@@ -255,7 +256,7 @@ async def translate_upload(
     readers: DocumentReaders,
 ) -> Response:
     form, name, data = await read_form(request, settings)
-    check_api_key(form.api_key, settings.api_keys)
+    admit_key(request, form.api_key, requests=1, text_lengths=[])  # its characters once it is read
     if extension(name) not in SUPPORTED:
         kind = shorten(extension(name) or name)
         raise HTTPException(400, f"unsupported file format {kind}; supported: {', '.join(SUPPORTED)}")
@@ -267,15 +268,17 @@ async def translate_upload(
         return candidates[0]
 
     try:
-        source, sentences = await readers.read(name, data, language)
+        document = await readers.read(name, data, language)
     except (DocumentError, Busy) as e:
         raise document_error(e) from e
-    route = route_of(router, source, form.target)
-    translations = await translate_document(request, sentences, route, scheduler, settings)
+    charge_key(request, document.chars)
+    route = route_of(router, document.language, form.target)
+    translations = await translate_document(request, document.sentences, route, scheduler, settings)
     if translations is None:
         return Response(status_code=CLIENT_CLOSED_REQUEST)
     try:
-        output = await readers.write(name, data, source, len(sentences), translations)
+        sentences = len(document.sentences)
+        output = await readers.write(name, data, document.language, sentences, translations)
     except (DocumentError, Busy) as e:
         raise document_error(e) from e
     saved = download_name(name, form.target)

@@ -43,8 +43,8 @@ async def frontend_settings(settings: SettingsDep, router: RouterDep) -> Fronten
     return FrontendSettings(
         charLimit=settings.max_chars,
         frontendTimeout=settings.frontend_timeout_ms,
-        apiKeys=bool(settings.api_keys),
-        keyRequired=bool(settings.api_keys),
+        apiKeys=settings.keys_required,
+        keyRequired=settings.keys_required,
         suggestions=False,
         filesTranslation=True,
         supportedFilesFormat=list(SUPPORTED),

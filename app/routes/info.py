@@ -77,7 +77,7 @@ async def info(settings: SettingsDep, routes: RouterDep) -> dict[str, Any]:
             "max_beam_size": settings.max_beam_size,
             "max_alternatives": settings.max_alternatives,
         },
-        "api_keys_required": bool(settings.api_keys),
+        "api_keys_required": settings.keys_required,
     }
 
 

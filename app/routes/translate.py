@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import copy
-import hmac
 from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -26,6 +25,7 @@ from app.deps import RouterDep, SchedulerDep, SettingsDep
 from app.errors import ApiError, missing_parameter
 from app.formats import Layout, PlainText, parse
 from app.formats.html import HtmlDocument, HtmlError
+from app.key_limits import admit_key
 from app.langid import detect
 from app.languages import language_name, served_pairs, source_languages, supported_pairs, target_languages
 from app.schemas import (
@@ -56,6 +56,7 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
         403: "Missing or invalid api_key (when the server requires keys)",
         408: "The request body did not arrive within 10 s",
         413: "Too many texts, characters, sentences or too large a body",
+        429: "Over a limit of the api_key (see Retry-After)",
         503: "Every queue full (see Retry-After), engine stopped, or model not loaded yet",
         504: "The translation did not finish within the request timeout",
     }.items()
@@ -181,18 +182,6 @@ def check_encodable(req: TranslateRequest) -> None:
     fields = [*req.texts, req.source, req.target, req.api_key or ""]
     if not all(map(is_utf8, fields)):
         raise HTTPException(400, "invalid text: unpaired surrogate (not representable in UTF-8)")
-
-
-def check_api_key(api_key: str | None, keys: Sequence[str]) -> None:
-    """403 unless ``api_key`` is one of ``keys``; no keys configured means no authentication."""
-    if not keys:
-        return
-    if not api_key:
-        raise HTTPException(403, "an api_key is required")
-    given = api_key.encode("utf-8")
-    # Compare with every key in constant time, so timing does not reveal a matching prefix.
-    if not any([hmac.compare_digest(given, key.encode("utf-8")) for key in keys]):
-        raise HTTPException(403, "invalid api_key")
 
 
 def unsupported(message: str, router: Router[ServedModel]) -> ApiError:
@@ -404,7 +393,13 @@ async def translate(
     texts = req.texts
     check_limits(texts, settings)
     check_encodable(req)
-    check_api_key(req.api_key, settings.api_keys)
+    # LibreTranslate's cost: a list q counts as one request per text.
+    admit_key(
+        request,
+        req.api_key,
+        requests=max(1, len(texts)) if req.is_batch else 1,
+        text_lengths=list(map(len, texts)),
+    )
     candidates = check_languages(req.source, req.target, router)
     plan = search_plan(req, settings)
 
