@@ -4,6 +4,7 @@ talked to over real HTTP (httpx)."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import signal
 import socket
@@ -11,14 +12,19 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from types import FrameType
 
 import httpx
 import pytest
 from conftest import synthetic_sentences
+from starlette.datastructures import State
 
+from app.main import SHUTDOWN_SIGNALS, readiness_fails_on_shutdown
+from app.main import logger as main_logger
 from app.text import split_text
 from model.translator import Translator
 
@@ -93,6 +99,57 @@ def stop(server: Server) -> int:
         server.process.kill()
         server.process.wait()
         raise
+
+
+def children(pid: int) -> list[int]:
+    out = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                    out.append(int(entry.name))
+            except (OSError, IndexError, ValueError):
+                continue
+    return out
+
+
+def worker_pids(server: Server) -> list[int]:
+    """The server's model workers: its children started by multiprocessing's ``spawn`` (not its
+    resource tracker)."""
+    pids = [
+        pid
+        for pid in children(server.process.pid)
+        if b"spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    ]
+    assert pids, "no model worker found"
+    return pids
+
+
+@contextmanager
+def held(workers: list[int]) -> Iterator[None]:
+    """The workers stopped (SIGSTOP) for the block: what they were sent stays unanswered until it
+    ends (SIGCONT), so a request is in flight for as long as the test needs, however fast or slow
+    the machine. The front end, a process of its own, goes on."""
+    for pid in workers:
+        os.kill(pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        for pid in workers:
+            os.kill(pid, signal.SIGCONT)
+
+
+def wait_until(condition: Callable[[], bool], what: str, timeout: float = 20.0) -> None:
+    """Poll until ``condition()``; the timeout only bounds a test that would otherwise hang."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.05)
+
+
+def waiting_sentences(server: Server) -> float:
+    text = httpx.get(f"{server.url}/metrics", timeout=10).text
+    return metric(text, 'nmt_queue_depth_sentences{model="tiny-de-en"}')
 
 
 @pytest.fixture(scope="module")
@@ -267,9 +324,14 @@ def test_64_concurrent_requests_share_model_batches(
     assert metric(scrape, 'nmt_requests_total{endpoint="/translate",status="200"}') == 64
 
 
-def test_sigterm_drains_the_requests_in_flight(model_dir: Path, tmp_path: Path) -> None:
-    """SIGTERM (docker stop, a Kubernetes rollout): readiness fails, new connections are refused,
-    and what was accepted is answered before the process exits, with the workers stopped after."""
+def test_sigterm_fails_readiness_refuses_connections_and_answers_the_requests_in_flight(
+    model_dir: Path, tmp_path: Path
+) -> None:
+    """SIGTERM (docker stop; Kubernetes, after the preStop hook): readiness fails at the signal and
+    uvicorn closes its listening socket, so a readiness probe or a new client is answered 503 or
+    refused; what was accepted is answered before the process exits, with the workers stopped
+    after. The worker is held from before the request until those checks are done: the request is
+    in flight during them (the drain not finished), however fast or slow the machine."""
     texts = ["Zwei kleinen Kinder sitzen auf dem roten Ball vor einem großen Gebäude im Park mit Hut."] * 12
     srv = start_server(tmp_path / "uvicorn.log", NMT_MODEL_DIR=str(model_dir), NMT_MAX_BATCH_SIZE="2")
     try:
@@ -279,18 +341,16 @@ def test_sigterm_drains_the_requests_in_flight(model_dir: Path, tmp_path: Path) 
         busy = threading.Thread(
             target=lambda: answers.append(httpx.post(f"{srv.url}/translate", json=body, timeout=120))
         )
-        busy.start()
-        deadline = time.monotonic() + 20
-        while (
-            metric(
-                httpx.get(f"{srv.url}/metrics", timeout=5).text, 'nmt_active_sequences{model="tiny-de-en"}'
-            )
-            < 1
-        ):
-            assert time.monotonic() < deadline, "the request never started decoding"
-            time.sleep(0.02)
-        workers = _children(srv.process.pid)
-        srv.process.send_signal(signal.SIGTERM)
+        spawned = children(srv.process.pid)  # the workers, and multiprocessing's resource tracker
+        with held(worker_pids(srv)):
+            busy.start()
+            wait_until(lambda: waiting_sentences(srv) >= 1, "the request was never admitted")
+            srv.process.send_signal(signal.SIGTERM)
+            probes = readiness_until_refused(srv)
+            assert all(code == 503 for code in probes), probes  # never "ready" after the signal
+            wait_until(lambda: "SIGTERM: not ready" in srv.output(), f"readiness kept:\n{srv.output()}")
+            assert busy.is_alive() and not answers  # all this while the drain was still going on
+            assert "Application shutdown complete" not in srv.output()
         busy.join(timeout=120)
         code = srv.process.wait(timeout=60)
     finally:
@@ -298,20 +358,54 @@ def test_sigterm_drains_the_requests_in_flight(model_dir: Path, tmp_path: Path) 
     assert [a.status_code for a in answers] == [200], srv.output()
     assert len(answers[0].json()["translatedText"]) == len(texts)
     assert code in (0, -signal.SIGTERM) and "Application shutdown complete" in srv.output()
-    assert workers
-    deadline = time.monotonic() + 10
-    while any(Path(f"/proc/{pid}").exists() for pid in workers):  # stopped with it, not orphaned
-        assert time.monotonic() < deadline, workers
-        time.sleep(0.1)
+    wait_until(  # stopped with it, not orphaned
+        lambda: not any(Path(f"/proc/{pid}").exists() for pid in spawned), f"children left: {spawned}", 10
+    )
 
 
-def _children(pid: int) -> list[int]:
-    out = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
-                    out.append(int(entry.name))
-            except (OSError, IndexError, ValueError):
-                continue
-    return out
+def readiness_until_refused(server: Server) -> list[int]:
+    """Ask /health/ready on new connections until one is refused; the status of every answer."""
+    codes: list[int] = []
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        try:
+            codes.append(httpx.get(f"{server.url}/health/ready", timeout=5).status_code)
+        except httpx.ConnectError:
+            return codes
+        except httpx.TransportError:
+            pass  # accepted just before the listening socket closed, then dropped: not an answer
+        time.sleep(0.01)
+    pytest.fail(f"new connections were still accepted 20 s after SIGTERM; answers {codes}")
+
+
+@pytest.mark.parametrize("sig", SHUTDOWN_SIGNALS, ids=lambda sig: signal.Signals(sig).name)
+def test_a_shutdown_signal_fails_readiness_then_reaches_the_servers_handler(
+    sig: signal.Signals, caplog: pytest.LogCaptureFixture
+) -> None:
+    """In the lifespan, uvicorn's handler (here a spy in its place) still runs on SIGTERM and SIGINT,
+    and finds readiness already failed; the spy is back in place after the lifespan."""
+    state = State()
+    seen: list[tuple[int, bool]] = []
+
+    def servers_handler(received: int, frame: FrameType | None) -> None:
+        seen.append((received, state.ready))
+
+    async def lifespan() -> None:
+        with readiness_fails_on_shutdown(state):
+            state.ready = True
+            signal.raise_signal(sig)  # its Python handler has run when this returns
+            assert seen == [(sig, False)]
+            await asyncio.sleep(0)  # the log line is written from the event loop
+
+    original = signal.signal(sig, servers_handler)
+    # On the module's logger itself: uvicorn's logging setup, where a test made it, stops
+    # "uvicorn.*" records from reaching the root logger and caplog's handler there.
+    main_logger.addHandler(caplog.handler)
+    try:
+        with caplog.at_level(logging.INFO, logger=main_logger.name):
+            asyncio.run(lifespan())
+        assert signal.getsignal(sig) is servers_handler
+    finally:
+        main_logger.removeHandler(caplog.handler)
+        signal.signal(sig, original)
+    assert f"{sig.name}: not ready; answering the requests in flight" in caplog.text
