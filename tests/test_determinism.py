@@ -28,7 +28,7 @@ from benchmarks.common import DATA, DEFAULT_MODEL
 from benchmarks.determinism import served
 from model.compiled_step import CompiledDecoder
 from model.translator import Translator
-from tests.conftest import compile_cache_dir, synthetic_sentences
+from tests.conftest import compile_cache_dir, synthetic_sentences, under_ci
 from tests.test_compiled_step import decode
 from training.data import read_lines
 
@@ -62,7 +62,7 @@ MULTI30K, SYNTHETIC = "multi30k-test_2016", "synthetic"
 # where it is found, and always under CI (.ci/run sets CI; its checkout has ../shared/data), where a
 # missing dataset fails instead of passing on other sentences. Elsewhere (a checkout without the
 # data) synthetic ones, said in the id and in a warning: the property holds for any input.
-SOURCE = MULTI30K if FOUND is not None or os.environ.get("CI") else SYNTHETIC
+SOURCE = MULTI30K if FOUND is not None or under_ci() else SYNTHETIC
 
 
 @pytest.fixture(scope="module", params=[SOURCE])
