@@ -14,12 +14,16 @@ import asyncio
 import gc
 import logging
 import os
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+import signal
+import threading
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
+from types import FrameType
 from typing import Any, NoReturn
 
 from fastapi import FastAPI
 from pydantic import ValidationError
+from starlette.datastructures import State
 from starlette.types import Receive, Scope, Send
 
 from app.config import Settings, describe_settings_error, service_version
@@ -128,6 +132,51 @@ def record_model(metrics: Metrics, model: ServedModel, seconds: float) -> None:
     ).set(1)
 
 
+# The signals on which uvicorn begins its graceful shutdown (uvicorn.server.HANDLED_SIGNALS on POSIX).
+SHUTDOWN_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+@contextmanager
+def readiness_fails_on_shutdown(state: State) -> Iterator[None]:
+    """Fail readiness the moment a shutdown signal arrives, then pass the signal on to the handler
+    that was there: uvicorn's, which starts its drain.
+
+    uvicorn runs the lifespan's end only after the drain, once every request in flight is answered;
+    readiness failing only then would say "ready" for the whole drain. uvicorn installs its handlers
+    (``signal.signal``, in ``Server.capture_signals``) before it starts the lifespan, so the one
+    found here is uvicorn's; it is put back when the block ends. Signals reach only the main thread:
+    elsewhere (Starlette's TestClient runs the lifespan on another thread) nothing is installed.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    loop = asyncio.get_running_loop()
+    previous = {sig: signal.getsignal(sig) for sig in SHUTDOWN_SIGNALS}
+
+    def on_shutdown_signal(sig: int, frame: FrameType | None) -> None:
+        state.ready = False
+        # Logged from the event loop: a write to stderr from inside a signal handler can interrupt
+        # another write to it ("reentrant call" on the buffered stream).
+        loop.call_soon_threadsafe(
+            logger.info, "%s: not ready; answering the requests in flight", signal.Signals(sig).name
+        )
+        handler = previous[signal.Signals(sig)]
+        if callable(handler):
+            handler(sig, frame)
+        elif handler == signal.SIG_DFL:  # nobody else handles it: what the signal would have done
+            signal.signal(sig, signal.SIG_DFL)
+            signal.raise_signal(sig)
+
+    for sig in SHUTDOWN_SIGNALS:
+        signal.signal(sig, on_shutdown_signal)
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            if signal.getsignal(sig) is on_shutdown_signal:
+                signal.signal(sig, handler)
+
+
 @asynccontextmanager
 async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     settings = read_settings(app)
@@ -189,21 +238,25 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await asyncio.to_thread(prepare_detection, router)
         app.state.scheduler = scheduler
         app.state.turns = asyncio.Semaphore(TURNS)
-        app.state.ready = True
-        for model in models:
-            logger.info(
-                "serving %s (%s) on %s with %d worker(s)",
-                model.name,
-                ", ".join(f"{s}->{t}" for s, t in model.info.directions),
-                model.description.device,
-                count,
-            )
-        if router.pivots:
-            logger.info("through English: %s", ", ".join(f"{r.source}->{r.target}" for r in router.pivots))
-        yield
+        with readiness_fails_on_shutdown(app.state):
+            app.state.ready = True
+            for model in models:
+                logger.info(
+                    "serving %s (%s) on %s with %d worker(s)",
+                    model.name,
+                    ", ".join(f"{s}->{t}" for s, t in model.info.directions),
+                    model.description.device,
+                    count,
+                )
+            if router.pivots:
+                logger.info(
+                    "through English: %s", ", ".join(f"{r.source}->{r.target}" for r in router.pivots)
+                )
+            yield
     finally:
-        # uvicorn runs this after its open requests are answered (a drain on SIGTERM); readiness
-        # fails first, so load balancers stop sending traffic.
+        # On SIGTERM (or SIGINT) readiness failed at the signal, and uvicorn then stopped accepting
+        # connections and answered the requests in flight (its drain) before running this. A
+        # shutdown without a signal (TestClient's exit) fails readiness only here.
         app.state.ready = False
         scheduler.stop()
         keys.close()

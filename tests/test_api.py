@@ -434,9 +434,12 @@ def test_a_full_queue_refuses_before_reading_the_body(
     busy = client.post("/translate", content=body(), headers=_JSON_TYPE)
     assert_error(busy, 503, "busy")
     assert busy.headers["retry-after"] == "1"
+    assert read == []  # refused on the headers alone: the body was never asked for
     assert client.get("/health").status_code == 200  # only translations are refused
     monkeypatch.undo()
-    assert translate(client, q="Hallo").status_code == 200
+    # The spy sees a read: with room in the queue, the same streamed body is read and translated.
+    admitted = client.post("/translate", content=body(), headers=_JSON_TYPE)
+    assert admitted.status_code == 200 and read == [True]
     assert scheduler.enter()  # every place held at the gate was given back
     scheduler.leave()
 

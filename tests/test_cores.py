@@ -5,7 +5,6 @@ another has work; the board is shared memory that reaches workers started with `
 from __future__ import annotations
 
 import multiprocessing
-import time
 from collections.abc import Iterator
 
 import pytest
@@ -21,31 +20,52 @@ def keep_threads() -> Iterator[None]:
     torch.set_num_threads(threads)
 
 
+class Clock:
+    """The board's clock, moved by the test: "slept for ``QUIET_S``" is decided by the time the
+    test says has passed, never by how fast two calls follow each other on a busy machine."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0  # the slots start at 0: asleep since long ago
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
 def test_a_worker_alone_at_work_takes_the_idle_workers_threads() -> None:
-    board = CoreBoard(3)
+    clock = Clock()
+    board = CoreBoard(3, clock)
     a, b, c = (board.share(i, own=1, alone=3) for i in range(3))
     assert a.update(busy=True) == 3 and torch.get_num_threads() == 3  # b and c sleep
     assert b.update(busy=True) == 1 and torch.get_num_threads() == 1  # a has work
     assert a.update(busy=True) == 1  # b has work now: back to its own share at the next step
     b.update(busy=False)
-    assert a.update(busy=True) == 1  # b has only just gone to sleep: a client may keep it busy
-    time.sleep(QUIET_S)
-    assert a.update(busy=True) == 3
+    clock.advance(QUIET_S * 0.9)
+    assert a.update(busy=True) == 1  # b has slept for less than QUIET_S: a client may keep it busy
+    clock.advance(QUIET_S * 0.2)
+    assert a.update(busy=True) == 3  # and now for longer
     c.update(busy=True)
     assert a.update(busy=True) == 1
     assert a.update(busy=False) == 1  # a sleeping worker keeps its own share
-    time.sleep(QUIET_S)
+    clock.advance(QUIET_S * 0.9)
+    assert c.update(busy=True) == 1  # a went to sleep just now
+    clock.advance(QUIET_S * 0.2)
     assert c.update(busy=True) == 3
     assert b.update(busy=False) == 1 and c.update(busy=True) == 3  # b slept on: still quiet
 
 
 def test_a_worker_started_again_is_asleep_until_it_has_work() -> None:
-    board = CoreBoard(2)
+    clock = Clock()
+    board = CoreBoard(2, clock)
     crashed, other = board.share(0, own=1, alone=2), board.share(1, own=1, alone=2)
     crashed.update(busy=True)  # then killed: its slot says busy
-    assert other.update(busy=True) == 1
+    clock.advance(QUIET_S * 10)
+    assert other.update(busy=True) == 1  # busy for ever, unless the slot is reset
     crashed.starting()
-    time.sleep(QUIET_S)
+    assert other.update(busy=True) == 1  # asleep only from now
+    clock.advance(QUIET_S * 1.1)
     assert other.update(busy=True) == 2
 
 

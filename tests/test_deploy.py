@@ -4,7 +4,6 @@ scrapes the service, and every metric the Grafana dashboard queries is exported.
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import signal
@@ -15,6 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 import yaml
+from conftest import under_ci
 from fastapi.testclient import TestClient
 from test_server import free_port, start_server, stop, wait_ready
 
@@ -30,7 +30,7 @@ def tool(name: str) -> str:
     """Path of a system tool; CI installs it (.ci/run), so there a missing one is a failure."""
     path = shutil.which(name)
     if path is None:
-        if os.environ.get("CI"):
+        if under_ci():
             pytest.fail(f"{name} is not installed (.ci/run installs it)")
         pytest.skip(f"{name} is not installed here (apt-get install {name})")
     return path

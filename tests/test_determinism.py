@@ -1,4 +1,5 @@
-"""One answer per input: under the default settings, each of 64 test_2016 sentences translates to
+"""One answer per input: under the default settings, each of 64 test_2016 sentences (Multi30k; where
+it is absent and CI is not set, 64 synthetic sentences, named so in the test ids) translates to
 the same tokens alone as among any neighbours, greedy and beam 5: in batches of other sizes and
 orders, and in the serving executor's running batch, where sentences join and leave at every step
 (decoded there by the compiled step, ``model.compiled_step``, as deployed). And the compiled step in
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import os
 import random
+import warnings
 from pathlib import Path
 from unittest import mock
 
@@ -26,7 +28,7 @@ from benchmarks.common import DATA, DEFAULT_MODEL
 from benchmarks.determinism import served
 from model.compiled_step import CompiledDecoder
 from model.translator import Translator
-from tests.conftest import compile_cache_dir, synthetic_sentences
+from tests.conftest import compile_cache_dir, synthetic_sentences, under_ci
 from tests.test_compiled_step import decode
 from training.data import read_lines
 
@@ -51,18 +53,29 @@ def deployed() -> tuple[Translator, CompiledDecoder]:
     return translator, decoder
 
 
-# Where Multi30k may be: beside the checkout (as on the build machines), or the shared data folder.
+# Where Multi30k may be: beside the checkout (../shared/data, as on the build machines and in CI),
+# or the shared data folder.
 TEST_2016 = [Path(DATA) / "test_2016_flickr.de.gz", Path("/work/shared/data/multi30k/test_2016_flickr.de.gz")]
+FOUND = next((path for path in TEST_2016 if path.exists()), None)
+MULTI30K, SYNTHETIC = "multi30k-test_2016", "synthetic"
+# The sentences every test here runs on, named in its id (test_...[multi30k-test_2016-5]): Multi30k's
+# where it is found, and always under CI (.ci/run sets CI; its checkout has ../shared/data), where a
+# missing dataset fails instead of passing on other sentences. Elsewhere (a checkout without the
+# data) synthetic ones, said in the id and in a warning: the property holds for any input.
+SOURCE = MULTI30K if FOUND is not None or under_ci() else SYNTHETIC
 
 
-@pytest.fixture(scope="module")
-def sentences() -> list[str]:
-    """The first 64 test_2016 sentences; where the dataset is not at hand (a checkout elsewhere),
-    64 synthetic German-looking sentences of 2-12 words: the property holds for any input."""
-    for path in TEST_2016:
-        if path.exists():
-            return read_lines(path)[:N]
-    return synthetic_sentences(2 * N, seed=7)[::2]  # (the even ones are the German-looking ones)
+@pytest.fixture(scope="module", params=[SOURCE])
+def sentences(request: pytest.FixtureRequest) -> list[str]:
+    """The first 64 test_2016 sentences, or 64 synthetic German-looking ones of 2-12 words."""
+    if request.param == SYNTHETIC:
+        warnings.warn(
+            f"Multi30k not found ({TEST_2016[0]}): determinism checked on synthetic sentences", stacklevel=1
+        )
+        return synthetic_sentences(2 * N, seed=7)[::2]  # (the even ones are the German-looking ones)
+    if FOUND is None:
+        pytest.fail(f"Multi30k's test_2016 is missing: looked for {', '.join(map(str, TEST_2016))}")
+    return read_lines(FOUND)[:N]
 
 
 def alone(translator: Translator, sentences: list[str], beam: int) -> list[list[int]]:

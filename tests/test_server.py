@@ -4,6 +4,7 @@ talked to over real HTTP (httpx)."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import signal
 import socket
@@ -11,14 +12,19 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from types import FrameType
 
 import httpx
 import pytest
 from conftest import synthetic_sentences
+from starlette.datastructures import State
 
+from app.main import SHUTDOWN_SIGNALS, readiness_fails_on_shutdown
+from app.main import logger as main_logger
 from app.text import split_text
 from model.translator import Translator
 
@@ -95,12 +101,63 @@ def stop(server: Server) -> int:
         raise
 
 
+def children(pid: int) -> list[int]:
+    out = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                    out.append(int(entry.name))
+            except (OSError, IndexError, ValueError):
+                continue
+    return out
+
+
+def worker_pids(server: Server) -> list[int]:
+    """The server's model workers: its children started by multiprocessing's ``spawn`` (not its
+    resource tracker)."""
+    pids = [
+        pid
+        for pid in children(server.process.pid)
+        if b"spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    ]
+    assert pids, "no model worker found"
+    return pids
+
+
+@contextmanager
+def held(workers: list[int]) -> Iterator[None]:
+    """The workers stopped (SIGSTOP) for the block: what they were sent stays unanswered until it
+    ends (SIGCONT), so a request is in flight for as long as the test needs, however fast or slow
+    the machine. The front end, a process of its own, goes on."""
+    for pid in workers:
+        os.kill(pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        for pid in workers:
+            os.kill(pid, signal.SIGCONT)
+
+
+def wait_until(condition: Callable[[], bool], what: str, timeout: float = 20.0) -> None:
+    """Poll until ``condition()``; the timeout only bounds a test that would otherwise hang."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.05)
+
+
+def waiting_sentences(server: Server) -> float:
+    text = httpx.get(f"{server.url}/metrics", timeout=10).text
+    return metric(text, 'nmt_queue_depth_sentences{model="tiny-de-en"}')
+
+
 @pytest.fixture(scope="module")
 def server(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    # One sentence in the running batch at a time, so that the disconnect test's request takes long
-    # enough to be abandoned mid-way; a higher character limit for the same reason.
+    # One sentence in the running batch at a time: a request's other sentences wait in the front
+    # end's queue, where nmt_queue_depth_sentences shows that it was admitted while its worker is held.
     log = tmp_path_factory.mktemp("server") / "uvicorn.log"
-    srv = start_server(log, NMT_MODEL_DIR=str(model_dir), NMT_MAX_BATCH_SIZE="1", NMT_MAX_CHARS="20000")
+    srv = start_server(log, NMT_MODEL_DIR=str(model_dir), NMT_MAX_BATCH_SIZE="1")
     try:
         wait_ready(srv)
         yield srv
@@ -150,45 +207,42 @@ def test_metrics_over_http(server: Server) -> None:
 
 
 def test_client_disconnect_abandons_the_translation(server: Server) -> None:
-    texts = ["Zwei kleinen Kinder sitzen auf dem roten Ball vor einem großen Gebäude im Park mit Hut."] * 100
-    body = {"q": texts, "source": "de", "target": "en", "beam_size": 8}
-    with pytest.raises(httpx.ReadTimeout):  # the client gives up and closes the connection
-        httpx.post(f"{server.url}/translate", json=body, timeout=httpx.Timeout(10, read=0.5))
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
-        text = httpx.get(f"{server.url}/metrics", timeout=10).text
-        if metric(text, 'nmt_requests_total{endpoint="/translate",status="499"}') >= 1:
-            break
-        time.sleep(0.1)
-    else:
-        pytest.fail("the abandoned request was never recorded as 499")
+    texts = ["Zwei kleinen Kinder sitzen auf dem roten Ball vor einem großen Gebäude im Park mit Hut."] * 8
+    body = {"q": texts, "source": "de", "target": "en", "beam_size": 4}
+    with held(worker_pids(server)):  # nothing is translated: the client gives up first, for sure
+        with pytest.raises(httpx.ReadTimeout):  # and closes the connection
+            httpx.post(f"{server.url}/translate", json=body, timeout=httpx.Timeout(10, read=2))
+        status = 'nmt_requests_total{endpoint="/translate",status="499"}'
+        wait_until(
+            lambda: metric(httpx.get(f"{server.url}/metrics", timeout=10).text, status) >= 1,
+            "the abandoned request was never recorded as 499",
+        )
+    text = httpx.get(f"{server.url}/metrics", timeout=10).text
     abandoned = metric(text, 'nmt_sentences_total{model="tiny-de-en",outcome="abandoned"}')
     assert abandoned > 0, text  # dropped from the engine, not translated for nobody
     assert metric(text, 'nmt_queue_depth_sentences{model="tiny-de-en"}') == 0
 
 
-def test_health_and_metrics_answer_while_the_model_is_busy(server: Server) -> None:
-    """The model runs in a worker process, never on the event loop."""
-    texts = ["Zwei kleinen Kinder sitzen auf dem roten Ball vor einem großen Gebäude im Park mit Hut."] * 20
-    body = {"q": texts, "source": "de", "target": "en", "beam_size": 8}
-    busy = threading.Thread(target=lambda: httpx.post(f"{server.url}/translate", json=body, timeout=120))
-    busy.start()
-    try:
-        deadline = time.monotonic() + 20
-        while (
-            metric(
-                httpx.get(f"{server.url}/metrics", timeout=5).text, 'nmt_active_sequences{model="tiny-de-en"}'
-            )
-            < 1
-        ):
-            assert time.monotonic() < deadline, "the long request never started decoding"
-            time.sleep(0.02)
+def test_health_and_metrics_answer_while_a_translation_waits_for_its_worker(server: Server) -> None:
+    """The model runs in a worker process, never on the event loop: while a translation is
+    unfinished (its worker held, so it stays unfinished however fast the machine), /health and
+    /metrics answer; the translation is answered once the worker goes on."""
+    texts = ["Zwei kleinen Kinder sitzen auf dem roten Ball vor einem großen Gebäude im Park mit Hut."] * 8
+    body = {"q": texts, "source": "de", "target": "en", "beam_size": 4}
+    answers: list[httpx.Response] = []
+    busy = threading.Thread(
+        target=lambda: answers.append(httpx.post(f"{server.url}/translate", json=body, timeout=120))
+    )
+    with held(worker_pids(server)):
+        busy.start()
+        wait_until(lambda: waiting_sentences(server) >= 1, "the translation was never admitted")
         for _ in range(3):
             assert httpx.get(f"{server.url}/health", timeout=2).status_code == 200
             assert httpx.get(f"{server.url}/metrics", timeout=2).status_code == 200
-        assert busy.is_alive()  # they were answered while the translation was still running
-    finally:
-        busy.join(timeout=120)
+        assert busy.is_alive() and not answers  # answered while the translation was unfinished
+    busy.join(timeout=120)
+    assert [a.status_code for a in answers] == [200]
+    assert len(answers[0].json()["translatedText"]) == len(texts)
 
 
 @pytest.mark.parametrize(
@@ -267,9 +321,14 @@ def test_64_concurrent_requests_share_model_batches(
     assert metric(scrape, 'nmt_requests_total{endpoint="/translate",status="200"}') == 64
 
 
-def test_sigterm_drains_the_requests_in_flight(model_dir: Path, tmp_path: Path) -> None:
-    """SIGTERM (docker stop, a Kubernetes rollout): readiness fails, new connections are refused,
-    and what was accepted is answered before the process exits, with the workers stopped after."""
+def test_sigterm_fails_readiness_refuses_connections_and_answers_the_requests_in_flight(
+    model_dir: Path, tmp_path: Path
+) -> None:
+    """SIGTERM (docker stop; Kubernetes, after the preStop hook): readiness fails at the signal and
+    uvicorn closes its listening socket, so a readiness probe or a new client is answered 503 or
+    refused; what was accepted is answered before the process exits, with the workers stopped
+    after. The worker is held from before the request until those checks are done: the request is
+    in flight during them (the drain not finished), however fast or slow the machine."""
     texts = ["Zwei kleinen Kinder sitzen auf dem roten Ball vor einem großen Gebäude im Park mit Hut."] * 12
     srv = start_server(tmp_path / "uvicorn.log", NMT_MODEL_DIR=str(model_dir), NMT_MAX_BATCH_SIZE="2")
     try:
@@ -279,18 +338,16 @@ def test_sigterm_drains_the_requests_in_flight(model_dir: Path, tmp_path: Path) 
         busy = threading.Thread(
             target=lambda: answers.append(httpx.post(f"{srv.url}/translate", json=body, timeout=120))
         )
-        busy.start()
-        deadline = time.monotonic() + 20
-        while (
-            metric(
-                httpx.get(f"{srv.url}/metrics", timeout=5).text, 'nmt_active_sequences{model="tiny-de-en"}'
-            )
-            < 1
-        ):
-            assert time.monotonic() < deadline, "the request never started decoding"
-            time.sleep(0.02)
-        workers = _children(srv.process.pid)
-        srv.process.send_signal(signal.SIGTERM)
+        spawned = children(srv.process.pid)  # the workers, and multiprocessing's resource tracker
+        with held(worker_pids(srv)):
+            busy.start()
+            wait_until(lambda: waiting_sentences(srv) >= 1, "the request was never admitted")
+            srv.process.send_signal(signal.SIGTERM)
+            probes = readiness_until_refused(srv)
+            assert all(code == 503 for code in probes), probes  # never "ready" after the signal
+            wait_until(lambda: "SIGTERM: not ready" in srv.output(), f"readiness kept:\n{srv.output()}")
+            assert busy.is_alive() and not answers  # all this while the drain was still going on
+            assert "Application shutdown complete" not in srv.output()
         busy.join(timeout=120)
         code = srv.process.wait(timeout=60)
     finally:
@@ -298,20 +355,54 @@ def test_sigterm_drains_the_requests_in_flight(model_dir: Path, tmp_path: Path) 
     assert [a.status_code for a in answers] == [200], srv.output()
     assert len(answers[0].json()["translatedText"]) == len(texts)
     assert code in (0, -signal.SIGTERM) and "Application shutdown complete" in srv.output()
-    assert workers
-    deadline = time.monotonic() + 10
-    while any(Path(f"/proc/{pid}").exists() for pid in workers):  # stopped with it, not orphaned
-        assert time.monotonic() < deadline, workers
-        time.sleep(0.1)
+    wait_until(  # stopped with it, not orphaned
+        lambda: not any(Path(f"/proc/{pid}").exists() for pid in spawned), f"children left: {spawned}", 10
+    )
 
 
-def _children(pid: int) -> list[int]:
-    out = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
-                    out.append(int(entry.name))
-            except (OSError, IndexError, ValueError):
-                continue
-    return out
+def readiness_until_refused(server: Server) -> list[int]:
+    """Ask /health/ready on new connections until one is refused; the status of every answer."""
+    codes: list[int] = []
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        try:
+            codes.append(httpx.get(f"{server.url}/health/ready", timeout=5).status_code)
+        except httpx.ConnectError:
+            return codes
+        except httpx.TransportError:
+            pass  # accepted just before the listening socket closed, then dropped: not an answer
+        time.sleep(0.01)
+    pytest.fail(f"new connections were still accepted 20 s after SIGTERM; answers {codes}")
+
+
+@pytest.mark.parametrize("sig", SHUTDOWN_SIGNALS, ids=lambda sig: signal.Signals(sig).name)
+def test_a_shutdown_signal_fails_readiness_then_reaches_the_servers_handler(
+    sig: signal.Signals, caplog: pytest.LogCaptureFixture
+) -> None:
+    """In the lifespan, uvicorn's handler (here a spy in its place) still runs on SIGTERM and SIGINT,
+    and finds readiness already failed; the spy is back in place after the lifespan."""
+    state = State()
+    seen: list[tuple[int, bool]] = []
+
+    def servers_handler(received: int, frame: FrameType | None) -> None:
+        seen.append((received, state.ready))
+
+    async def lifespan() -> None:
+        with readiness_fails_on_shutdown(state):
+            state.ready = True
+            signal.raise_signal(sig)  # its Python handler has run when this returns
+            assert seen == [(sig, False)]
+            await asyncio.sleep(0)  # the log line is written from the event loop
+
+    original = signal.signal(sig, servers_handler)
+    # On the module's logger itself: uvicorn's logging setup, where a test made it, stops
+    # "uvicorn.*" records from reaching the root logger and caplog's handler there.
+    main_logger.addHandler(caplog.handler)
+    try:
+        with caplog.at_level(logging.INFO, logger=main_logger.name):
+            asyncio.run(lifespan())
+        assert signal.getsignal(sig) is servers_handler
+    finally:
+        main_logger.removeHandler(caplog.handler)
+        signal.signal(sig, original)
+    assert f"{sig.name}: not ready; answering the requests in flight" in caplog.text

@@ -80,13 +80,37 @@ def test_export_averages_the_last_checkpoints_and_loads(trained: tuple[TrainResu
     info = read_info(out / "model")
     assert info.source_lang == "de" and info.target_lang == "en"
     assert info.training["steps"] == result.state.step
-    averaged = average_checkpoints(checkpoint_paths(out)[-2:])  # tiny.toml: average_last = 2
+    # tiny.toml keeps 3 checkpoints and averages the last 2. The mean is computed here, not by
+    # average_checkpoints: a bug there (the wrong divisor, the wrong checkpoints) would otherwise
+    # be compared with itself.
+    paths = checkpoint_paths(out)
+    assert len(paths) == 3 and info.training["averaged_checkpoints"] == [p.name for p in paths[-2:]]
+    states = [torch.load(p, weights_only=True)["model"] for p in paths]
     exported = load_file(str(out / "model" / "model.safetensors"))
-    assert all(torch.equal(exported[k], v) for k, v in averaged.items())
-    last = torch.load(checkpoint_paths(out)[-1], weights_only=True)["model"]
-    assert any(not torch.equal(exported[k], last[k]) for k in last)  # really an average, not the last
+    assert exported.keys() == states[-1].keys()
+    for k, v in exported.items():
+        # In float64 the mean of two float32 numbers is exact, so its float32 rounding is the one answer.
+        mean = torch.stack([s[k].double() for s in states[-2:]]).mean(0).float()
+        assert torch.equal(v, mean), k
+    assert any(not torch.equal(exported[k], states[-1][k]) for k in exported)  # not the last alone
     translator = Translator.load(out / "model", device="cpu")
     assert translator.translate_batch(["Ein Mann läuft."], beam_size=2)[0].hypotheses[0]
+
+
+def test_average_checkpoints_is_the_mean_of_each_weight(tmp_path: Path) -> None:
+    """Known weights, known means: every tensor of the model state, not only the first."""
+    paths = []
+    for i, (w, b) in enumerate([([1.0, -2.0], 0.5), ([2.0, 4.0], 1.5), ([6.0, 1.0], 4.0)]):
+        paths.append(tmp_path / f"step_{i}.pt")
+        torch.save({"model": {"w": torch.tensor(w), "b": torch.tensor([b])}, "step": i}, paths[-1])
+    averaged = average_checkpoints(paths)
+    assert averaged.keys() == {"w", "b"}
+    assert torch.equal(averaged["w"], torch.tensor([3.0, 1.0]))
+    assert torch.equal(averaged["b"], torch.tensor([2.0]))
+    assert averaged["w"].dtype == torch.float32
+    last_two = average_checkpoints(paths[1:])
+    assert torch.equal(last_two["w"], torch.tensor([4.0, 2.5]))
+    assert torch.equal(last_two["b"], torch.tensor([2.75]))
 
 
 def test_resume_mid_epoch_from_prepared_data_continues_exactly(corpus: Path, tmp_path: Path) -> None:

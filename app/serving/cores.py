@@ -28,41 +28,51 @@ import ctypes
 import math
 import multiprocessing
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
 QUIET_S = 0.05  # how long every other worker must have slept before one takes their threads
+Clock = Callable[[], float]
 
 
 class CoreBoard:
     """The shared slots, made by the front end before its workers start (``spawn`` passes them to
-    each child); ``share(i, ...)`` is what worker ``i`` takes with it."""
+    each child); ``share(i, ...)`` is what worker ``i`` takes with it.
 
-    def __init__(self, workers: int) -> None:
+    ``clock``: ``time.monotonic``, one clock for every process of the machine; tests pass their own
+    (it travels to a spawned worker, so it must pickle), to decide what "slept for ``QUIET_S``" means
+    without sleeping and without depending on how fast two calls follow each other."""
+
+    def __init__(self, workers: int, clock: Clock = time.monotonic) -> None:
         # Zero: asleep since the clock's start (before the first request, every worker sleeps).
         self.slots: Any = multiprocessing.get_context("spawn").RawArray(ctypes.c_double, workers)
+        self.clock = clock
 
     def share(self, index: int, *, own: int, alone: int) -> CoreShare:
-        return CoreShare(self.slots, index, own=own, alone=max(own, alone))
+        return CoreShare(self.slots, index, own=own, alone=max(own, alone), clock=self.clock)
 
 
 class CoreShare:
     """One worker's view of the board: its slot, and the thread counts it switches between."""
 
-    def __init__(self, slots: Any, index: int, *, own: int, alone: int) -> None:
+    def __init__(
+        self, slots: Any, index: int, *, own: int, alone: int, clock: Clock = time.monotonic
+    ) -> None:
         self.slots, self.index = slots, index
         self.own, self.alone = own, alone
+        self.clock = clock
 
     def starting(self) -> None:
         """Asleep from now: a worker started again after a crash may have left its slot busy."""
-        self.slots[self.index] = time.monotonic()
+        self.slots[self.index] = self.clock()
 
     def update(self, busy: bool) -> int:
         """Record whether this worker has work, and run torch with the threads that fit: ``alone``
         while it is the only worker with work and the others have slept for ``QUIET_S``, else
         ``own``. Returns the thread count."""
-        slots, now = self.slots, time.monotonic()
+        slots, now = self.slots, self.clock()
         if busy:
             slots[self.index] = math.inf
         elif slots[self.index] == math.inf:
