@@ -1,14 +1,15 @@
 """Hostile uploads against the server as deployed: how fast each is refused, what it costs the
 front end's memory, and what another client sees meanwhile.
 
-The server (``uvicorn app.main:app``, default limits, the shipped de->en model) gets each file of
-tests/hostile_files.py, ``--rounds`` times, one after the other, while a neighbour thread translates
-one sentence after another over its own connection. Reported per file: its status and the
-seconds to the answer (min / median / max over rounds), and the growth of the front end's peak RSS
-while it was handled (VmHWM after it minus VmRSS before it, the peak reset before each file through
-/proc/PID/clear_refs). And the neighbour's latency p50 / p95 / max, alone first and then during the
-uploads, with its statuses. A legitimate .docx (``--legit-paragraphs`` paragraphs of test_2016
-sentences, translated in full) is measured the same way, for comparison.
+The server (``uvicorn app.main:app``, default limits, the shipped de->en model, ``--env`` added)
+gets each file of tests/hostile_files.py, ``--rounds`` times, one after the other, while a
+neighbour thread translates one sentence after another over its own connection. Reported per file:
+its status and the seconds to the answer (min / median / max over rounds), and the growth of the
+front end's peak RSS while it was handled (VmHWM after it minus VmRSS before it, the peak reset
+before each file through /proc/PID/clear_refs). And the neighbour's latency p50 / p95 / max, alone
+first and then during the uploads, with its statuses. Then, with no neighbour, a legitimate .docx
+(``--legit-paragraphs`` paragraphs of test_2016 sentences, translated in full) and a heavy one
+within every limit (180,000 XML elements, no text), the same way.
 
     python -m benchmarks.hostile --rounds 5
 """
@@ -31,7 +32,7 @@ import httpx
 
 from benchmarks.common import DATA, DEFAULT_MODEL
 from benchmarks.load import machine, serve
-from tests.hostile_files import HOSTILE
+from tests.hostile_files import HOSTILE, many_elements
 from training.data import read_lines
 
 MB = 1024 * 1024
@@ -108,13 +109,17 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--legit-paragraphs", type=int, default=200)
     p.add_argument("--alone", type=float, default=10.0, help="seconds of the neighbour alone first")
+    p.add_argument("--env", nargs="*", default=[], help="NMT_VAR=value for the server")
     p.add_argument("--json", type=Path)
     args = p.parse_args(argv)
     texts = read_lines(args.src)
     files = [(h.name, h.filename, h.make()) for h in HOSTILE]
-    files.append(("legit-docx", "legit.docx", legit_docx(texts[: args.legit_paragraphs])))
-    results = {name: Result(name) for name, _, _ in files}
-    env = {"NMT_MODEL_DIR": str(args.model)}
+    allowed = [
+        ("legit-docx", "legit.docx", legit_docx(texts[: args.legit_paragraphs])),
+        ("heavy-docx", "heavy.docx", many_elements(180_000)),
+    ]
+    results = {name: Result(name) for name, _, _ in files + allowed}
+    env = {"NMT_MODEL_DIR": str(args.model), **dict(item.split("=", 1) for item in args.env)}
     with tempfile.TemporaryDirectory() as tmp, serve(env, Path(tmp) / "server.log") as server:
         pid = server.process.pid
         with httpx.Client(timeout=120) as client:
@@ -131,11 +136,14 @@ def main(argv: list[str] | None = None) -> None:
                     upload(client, server.url, pid, filename, data, results[name])
             during.stop.set()
             during.join()
+            for _ in range(args.rounds):
+                for name, filename, data in allowed:
+                    upload(client, server.url, pid, filename, data, results[name])
         with urllib.request.urlopen(f"{server.url}/health") as health:
             assert health.status == 200
     print("| file | bytes | status | seconds min / median / max | front-end peak RSS growth, MB (max) |")
     print("|---|---:|---|---|---:|")
-    for name, _, data in files:
+    for name, _, data in files + allowed:
         r = results[name]
         s = sorted(r.seconds)
         print(

@@ -38,8 +38,9 @@ from app.formats.limits import RATIO_FLOOR_BYTES, DocumentError, DocumentLimits,
 CHUNK_BYTES = 64 * 1024
 XML_NAMES = (".xml", ".rels")
 BOMS = (b"\xef\xbb\xbf", b"\xff\xfe", b"\xfe\xff")
-# The text of a Word document is in its runs' <w:t> elements (body, headers, footers, notes).
-WORD_TEXT = "{http://schemas.openxmlformats.org/wordprocessingml/2006/main}t"
+# The text of a Word document is in its runs' <w:t> elements (body, headers, footers, notes); as
+# expat names it with ElementTree's namespace separator.
+WORD_TEXT = "http://schemas.openxmlformats.org/wordprocessingml/2006/main}t"
 
 
 @dataclass
@@ -77,13 +78,29 @@ class Budget:
 
 
 class XmlCounter:
-    """An expat target that keeps nothing: it counts elements and the text of ``<w:t>``."""
+    """Expat's element and text handlers, keeping nothing: they count elements and the text of
+    ``<w:t>``.
+
+    They are set on the expat parser that ``defusedxml`` made and guards (its DTD and entity
+    handlers stay), in place of ElementTree's, which build each element's tag and attribute dict
+    for a target's methods: 3.5x the time (0.73 vs 0.21 s of CPU for 200,000 elements)."""
 
     def __init__(self, budget: Budget) -> None:
         self.budget = budget
         self.in_text = 0
 
-    def start(self, tag: str, attrib: dict[str, str]) -> None:
+    def parser(self) -> DefusedXMLParser:
+        """A DTD-refusing parser whose elements and text come here."""
+        parser = DefusedXMLParser(target=self, forbid_dtd=True)
+        expat = parser.parser  # the pure-Python ElementTree parser's pyexpat parser
+        expat.ordered_attributes = True  # attributes as a list: nothing reads them
+        expat.buffer_text = True  # a run's text in one call
+        expat.StartElementHandler = self.start
+        expat.EndElementHandler = self.end
+        expat.CharacterDataHandler = self.data
+        return parser
+
+    def start(self, tag: str, attributes: list[str]) -> None:
         self.budget.element()
         if tag == WORD_TEXT:
             self.in_text += 1
@@ -149,7 +166,7 @@ def inflate(archive: zipfile.ZipFile, info: zipfile.ZipInfo, budget: Budget) -> 
                 size += len(chunk)
                 budget.inflated(info.filename, size, allowed, len(chunk))
                 if parser is None and size == len(chunk) and looks_like_xml(info.filename, chunk):
-                    parser = DefusedXMLParser(target=XmlCounter(budget), forbid_dtd=True)
+                    parser = XmlCounter(budget).parser()
                 if parser is not None:
                     parser.feed(chunk)
             if parser is not None:

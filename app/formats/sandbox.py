@@ -11,6 +11,7 @@ the interpreter while the event loop waits. So each document gets a child proces
   the load others put on the machine), so that a document that gets past the checks fails on its
   own, as a ``MemoryError`` answered 413 or a killed child, and never costs the front end or the
   pod more than that;
+* at a lower CPU priority than everything else of the service (``NICENESS``);
 * given ``WALL_FACTOR`` times ``read_seconds`` of wall-clock time per step, after which the front
   end kills it (413): for a child that waits instead of computing;
 * at most ``readers`` at a time; a request waits for one at most ``read_seconds`` (then 503).
@@ -50,6 +51,7 @@ SAMPLE_CHARS = 10_000  # of a document's text, for language identification (its 
 # multiprocessing imports the parent's main module in each child (uvicorn's console script, when
 # the server runs as `uvicorn app.main:app`) unless the fork server already has.
 PRELOAD = ["__main__", "app.formats.sandbox", "docx", "lxml.etree", "defusedxml.ElementTree", "sentencex"]
+NICENESS = 5  # added to a reader's nice value: on a busy core it gets ~1/3 of a worker's share
 WALL_FACTOR = 3  # a step's wall-clock time, in multiples of the CPU time a reader has
 HEADER_BYTES = 64 * 1024 * 1024  # the most a message's JSON may take (sentences of a document)
 MiB = 1024 * 1024
@@ -146,7 +148,10 @@ def receive(conn: Connection, max_data: int) -> Message:
 def confine(limits: DocumentLimits) -> None:
     """Limit this process: its address space to what it has now plus ``memory_bytes`` (beyond it,
     allocations fail: ``MemoryError``), its CPU time to ``read_seconds`` (beyond it, the kernel
-    sends SIGXCPU, which ends it)."""
+    sends SIGXCPU, which ends it), and its share of a busy CPU: it runs at a lower priority
+    (``NICENESS``) than the workers and the front end, so that reading a document never slows down
+    someone's typed line."""
+    os.nice(NICENESS)
     with open("/proc/self/statm") as statm:
         mapped = int(statm.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
     memory = mapped + limits.memory_bytes
