@@ -193,7 +193,8 @@ def test_translate_over_http(server: Server, translator: Translator) -> None:
     )
     assert form.json() == {"translatedText": [one, ""]}
     bad = httpx.post(f"{server.url}/translate", json={"q": "Hallo", "target": "fr"}, timeout=30)
-    assert bad.status_code == 400 and "de->en" in bad.json()["error"]
+    assert bad.status_code == 400 and bad.json()["error"] == "fr is not supported"
+    assert "de->en" in bad.json()["supportedPairs"]
 
 
 def test_metrics_over_http(server: Server) -> None:
