@@ -48,6 +48,7 @@ GRAIN_S = {MINUTE_S: 1, DAY_S: 60}
 DATABASE = "usage.sqlite3"
 HOLDERS = "holders"
 OPENING = "open.lock"  # held while a process checks the database and creates its tables
+WRITER = "write.lock"  # held by the process whose transaction writes (see UsageStore._transaction)
 
 Unit = Literal["requests", "chars"]
 
@@ -153,6 +154,7 @@ class UsageStore:
         self.holders = directory / HOLDERS
         self.holders.mkdir(parents=True, exist_ok=True)
         self._db = self._open(directory / DATABASE, timeout_s)
+        self._writer = os.open(directory / WRITER, os.O_RDWR | os.O_CREAT, 0o600)
         self.holder = uuid.uuid4().hex
         # Locked before any row names this holder: whoever sees one of its rows sees it locked.
         self._lock = os.open(self.holders / self.holder, os.O_RDWR | os.O_CREAT, 0o600)
@@ -215,16 +217,25 @@ class UsageStore:
             self._db.close()
             (self.holders / self.holder).unlink(missing_ok=True)
             os.close(self._lock)
+            os.close(self._writer)
 
     @contextmanager
     def _transaction(self) -> Iterator[None]:
-        self._db.execute("BEGIN IMMEDIATE")
+        # Writers take turns on a file lock first: SQLite's own wait for its write lock polls with
+        # sleeps, and under contention one process could take the lock again and again while the
+        # other slept, until its timeout ("database is locked", seen with two processes deciding
+        # without pause); the kernel wakes a waiter of a file lock when it is released.
+        fcntl.flock(self._writer, fcntl.LOCK_EX)
         try:
-            yield
-        except BaseException:
-            self._db.execute("ROLLBACK")
-            raise
-        self._db.execute("COMMIT")
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                yield
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            self._db.execute("COMMIT")
+        finally:
+            fcntl.flock(self._writer, fcntl.LOCK_UN)
 
     def admit(
         self, key: str, limits: KeyLimits, *, requests: int = 1, chars: int = 0, slot: bool = True
@@ -280,7 +291,8 @@ class UsageStore:
     def release(self, key: str) -> None:
         """Give back a slot that ``admit`` took for ``key``."""
         try:
-            self._release(key, 1)
+            with self._transaction():
+                self._release(key, 1)
         except sqlite3.Error as e:  # locked past the timeout, say: given back at the next write
             logger.error("usage store: a slot of %s is given back later: %s", key, e)
             self._unreleased[key] += 1
