@@ -18,21 +18,16 @@ from libretranslatepy import LibreTranslateAPI
 
 from app.formats.html import HtmlDocument
 from model.translator import Translator
-from tests.test_server import Server, start_server, stop, wait_ready
+from tests.test_server import Server, running_server
 
 KEY = "client-key"
 
 
 @pytest.fixture(scope="module")
 def server(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    srv = start_server(
-        tmp_path_factory.mktemp("client") / "uvicorn.log", NMT_MODEL_DIR=str(model_dir), NMT_API_KEYS=KEY
-    )
-    try:
-        wait_ready(srv)
+    log = tmp_path_factory.mktemp("client") / "uvicorn.log"
+    with running_server(log, NMT_MODEL_DIR=str(model_dir), NMT_API_KEYS=KEY) as srv:
         yield srv
-    finally:
-        stop(srv)
 
 
 @pytest.fixture

@@ -33,7 +33,7 @@ from app.routes.files import BUSY_RETRY_AFTER_S
 from model.translator import Translator
 from tests.hostile_files import HOSTILE, Hostile, many_elements, small_docx
 from tests.test_api import assert_error, make_settings, serve
-from tests.test_server import Server, start_server, stop, wait_ready
+from tests.test_server import Server, running_server
 
 LIMITS = Settings().document_limits()  # the service's defaults
 MB = 1024 * 1024
@@ -208,12 +208,10 @@ def reset_peak(pid: int) -> None:
 
 @pytest.fixture(scope="module")
 def server(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    srv = start_server(tmp_path_factory.mktemp("hostile") / "uvicorn.log", NMT_MODEL_DIR=str(model_dir))
-    try:
-        wait_ready(srv)
+    with running_server(
+        tmp_path_factory.mktemp("hostile") / "uvicorn.log", NMT_MODEL_DIR=str(model_dir)
+    ) as srv:
         yield srv
-    finally:
-        stop(srv)
 
 
 class Neighbour(threading.Thread):

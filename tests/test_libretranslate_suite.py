@@ -23,7 +23,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.test_server import Server, start_server, stop, wait_ready
+from tests.test_server import Server, running_server
 
 
 class FlaskLikeResponse:
@@ -57,12 +57,8 @@ class LibreTranslateClient:
 @pytest.fixture(scope="module")
 def server(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     log = tmp_path_factory.mktemp("libretranslate-suite") / "uvicorn.log"
-    srv = start_server(log, NMT_MODEL_DIR=str(model_dir))
-    try:
-        wait_ready(srv)
+    with running_server(log, NMT_MODEL_DIR=str(model_dir)) as srv:
         yield srv
-    finally:
-        stop(srv)
 
 
 @pytest.fixture

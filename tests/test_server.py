@@ -101,6 +101,17 @@ def stop(server: Server) -> int:
         raise
 
 
+@contextmanager
+def running_server(log: Path, **env: str) -> Iterator[Server]:
+    """``start_server``, ready; stopped (SIGTERM) when the block ends."""
+    server = start_server(log, **env)
+    try:
+        wait_ready(server)
+        yield server
+    finally:
+        stop(server)
+
+
 def children(pid: int) -> list[int]:
     out = []
     for entry in Path("/proc").iterdir():
