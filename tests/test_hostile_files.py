@@ -151,6 +151,16 @@ def test_the_child_reads_what_the_front_end_would() -> None:
         read_in_child("a.txt", data, replace(LIMITS, max_sentences=2))
 
 
+def test_the_front_end_takes_no_answer_longer_than_its_limit_from_a_reader() -> None:
+    async def run() -> bytes:
+        readers = DocumentReaders(LIMITS, readers=1, max_output=100)
+        await asyncio.to_thread(readers.start)
+        return await readers.write("a.txt", b"Ein Hund.", "de", 1, ["A dog. " * 20])
+
+    with pytest.raises(TooLarge, match="larger than 100 bytes"):
+        asyncio.run(run())
+
+
 def test_a_request_waits_for_a_reader_at_most_read_seconds_then_is_told_busy() -> None:
     async def run() -> None:
         readers = DocumentReaders(replace(LIMITS, read_seconds=1.0), readers=1, max_output=MB)

@@ -53,7 +53,6 @@ SAMPLE_CHARS = 10_000  # of a document's text, for language identification (its 
 PRELOAD = ["__main__", "app.formats.sandbox", "docx", "lxml.etree", "defusedxml.ElementTree", "sentencex"]
 NICENESS = 5  # added to a reader's nice value: on a busy core it gets ~1/3 of a worker's share
 WALL_FACTOR = 3  # a step's wall-clock time, in multiples of the CPU time a reader has
-HEADER_BYTES = 64 * 1024 * 1024  # the most a message's JSON may take (sentences of a document)
 MiB = 1024 * 1024
 
 
@@ -131,10 +130,10 @@ def send(conn: Connection, message: Message) -> None:
         conn.send_bytes(data)
 
 
-def receive(conn: Connection, max_data: int) -> Message:
+def receive(conn: Connection, max_header: int, max_data: int) -> Message:
     """The next message, refusing (``OSError``) one longer than the limits; raises ``EOFError`` if
     the other side has gone."""
-    values: dict[str, Any] = json.loads(conn.recv_bytes(HEADER_BYTES))
+    values: dict[str, Any] = json.loads(conn.recv_bytes(max_header))
     cls = KINDS[values.pop("kind")]
     if any(f.name == "data" for f in fields(cls)):
         values["data"] = conn.recv_bytes(max_data)
@@ -202,7 +201,7 @@ def serve(conn: Connection, limits: DocumentLimits) -> None:
     reading = Reading(limits)
     while True:
         try:
-            message = receive(conn, max_data=2**31 - 1)  # the front end's, checked already
+            message = receive(conn, 2**31 - 1, 2**31 - 1)  # the front end's: checked already
         except EOFError:
             return
         send(conn, reading.answer(message))
@@ -228,29 +227,36 @@ class Reader:
 
     def ask(self, message: Message, expected: type[M]) -> M:
         """The child's answer to ``message``: ``expected``, or the ``DocumentError`` it reported."""
-        send(self.conn, message)
         wall = WALL_FACTOR * self.limits.read_seconds
-        if not self.conn.poll(wall):
-            self.process.kill()
-            raise TooLarge(f"reading the file takes longer than {wall:g} s")
         try:
-            reply = receive(self.conn, self.max_output)
-        except EOFError:  # the child died: its CPU time ran out, or its memory outside Python's reach
-            self.process.join(1)
-            if self.process.exitcode == -signal.SIGXCPU:
-                cpu = self.limits.read_seconds
-                raise TooLarge(f"reading the file takes more than {cpu:g} s of CPU") from None
-            raise TooLarge(
-                f"the file cannot be read within {self.limits.memory_bytes // MiB} MiB "
-                f"(reader exit code {self.process.exitcode})"
-            ) from None
-        except OSError as e:  # longer than max_output
+            send(self.conn, message)
+            if not self.conn.poll(wall):
+                self.process.kill()
+                raise TooLarge(f"reading the file takes longer than {wall:g} s")
+            # Its sentences, escaped as JSON (6 bytes a character at most), or the translated file.
+            reply = receive(self.conn, 6 * self.limits.max_chars + MiB, self.max_output)
+        except (EOFError, ConnectionError):  # the child died
+            raise self.died() from None
+        except OSError as e:  # an answer longer than allowed (Connection.recv_bytes's maxlength)
             raise TooLarge(f"the translated file would be larger than {self.max_output:,} bytes") from e
+        except (KeyError, TypeError, ValueError) as e:  # not one of the messages
+            raise DocumentError(f"the reader's answer was not understood: {type(e).__name__}") from e
         if isinstance(reply, Refused):
             raise ERRORS.get(reply.status, DocumentError)(reply.message)
         if not isinstance(reply, expected):
             raise DocumentError(f"the reader answered {type(reply).__name__} to {type(message).__name__}")
         return reply
+
+    def died(self) -> TooLarge:
+        """Why the child died: its CPU time ran out (SIGXCPU), or its memory did where Python could
+        not raise ``MemoryError`` (a library's own allocation)."""
+        self.process.join(1)
+        if self.process.exitcode == -signal.SIGXCPU:
+            return TooLarge(f"reading the file takes more than {self.limits.read_seconds:g} s of CPU")
+        return TooLarge(
+            f"the file cannot be read within {self.limits.memory_bytes // MiB} MiB "
+            f"(reader exit code {self.process.exitcode})"
+        )
 
     def close(self) -> None:
         self.conn.close()  # the child reads EOF and returns
