@@ -66,7 +66,13 @@ def read(name: str, data: bytes, limits: DocumentLimits) -> Document:
     """The upload ``data``, named ``name``, parsed by its extension within ``limits``
     (``DocumentError`` or one of its kinds if it cannot be; the caller has checked that the
     extension is one of ``SUPPORTED``)."""
-    kind = extension(name)
+    document = parse_file(extension(name), data, limits)
+    # The formats count text as they read, to stop early; this is the count that decides.
+    limits.check_chars(len(document.text))
+    return document
+
+
+def parse_file(kind: str, data: bytes, limits: DocumentLimits) -> Document:
     if kind == ".docx":
         return DocxDocument.read(data, limits)
     text, bom = decode(data)
@@ -75,7 +81,6 @@ def read(name: str, data: bytes, limits: DocumentLimits) -> Document:
             return HtmlFile(HtmlDocument.parse(text, limits), bom)
         except HtmlError as e:
             raise DocumentError(str(e)) from e
-    limits.check_chars(len(text))
     return TextFile(text, bom)
 
 

@@ -53,14 +53,19 @@ class Budget:
     elements: int = 0
     chars: int = 0
 
-    def inflated(self, name: str, size: int, allowed: int, count: int) -> None:
-        self.unpacked += count
+    def check_entry(self, name: str, size: int, allowed: int) -> None:
+        """``size`` bytes of the file ``name``, against the ``allowed`` of ``allowed_size``."""
         if size > allowed:
             raise TooLarge(
                 f"{name} in the {self.kind} package inflates to more than {allowed:,} bytes "
                 f"(limits: {self.limits.max_entry_bytes:,} bytes a file, {self.limits.max_ratio}x its "
                 "compressed size)"
             )
+
+    def inflated(self, name: str, size: int, allowed: int, count: int) -> None:
+        """``count`` more bytes of ``name`` inflated, ``size`` of it so far."""
+        self.check_entry(name, size, allowed)
+        self.unpacked += count
         if self.unpacked > self.limits.max_unpacked_bytes:
             raise TooLarge(
                 f"the {self.kind} package inflates to more than {self.limits.max_unpacked_bytes:,} bytes"
@@ -149,9 +154,8 @@ def check_package(data: bytes, limits: DocumentLimits, kind: str = ".docx") -> N
                 f"(at most {limits.max_unpacked_bytes:,})"
             )
         budget = Budget(limits, kind)
-        for info in entries:
-            if info.file_size > allowed_size(info, limits):  # said before anything is inflated
-                budget.inflated(info.filename, info.file_size, allowed_size(info, limits), 0)
+        for info in entries:  # what each file says it inflates to, before anything is inflated
+            budget.check_entry(info.filename, info.file_size, allowed_size(info, limits))
         for info in entries:
             inflate(archive, info, budget)
 

@@ -184,7 +184,6 @@ class Reading:
         if isinstance(message, ReadFile):
             self.document = read(message.name, message.data, self.limits)
             text = self.document.text
-            self.limits.check_chars(len(text))
             return Opened(text[:SAMPLE_CHARS], len(text))
         if isinstance(message, SplitFile) and self.document is not None:
             self.split = self.document.split(message.language)
