@@ -16,9 +16,12 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from app.formats.limits import DocumentLimits
+from model.decoding.options import DecodeOptions
+from model.runtime import DEFAULT_CACHE_DIR
 
 ENV_PREFIX = "NMT_"
 
+_DECODE = DecodeOptions()  # the defaults
 PositiveInt = Annotated[int, Field(gt=0)]
 NonNegativeInt = Annotated[int, Field(ge=0)]
 
@@ -54,11 +57,9 @@ class Settings(BaseSettings):
     # Sentences waiting for a worker (beyond those decoding); a request that does not fit gets 503,
     # one with more sentences than this 413.
     max_queue: PositiveInt = 1024
-    batching: Literal["continuous", "dynamic"] = "continuous"
     # The order in which waiting sentences join the batch: round-robin over requests (a one-line
     # request never waits behind whole documents) or first come, first served.
     scheduling: Literal["fair", "fifo"] = "fair"
-    max_wait_ms: Annotated[float, Field(ge=0)] = 5.0  # dynamic batching: wait this long to fill a batch
     request_timeout_s: Annotated[float, Field(gt=0)] = 30.0
 
     # Request limits.
@@ -113,10 +114,17 @@ class Settings(BaseSettings):
     # use the same directory, and kept across restarts. Touched only when a key has a counted limit.
     data_dir: Path = Path.home() / ".local" / "share" / "nmt-service"
 
-    # Search.
+    # Decoding (model.decoding.options.DecodeOptions, which documents each; the CLI's defaults are
+    # the same). A request's beam size and alternatives are its own, within these limits.
     default_beam_size: PositiveInt = 5
     max_beam_size: PositiveInt = 8
     max_alternatives: Annotated[int, Field(ge=0)] = 3
+    length_penalty: Annotated[float, Field(ge=0)] = _DECODE.length_penalty
+    max_input_tokens: PositiveInt = _DECODE.max_input_tokens  # longer sentences are truncated
+    max_length_a: Annotated[float, Field(ge=0)] = _DECODE.max_length_a
+    max_length_b: NonNegativeInt = _DECODE.max_length_b
+    max_output_tokens: PositiveInt = _DECODE.max_output_tokens
+    no_repeat_ngram_size: NonNegativeInt = _DECODE.no_repeat_ngram_size  # 0: off
 
     # Model worker processes, each with its own running batch and model thread; the server process
     # keeps HTTP, the queue and metrics (app/serving). 0: one per usable core on CPU (one thread
@@ -130,15 +138,27 @@ class Settings(BaseSettings):
     # core while the others sleep (app/serving/cores.py; same translations on any thread count).
     idle_cores: bool = True
     warmup: bool = True
-    # Each decoding step as one compiled graph (model.compiled_step: exported and compiled ahead of
-    # time by AOTInductor, the running batch at fixed capacity): compiled when a worker starts,
-    # before /health/ready (~1-2 min the first time on 2 cores), loaded from the cache in a second
-    # afterwards. CPU only; elsewhere, and with false, the eager step. The compiled step's
-    # translations are the eager float32 ones (BENCHMARKS.md, "Compiled decoding step").
+    # Each decoding step as one compiled graph (model.runtime.runners): on CPU exported and compiled
+    # ahead of time by AOTInductor when a worker starts, before /health/ready (~1-2 min the first
+    # time on 2 cores), loaded from the cache in a second afterwards; on CUDA torch.compile. Where
+    # compiling fails, and with false, the eager step (/info says which). On float32 the compiled
+    # step's translations are the eager ones for all 1,000 test_2016 sentences.
     compile: bool = True
     # Where compiled steps are kept between starts (one .pt2 file per model and settings; TorchInductor
     # builds in its inductor/ folder): a volume in Docker keeps them across containers.
-    compile_cache_dir: Path = Path.home() / ".cache" / "nmt-service" / "compiled"
+    compile_cache_dir: Path = DEFAULT_CACHE_DIR
+
+    def decode_options(self) -> DecodeOptions:
+        """How workers decode (a request's beam size and n-best replace the first two)."""
+        return DecodeOptions(
+            beam_size=self.default_beam_size,
+            length_penalty=self.length_penalty,
+            max_input_tokens=self.max_input_tokens,
+            max_length_a=self.max_length_a,
+            max_length_b=self.max_length_b,
+            max_output_tokens=self.max_output_tokens,
+            no_repeat_ngram_size=self.no_repeat_ngram_size,
+        )
 
     def document_limits(self) -> DocumentLimits:
         return DocumentLimits(

@@ -226,7 +226,14 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         for spec, model_info, tokenizer in opened:
             description = workers[spec.name][0].description
             assert description is not None  # reported when it started
-            model = ServedModel(spec.name, model_info, tokenizer, description, workers=count)
+            model = ServedModel(
+                spec.name,
+                model_info,
+                tokenizer,
+                description,
+                workers=count,
+                options=settings.decode_options(),
+            )
             record_model(metrics, model, scheduler.pools[spec.name].start_seconds)
             models.append(model)
         router = Router(models)

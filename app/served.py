@@ -12,9 +12,8 @@ from pathlib import Path
 from app.serving.scheduler import Hypotheses
 from app.serving.worker import ModelDescription
 from model.checkpoint import CONFIG_FILE, ModelDirError, ModelInfo, read_info_and_tokenizer, source_prefix
-from model.tokenizer import EOS_ID, Tokenizer
-
-MAX_INPUT_TOKENS = 250  # longer sentences are truncated (and the model's positions are finite)
+from model.decoding.options import DecodeOptions
+from model.tokenizer import Tokenizer
 
 
 def find_model_dirs(paths: Sequence[Path]) -> list[Path]:
@@ -55,6 +54,7 @@ class ServedModel:
     tokenizer: Tokenizer
     description: ModelDescription  # device, dtype, quantization, as the workers report them
     workers: int = 1  # its worker processes
+    options: DecodeOptions = DecodeOptions()  # how its workers decode (NMT_* decoding settings)
 
     @classmethod
     def open(cls, model_dir: Path) -> tuple[ModelInfo, Tokenizer]:
@@ -63,14 +63,17 @@ class ServedModel:
 
     @property
     def max_input_tokens(self) -> int:
-        return min(MAX_INPUT_TOKENS, self.info.config.max_positions - 1)  # room for eos
+        return self.options.input_limit(self.info.config.max_positions)
 
     def source_ids(self, sentences: list[str], target: str | None = None) -> list[list[int]]:
         """Each sentence's token ids, truncated, then eos: what a worker decodes. A multilingual
         model's are preceded by the token that asks for ``target`` (``source_prefix``)."""
-        prefix = source_prefix(self.info, target)
-        limit = self.max_input_tokens - len(prefix)
-        return [prefix + ids[:limit] + [EOS_ID] for ids in self.tokenizer.encode(sentences)]
+        return self.options.source_ids(
+            self.tokenizer,
+            sentences,
+            prefix=source_prefix(self.info, target),
+            max_positions=self.info.config.max_positions,
+        )
 
     def texts(self, results: list[Hypotheses]) -> list[list[str]]:
         """The n-best texts of each sentence's hypotheses."""

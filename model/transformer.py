@@ -1,7 +1,7 @@
 """The encoder-decoder Transformer of "Attention Is All You Need", with an explicit KV cache.
 
-``forward`` runs teacher-forced training; inference is ``encode`` once, ``start_cache`` once, then
-``decode_step`` per generated token. The cache is data (model.cache.KVCache) passed in and out.
+``forward`` runs teacher-forced training; inference is ``encode`` once, ``source_kv`` once, then
+``step`` per generated token over the KV cache (model.cache), which is data the caller keeps.
 """
 
 from __future__ import annotations
@@ -15,16 +15,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from model.cache import KVCache
 from model.config import ModelConfig
 from model.layers import (
     DecoderLayer,
     EncoderLayer,
     Packing,
     SinusoidalPositions,
-    StepInfo,
-    aligned,
-    attention_bias,
 )
 
 # Inference packs the encoder's real tokens when padding is at least this share of the batch.
@@ -123,39 +119,37 @@ class Transformer(nn.Module):
     def forward(self, src: Tensor, tgt_in: Tensor) -> Tensor:
         return self.decode(tgt_in, self.encode(src))
 
-    # -- decoder, incremental ---------------------------------------------------------------------
-    def start_cache(self, enc: EncoderOutput, capacity: int = 32) -> KVCache:
-        """A cache for ``enc``'s rows: cross-attention K/V projected now, once; self-attention K/V
-        preallocated for ``capacity`` positions (it grows if decoding goes further)."""
+    # -- decoder, incremental: one token per row over the KV cache (model.cache) ------------------
+    def source_kv(self, enc: EncoderOutput) -> Tensor:
+        """The cross-attention keys/values of ``enc``'s rows, projected once per input and read at
+        every step: (B, L, 2, H, S, Dh), row-major as the cache keeps them."""
         memory = enc.memory if enc.packed is None else enc.packed
-        cross_kv = torch.stack([layer.cross_attn.project_kv(memory, enc.packing) for layer in self.decoder])
-        n_layers, _, b, h, _, dh = cross_kv.shape  # (L, 2, B, H, S, Dh)
-        return KVCache(
-            self_kv=cross_kv.new_zeros(n_layers, 2, b, h, capacity, dh),
-            cross_kv=cross_kv,
-            src_mask=enc.src_mask,
-            lengths=torch.zeros(b, dtype=torch.long, device=cross_kv.device),
-            max_length=0,
-            uniform=True,
-        )
+        kv = torch.stack([layer.cross_attn.project_kv(memory, enc.packing) for layer in self.decoder])
+        return kv.permute(2, 0, 1, 3, 4, 5)  # (L, 2, B, H, S, Dh) -> (B, L, 2, H, S, Dh)
 
-    def decode_step(self, tokens: Tensor, cache: KVCache) -> tuple[Tensor, KVCache]:
-        """Feed one token per row, (B,); returns next-token logits (B, V) and the extended cache."""
-        positions = cache.lengths  # (B,): each row's new token goes at its own prefix length
-        length = cache.max_length + 1
-        keys = aligned(length)  # KEY_ALIGN: the same keys whatever the other rows' lengths
-        cache.reserve(keys)
-        x = self._embed(tokens[:, None], positions[:, None], source=False)  # (B, 1, D)
-        # Each row sees its written positions only (the others: unwritten, or beyond its length).
-        arange = torch.arange(keys, device=tokens.device)
-        self_mask = attention_bias((arange[None, :] <= positions[:, None])[:, None, None, :], x.dtype)
-        step = StepInfo(length=length, keys=keys, uniform=cache.uniform, self_mask=self_mask)  # (B, 1, 1, T)
-        src_mask = attention_bias(cache.src_mask[:, None, None, :], x.dtype)  # (B, 1, 1, S)
+    def step(
+        self, tokens: Tensor, positions: Tensor, self_kv: Tensor, cross_kv: Tensor, src_bias: Tensor
+    ) -> tuple[Tensor, Tensor]:
+        """Feed one token per row: ``tokens``, ``positions`` (R,) (each row's written positions, and
+        the position of its new token); ``self_kv`` (R, L, 2, H, C, Dh) holds each row's
+        ``positions[r]`` keys/values (the rest is masked); ``cross_kv`` (R, L, 2, H, S, Dh);
+        ``src_bias`` (R, 1, 1, S) additive, 0 on real source tokens and -inf on padding.
+
+        Returns next-token logits (R, V) and the new keys/values (R, L, 2, H, Dh), written into the
+        cache by the caller. Rows never mix (every operator is row-wise but the linear layers' matrix
+        products, whose rows are independent), and no shape steers the code: one graph serves every
+        batch when compiled (model.runtime).
+        """
+        keys = torch.arange(self_kv.size(4), device=tokens.device)  # (C,)
+        hidden = (keys[None, :] >= positions[:, None])[:, None, :]  # (R, 1, C): not written yet
+        self_bias = torch.zeros(hidden.shape, dtype=src_bias.dtype, device=tokens.device)
+        self_bias = self_bias.masked_fill(hidden, float("-inf"))  # (R, 1, C)
+        x = self._embed(tokens[:, None], positions[:, None], source=False)  # (R, 1, D)
+        new_kv: list[Tensor] = []
         for i, layer in enumerate(self.decoder):
-            x = layer.step(x, cache.self_kv[i], cache.cross_kv[i], src_mask, positions, step)
-        cache.lengths = positions + 1
-        cache.max_length = length
-        return self._logits(x)[:, 0], cache
+            x, kv = layer.step(x, self_kv[:, i], cross_kv[:, i], self_bias, src_bias[:, 0])
+            new_kv.append(kv)  # (R, 2, H, Dh)
+        return self._logits(x)[:, 0], torch.stack(new_kv, dim=1)  # (R, V), (R, L, 2, H, Dh)
 
 
 def replace_modules(root: M, replacement: Callable[[nn.Module], nn.Module | None]) -> M:

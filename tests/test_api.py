@@ -553,7 +553,7 @@ def test_info(client: TestClient, translator: Translator) -> None:
     }
     assert info["languages"][0]["targets"] == ["en"]
     assert (model["device"], model["dtype"]) == ("cpu", "float32")
-    assert info["batching"]["mode"] == "continuous"
+    assert info["decoding"]["max_input_tokens"] == 250 and info["decoding"]["no_repeat_ngram_size"] == 0
     assert info["batching"]["max_batch_size"] == 64
     assert (info["batching"]["scheduling"], info["batching"]["replicas"]) == ("fair", 1)
     assert info["limits"]["max_chars"] == 5000

@@ -10,7 +10,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import pytest
 import torch
@@ -20,10 +20,9 @@ from app.metrics import Metrics, process_metrics
 from app.serving.executor import JOIN_RATIO, JOIN_WAIT_STEPS, Executor
 from app.serving.scheduler import Hypotheses
 from app.serving.worker import Inbox, WorkerJob
-from model.cache import CacheSlots
+from model.cache import KVCache
 from model.checkpoint import load_model, load_tokenizer, read_info
-from model.compiled_step import CompiledDecoder
-from model.static_slots import StaticSlots
+from model.decoding.options import DecodeOptions
 from model.translator import Translator
 
 LONG = [
@@ -51,26 +50,39 @@ def endless(model_dir: Path) -> Translator:
     return Translator(model, load_tokenizer(model_dir), info, torch.device("cpu"))
 
 
-_DECODERS: dict[tuple[int, str], tuple[Translator, CompiledDecoder]] = {}
+_COMPILED: dict[int, tuple[Translator, Translator]] = {}
+_KEEP: list[Translator] = []  # translators made by tests, alive so that their ids stay their own
 
 
-@pytest.fixture(params=["eager", "static", "compiled"])
+def compiled_twin(translator: Translator) -> Translator:
+    """``translator``'s model with the compiled step (one package per model for the whole run:
+    tests/test_runners.py compiles the same capacity and candidates)."""
+    if id(translator) not in _COMPILED:
+        twin = Translator(
+            translator.model,
+            translator.tokenizer,
+            translator.info,
+            translator.device,
+            options=translator.options,
+            capacity=64,
+            max_beam_size=8,
+            compile=True,
+            cache_dir=compile_cache_dir(),
+        )
+        assert twin.runner.kind == "compiled"
+        _COMPILED[id(translator)] = (translator, twin)  # the original kept alive: its id stays its own
+    return _COMPILED[id(translator)][1]
+
+
+@pytest.fixture(params=["eager", "compiled"])
 def make_executor(request: pytest.FixtureRequest) -> Callable[..., Executor]:
-    """``Executor(translator, inbox, **options)`` decoding with the eager ``decode_step`` over
-    ``CacheSlots``, with ``StaticStep`` over ``StaticSlots`` run eagerly, or with the same step
-    compiled (each model compiled once for the whole module)."""
+    """``Executor(translator, inbox, **options)`` with the translator's eager step, or with the same
+    model's compiled step."""
 
     def make(translator: Translator, inbox: Inbox, **options: Any) -> Executor:
-        if request.param == "eager":
-            return Executor(translator, inbox, **options)
-        key = (id(translator), request.param)
-        if key not in _DECODERS:
-            decoder = CompiledDecoder(
-                translator.model, top=16, compile=request.param == "compiled", cache_dir=compile_cache_dir()
-            )
-            decoder.warm_up(64)
-            _DECODERS[key] = (translator, decoder)  # the translator kept alive: its id stays its own
-        return Executor(translator, inbox, decoder=_DECODERS[key][1], **options)
+        if request.param == "compiled":
+            translator = compiled_twin(translator)
+        return Executor(translator, inbox, **options)
 
     return make
 
@@ -141,8 +153,7 @@ def test_jobs_joining_a_running_batch_get_what_they_get_alone(
 
         return counting_remove
 
-    for slots in (CacheSlots, StaticSlots):
-        monkeypatch.setattr(slots, "remove", counting(slots.remove))
+    monkeypatch.setattr(KVCache, "remove", counting(KVCache.remove))
     joined_running: list[int] = []  # jobs that joined a batch already decoding
     inbox = Inbox()
     executor = make_executor(translator, inbox, max_batch_size=32, metrics=metrics())
@@ -209,7 +220,7 @@ def test_the_running_batch_stays_within_its_limits(
     def recording_admit(jobs: list[Any]) -> None:
         admit(jobs)
         run = executor.running
-        seen.append((run.rows, run.rows * run.cache.width, len(run.jobs)))
+        seen.append((run.rows, run.rows * run.width, len(run)))
 
     monkeypatch.setattr(executor, "_admit", recording_admit)
     jobs = [job(translator, t, 2) for t in texts] + [job(translator, SHORT, 5)]  # 5 rows: wider than 4
@@ -238,7 +249,8 @@ def test_beam_rows_moved_out_of_job_order_keep_their_own_tokens(
     out_of_order = 0  # steps that started with rows out of job order
     with torch.inference_mode():
         while inbox.waiting or executor.busy:
-            out_of_order += run.row_index(list(range(len(run.jobs)))) != list(range(run.rows))
+            run = executor.running
+            out_of_order += [r for e in run.entries for r in e.rows] != list(range(run.rows))
             finished.update((j.id, (0, r)) for j, r in executor.iteration())
     assert out_of_order > 3
     for j, (text, b) in zip(jobs, cases, strict=True):
@@ -246,22 +258,18 @@ def test_beam_rows_moved_out_of_job_order_keep_their_own_tokens(
 
 
 # -- continuous batching -----------------------------------------------------------------------------
-@pytest.mark.parametrize("mode", ["continuous", "dynamic"])
-def test_a_short_job_overtakes_a_long_batch_only_with_continuous_batching(
-    make_executor: Callable[..., Executor], endless: Translator, mode: Literal["continuous", "dynamic"]
+def test_a_short_job_overtakes_a_long_batch(
+    make_executor: Callable[..., Executor], endless: Translator
 ) -> None:
     inbox = Inbox()
-    executor = make_executor(endless, inbox, mode=mode, max_wait_ms=1.0)
+    executor = make_executor(endless, inbox)
     long_jobs = [job(endless, t, 2) for t in LONG]
     short = job(endless, SHORT)
     finished = drive(executor, inbox, {0: long_jobs, 3: [short]})  # the long batch is decoding
     short_done = finished[short.id][0]
     long_done = min(finished[j.id][0] for j in long_jobs)
-    if mode == "continuous":
-        # It joined the running batch, finished and left while the long batch decoded on.
-        assert short_done < long_done - 10
-    else:
-        assert short_done > max(finished[j.id][0] for j in long_jobs)  # it waited for the whole batch
+    # It joined the running batch, finished and left while the long batch decoded on.
+    assert short_done < long_done - 10
     expected = endless.translate_batch([SHORT], beam_size=1)[0].tokens
     assert tokens(finished[short.id][1]) == expected
 
@@ -273,7 +281,15 @@ def test_newcomers_join_a_running_batch_in_groups(
     last join; two newcomers (>= JOIN_RATIO x the running ones) join at the next step."""
     inbox = Inbox()
     # Outputs of 3 x the source length: the long sentences outlast the short ones.
-    executor = make_executor(endless, inbox, max_length_a=3.0, max_length_b=0)
+    longer = Translator(
+        endless.model,
+        endless.tokenizer,
+        endless.info,
+        endless.device,
+        options=DecodeOptions(max_length_a=3.0, max_length_b=0),
+    )
+    _KEEP.append(longer)
+    executor = make_executor(longer, inbox)
     run = executor.running
 
     def steps_until_taken() -> int:
@@ -282,24 +298,24 @@ def test_newcomers_join_a_running_batch_in_groups(
             assert executor.iteration() == []
             steps += 1
             # Greedy jobs only: rows follow job order, so a step's logits need no reordering.
-            assert run.row_index(list(range(len(run.jobs)))) == list(range(run.rows))
+            assert [r for e in run.entries for r in e.rows] == list(range(run.rows))
         return steps
 
     inbox.add([job(endless, t) for t in LONG * 2 + LONG[:1]])
     with torch.inference_mode():
-        assert steps_until_taken() == 1 and len(run.jobs) == 5
+        assert steps_until_taken() == 1 and len(run) == 5
         inbox.add([job(endless, SHORT)])
-        assert steps_until_taken() == JOIN_WAIT_STEPS and len(run.jobs) == 6
-        assert 1 < JOIN_RATIO * len(run.jobs) <= 2  # the arithmetic this test relies on
+        assert steps_until_taken() == JOIN_WAIT_STEPS and len(run) == 6
+        assert 1 < JOIN_RATIO * len(run) <= 2  # the arithmetic this test relies on
         pair = [job(endless, SHORT), job(endless, SENTENCES[0])]
         inbox.add(pair)
-        assert steps_until_taken() == 1 and run.jobs[-2:] == pair  # together, at once
+        assert steps_until_taken() == 1 and [e.key for e in run.entries[-2:]] == pair  # together, at once
         inbox.add([job(endless, SENTENCES[4])])  # alone again: it waits as long as the first one
         assert steps_until_taken() == JOIN_WAIT_STEPS
         finished = 0
         while executor.busy:  # the short ones leave first: rows move into their places
             finished += len(executor.iteration())
-            assert run.row_index(list(range(len(run.jobs)))) == list(range(run.rows))
+            assert [r for e in run.entries for r in e.rows] == list(range(run.rows))
     assert finished == 9
 
 
@@ -322,7 +338,11 @@ def test_cancelled_and_expired_jobs_leave_the_batch_and_the_inbox(
         inbox.cancel([cancelled.id, waiting_cancelled.id])
         expired.deadline = time.monotonic() - 1.0
         assert executor.iteration() == []  # no outcome: nobody waits for them
-    assert executor.running.jobs == [stays] and executor.running.rows == 1 and inbox.waiting == 0
+    assert (
+        [e.key for e in executor.running.entries] == [stays]
+        and executor.running.rows == 1
+        and inbox.waiting == 0
+    )
     assert sample("nmt_sentences_total", {"outcome": "abandoned"}) == abandoned + 4
     for gone in (cancelled, expired, waiting_cancelled, waiting_expired):
         assert not inbox.release(gone)  # forgotten already
@@ -357,7 +377,7 @@ def test_a_failed_step_fails_only_the_running_jobs(
     texts = synthetic_sentences(10, seed=3)[::2]
     running = [job(endless, t, 1 + i % 2) for i, t in enumerate(texts)]
     inbox.add(running)
-    step = endless.model.decode_step
+    step = endless.model.step
     calls = 0
 
     def failing_once(*args: Any, **kwargs: Any) -> Any:
@@ -367,7 +387,7 @@ def test_a_failed_step_fails_only_the_running_jobs(
             raise RuntimeError("CUDA out of memory")
         return step(*args, **kwargs)
 
-    monkeypatch.setattr(endless.model, "decode_step", failing_once)
+    monkeypatch.setattr(endless.model, "step", failing_once)
     newcomer = job(endless, SHORT)
     with torch.inference_mode():
         assert executor.iteration() == []

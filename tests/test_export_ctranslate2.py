@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import ctranslate2
 import pytest
 
 from model.checkpoint import ModelInfo, save_model_dir
+from model.convert.ctranslate2 import OPTIONS_FILE
+from model.decoding.options import DecodeOptions
 from model.export_ctranslate2 import export, main
 from model.tokenizer import Tokenizer
 from model.translator import Translator
@@ -17,15 +20,25 @@ ROOT = Path(__file__).resolve().parents[1]
 SHIPPED = ROOT / "artifacts" / "multi30k-de-en"
 
 
-def _compare(model_dir: Path, out: Path, texts: list[str], beam_size: int) -> None:
-    ours = Translator.load(model_dir, device="cpu")
-    export(model_dir, out)
+def _compare(
+    model_dir: Path, out: Path, texts: list[str], beam_size: int, no_repeat_ngram_size: int = 0
+) -> None:
+    # No a * source + b budget in CTranslate2: only the cap (which counts eos in ours, not in its).
+    options = DecodeOptions(
+        beam_size=beam_size,
+        max_length_a=0,
+        max_length_b=41,
+        max_output_tokens=41,
+        no_repeat_ngram_size=no_repeat_ngram_size,
+    )
+    ours = Translator.load(model_dir, device="cpu", options=options)
+    export(model_dir, out, options=options)
     assert (out / "model.bin").is_file() and (out / "sentencepiece.model").is_file()
     ct2 = ctranslate2.Translator(str(out), device="cpu", intra_threads=1)
     pieces = ours.tokenizer.sp.encode(texts, out_type=str)
-    theirs = ct2.translate_batch(pieces, beam_size=beam_size, max_decoding_length=40)
-    # Our length budget counts the eos, CTranslate2's does not: 41 here is its 40.
-    expected = ours.translate_batch(texts, beam_size=beam_size, max_length_a=0, max_length_b=41)
+    # Our options as the exporter wrote them for CTranslate2, read back.
+    theirs = ct2.translate_batch(pieces, **json.loads((out / OPTIONS_FILE).read_text()))
+    expected = ours.translate_batch(texts)
     for text, mine, other in zip(texts, expected, theirs, strict=True):
         # Compare token ids, not text: SentencePiece decoding could hide a differing piece.
         assert ours.tokenizer.sp.piece_to_id(other.hypotheses[0]) == mine.tokens[0], text
@@ -49,6 +62,26 @@ def test_random_model_translates_the_same(
     )
     model_dir = save_model_dir(tmp_path / "model", model, ModelInfo(model.cfg, "de", "en"), spm_model)
     _compare(model_dir, tmp_path / "ct2", SENTENCES, beam_size)
+
+
+def test_the_greedy_repetition_guard_blocks_what_ctranslate2_blocks(
+    spm_model: Path, tokenizer: Tokenizer, tmp_path: Path
+) -> None:
+    """``no_repeat_ngram_size=2`` against CTranslate2's own, greedy, on a random model that repeats
+    itself (long outputs that revisit tokens). (With beams, CTranslate2 ranks and stops hypotheses
+    by rules of its own, so outputs can differ with or without the guard; tests/test_search.py
+    checks the guard's beams against a brute-force reference.)"""
+    beam_size = 1
+    model = random_model(seed=5, sharpen=2.0, vocab_size=tokenizer.vocab_size)
+    model_dir = save_model_dir(tmp_path / "model", model, ModelInfo(model.cfg, "de", "en"), spm_model)
+    plain = Translator.load(model_dir, device="cpu").translate_batch(SENTENCES, beam_size=beam_size)
+
+    def repeats(tokens: list[int]) -> bool:
+        pairs = list(zip(tokens, tokens[1:], strict=False))
+        return len(set(pairs)) < len(pairs)
+
+    assert any(repeats(r.tokens[0]) for r in plain)  # without the guard, bigrams repeat
+    _compare(model_dir, tmp_path / "ct2", SENTENCES, beam_size, no_repeat_ngram_size=2)
 
 
 def test_shipped_model_translates_the_same(tmp_path: Path) -> None:

@@ -29,14 +29,19 @@ def assert_same_results(a: list[TranslationResult], b: list[TranslationResult]) 
         assert x.scores == pytest.approx(y.scores, abs=1e-4), f"input {i}"
 
 
-@pytest.mark.parametrize("max_batch_size", [64, 2], ids=["one-batch", "batches-of-2"])
+def with_capacity(translator: Translator, rows: int) -> Translator:
+    t = translator
+    return Translator(t.model, t.tokenizer, t.info, t.device, options=t.options, capacity=rows)
+
+
+@pytest.mark.parametrize("rows", [64, 6], ids=["one-batch", "rows-of-6"])
 @pytest.mark.parametrize("beam_size", [1, 3], ids=["greedy", "beam"])
 def test_batch_translation_equals_one_by_one(
-    sentences: list[str], translator: Translator, beam_size: int, max_batch_size: int
+    sentences: list[str], translator: Translator, beam_size: int, rows: int
 ) -> None:
-    """Sentences of very different lengths in one padded batch (or several) translate exactly as
-    they do alone, and come back in input order."""
-    batched = translator.translate_batch(sentences, beam_size=beam_size, max_batch_size=max_batch_size)
+    """Sentences of very different lengths decoded together (all at once, or a few rows at a time
+    as rows free up) translate exactly as they do alone, and come back in input order."""
+    batched = with_capacity(translator, rows).translate_batch(sentences, beam_size=beam_size)
     alone = translate_one_by_one(translator, sentences, beam_size=beam_size)
     assert_same_results(batched, alone)
     # The test means something only if the outputs differ between inputs.
@@ -45,7 +50,7 @@ def test_batch_translation_equals_one_by_one(
 
 def test_results_follow_input_order(sentences: list[str], translator: Translator) -> None:
     texts = sentences + sentences[::-1]
-    results = translator.translate_batch(texts, beam_size=2, max_batch_size=3)
+    results = with_capacity(translator, 6).translate_batch(texts, beam_size=2)
     forward, backward = results[: len(sentences)], results[len(sentences) :]
     assert_same_results(forward, backward[::-1])
 
@@ -69,9 +74,9 @@ def test_blank_input_needs_no_model_work(
     calls: list[list[list[int]]] = []
     generate = translator.generate
 
-    def spy(sources: list[list[int]], **kwargs: object) -> object:
+    def spy(sources: list[list[int]], *args: object, **kwargs: object) -> object:
         calls.append(sources)
-        return generate(sources, **kwargs)  # type: ignore[arg-type]
+        return generate(sources, *args, **kwargs)  # type: ignore[arg-type]
 
     monkeypatch.setattr(translator, "generate", spy)
     results = translator.translate_batch(["", "   ", "\t"], beam_size=3)
@@ -92,7 +97,8 @@ def test_long_input_is_truncated_to_model_positions(sentences: list[str], transl
     long_text = " ".join(sentences * 20)
     (ids,) = translator.source_ids([long_text])
     assert len(ids) == translator.model.cfg.max_positions and ids[-1] == 3
-    assert len(translator.translate_batch([long_text], beam_size=1, max_length=8)[0].tokens[0]) <= 7
+    short = translator.options.but(beam_size=1, max_output_tokens=8)
+    assert len(translator.translate_batch([long_text], options=short)[0].tokens[0]) <= 7
 
 
 def state_dicts_equal(a: torch.nn.Module, b: torch.nn.Module) -> bool:

@@ -3,6 +3,7 @@ the API's description, where LibreTranslate serves its own."""
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -60,14 +61,13 @@ async def info(settings: SettingsDep, routes: RouterDep) -> dict[str, Any]:
         },
         "languages": languages(routes),
         "batching": {
-            "mode": settings.batching,
             "max_batch_size": settings.max_batch_size,
             "max_batch_tokens": settings.max_batch_tokens,
             "max_queue": settings.max_queue,  # all models together
-            "max_wait_ms": settings.max_wait_ms,
             "scheduling": settings.scheduling,
             "replicas": settings.replicas,  # workers per model, each its own batch (0: one per core)
         },
+        "decoding": asdict(settings.decode_options()),
         "limits": {
             "max_chars": settings.max_chars,
             "max_texts": settings.max_texts,

@@ -31,7 +31,6 @@ import asyncio
 import contextlib
 import logging
 import multiprocessing
-import os
 import signal
 import threading
 import time
@@ -49,8 +48,7 @@ from app.metrics import Metrics, process_metrics
 from app.serving.cores import CoreShare
 from app.serving.executor import Executor, Job
 from app.serving.fairqueue import FairQueue, Policy
-from model.compiled_step import CompiledDecoder
-from model.translator import Translator
+from model.decoding.translator import Translator
 
 log = logging.getLogger("uvicorn.error").getChild("worker")
 
@@ -84,19 +82,32 @@ class ModelDescription:
 
 
 def open_translator(settings: Settings, model_dir: Path) -> Translator:
-    """The model in ``model_dir``, as a worker runs it with ``settings``."""
-    return Translator.load(
-        model_dir, device=settings.device, dtype=settings.dtype, quantization=settings.quantization
+    """The model in ``model_dir`` as a worker runs it with ``settings``, its decoding step made
+    (compiled or loaded from the cache where ``NMT_COMPILE``, on CPU and CUDA alike; eager where
+    compiling fails) and warmed up."""
+    translator = Translator.load(
+        model_dir,
+        device=settings.device,
+        dtype=settings.dtype,
+        quantization=settings.quantization,
+        options=settings.decode_options(),
+        capacity=max(settings.max_batch_size, settings.max_beam_size),
+        max_beam_size=settings.max_beam_size,
+        compile=settings.compile,
+        cache_dir=settings.compile_cache_dir,
     )
+    translator.runner  # noqa: B018 - made now, before the worker reports ready
+    return translator
 
 
-def describe(translator: Translator, decoder: CompiledDecoder | None = None) -> ModelDescription:
+def describe(translator: Translator) -> ModelDescription:
+    runner = translator.runner
     return ModelDescription(
         device=str(translator.device),
         dtype=str(translator.dtype).removeprefix("torch."),
         quantization=translator.quantization,
-        decoding="compiled" if decoder is not None and decoder.compiled else "eager",
-        compile_seconds=round(decoder.compile_seconds, 1) if decoder is not None else 0.0,
+        decoding=runner.kind,
+        compile_seconds=round(runner.compile_seconds, 1),
     )
 
 
@@ -222,8 +233,7 @@ def serve_worker(
         metrics = process_metrics(metrics_dir).of_model(model.name)
         inbox = Inbox(metrics, settings.scheduling)
         translator = open_translator(settings, model.path)
-        decoder = compiled_decoder(translator, settings)
-        executor = Executor.from_settings(translator, inbox, settings, metrics=None, decoder=decoder)
+        executor = Executor.from_settings(translator, inbox, settings, metrics=None)
         if settings.warmup:  # without metrics: the warm-up is not traffic
             warm_up(executor, inbox)
         executor.metrics = metrics
@@ -232,7 +242,7 @@ def serve_worker(
             conn.send(("failed", f"{type(e).__name__}: {e}"))
         conn.close()
         return
-    conn.send(("ready", describe(translator, decoder)))
+    conn.send(("ready", describe(translator)))
     threading.Thread(target=_read, args=(conn, inbox), name="nmt-worker-inbox", daemon=True).start()
     if cores is not None:
         cores.starting()
@@ -258,24 +268,6 @@ def serve_worker(
         if cores is not None:
             cores.update(busy=False)
         conn.close()
-
-
-def compiled_decoder(translator: Translator, settings: Settings) -> CompiledDecoder | None:
-    """The compiled decoding step of ``settings``, compiled (or loaded from the cache) now; None:
-    the eager step."""
-    if not settings.compile or translator.device.type != "cpu":
-        return None
-    # Where TorchInductor builds (and caches the pieces of) what it compiles.
-    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(settings.compile_cache_dir / "inductor"))
-    decoder = CompiledDecoder(
-        translator.model, top=2 * settings.max_beam_size, cache_dir=settings.compile_cache_dir
-    )
-    try:
-        decoder.warm_up(max(settings.max_batch_size, settings.max_beam_size))
-    except Exception:  # no C++ compiler, an unwritable cache...: slower, but serving
-        log.exception("compiling the decoding step failed; decoding eagerly (/info says which)")
-        return None
-    return decoder
 
 
 def warm_up(executor: Executor, inbox: Inbox) -> None:

@@ -1,0 +1,1 @@
+"""Converters between our model directories and other toolkits'."""

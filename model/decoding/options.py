@@ -1,0 +1,93 @@
+"""``DecodeOptions``: how a sentence is decoded, documented once.
+
+Read by the library (``Translator``), the CLI (``python -m model.translate``), the service (its
+``NMT_*`` settings build one) and the CTranslate2 exporter (``ctranslate2_options``: the same
+decoding asked of CTranslate2). Torch-free: the service's front end truncates inputs with it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from model.tokenizer import EOS_ID, Tokenizer
+
+
+GUARD_MARGIN = 16  # candidates kept beyond 2K per row for the repetition guard to drop
+
+
+@dataclass(frozen=True)
+class DecodeOptions:
+    beam_size: int = 5  # hypotheses kept per input at every step; 1 is greedy search
+    n_best: int = 1  # hypotheses returned per input, best first (at most beam_size)
+    # Hypotheses are ranked by log-prob / length**length_penalty (length counts eos; 0: no
+    # normalisation, which favours short outputs).
+    length_penalty: float = 1.0
+    # Source tokens kept per sentence, a target-language token included, eos not: longer sentences
+    # are truncated (cut at the model's positions too).
+    max_input_tokens: int = 250
+    # Each output has at most max_length_a * source tokens + max_length_b tokens, eos included...
+    max_length_a: float = 1.5
+    max_length_b: int = 10
+    max_output_tokens: int = 256  # ...and never more than this (nor the model's positions)
+    # Repetition guard (CTranslate2's no_repeat_ngram_size): no n-gram of this size appears twice in
+    # an output; 0 is off. Candidates that would repeat one are dropped from each row's best
+    # ``candidates(beam)`` of a step, so the guard is exact while at most GUARD_MARGIN are banned
+    # at once (a token that would repeat an n-gram for the 17th time may come through).
+    no_repeat_ngram_size: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("beam_size", "n_best", "max_input_tokens", "max_output_tokens"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.n_best > self.beam_size:
+            raise ValueError(f"n_best ({self.n_best}) must be at most beam_size ({self.beam_size})")
+        if self.max_length_a < 0 or self.max_length_b < 0 or self.no_repeat_ngram_size < 0:
+            raise ValueError("max_length_a, max_length_b and no_repeat_ngram_size must be >= 0")
+
+    def but(self, **changes: Any) -> DecodeOptions:
+        """A copy with ``changes`` (a request's own beam size and n-best)."""
+        return replace(self, **changes)
+
+    def input_limit(self, max_positions: int) -> int:
+        """Source tokens kept per sentence before its eos, for a model of ``max_positions``."""
+        return min(self.max_input_tokens, max_positions - 1)
+
+    def source_ids(
+        self, tokenizer: Tokenizer, texts: Sequence[str], *, prefix: Sequence[int], max_positions: int
+    ) -> list[list[int]]:
+        """Each text's token ids after ``prefix`` (a multilingual model's target-language token),
+        truncated to ``input_limit``, then eos: what the model decodes."""
+        limit = self.input_limit(max_positions) - len(prefix)
+        return [[*prefix, *ids[:limit], EOS_ID] for ids in tokenizer.encode(list(texts))]
+
+    def candidates(self, max_beam_size: int) -> int:
+        """Candidates a step keeps per row for beams of up to ``max_beam_size``: the best 2K
+        extensions of K beams are among each beam's best 2K, and the guard bans some of them."""
+        return 2 * max_beam_size + (GUARD_MARGIN if self.no_repeat_ngram_size else 0)
+
+    def output_limit(self, source_length: int, max_positions: int) -> int:
+        """Output tokens allowed (eos included) for a source of ``source_length`` tokens (eos
+        included), at least 1."""
+        budget = int(source_length * self.max_length_a + self.max_length_b)
+        return max(1, min(budget, self.max_output_tokens, max_positions))
+
+    def positions(self, max_positions: int) -> int:
+        """The most positions a row of the cache needs: its source (with eos) or its output."""
+        return min(max(self.input_limit(max_positions) + 1, self.max_output_tokens), max_positions)
+
+
+def ctranslate2_options(options: DecodeOptions) -> dict[str, Any]:
+    """``options`` as the keyword arguments of CTranslate2's ``Translator.translate_batch``.
+
+    CTranslate2 has no a * source + b budget, only the cap (``max_decoding_length``, which does not
+    count eos); its ``max_input_length`` counts eos."""
+    return {
+        "beam_size": options.beam_size,
+        "num_hypotheses": options.n_best,
+        "length_penalty": options.length_penalty,
+        "max_input_length": options.max_input_tokens + 1,
+        "max_decoding_length": options.max_output_tokens - 1,
+        "no_repeat_ngram_size": options.no_repeat_ngram_size,
+    }

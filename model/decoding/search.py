@@ -1,0 +1,240 @@
+"""The choice of tokens: a step's candidates in, each input's next tokens out.
+
+Each input's search state is a ``Beam`` (greedy is a beam of one). ``Search.step`` takes what a
+decoding step chose on the device (``model.runtime.step.StepChoice``: every row's argmax, and the
+best candidates of the rows that asked for them) and advances a list of beams by one token,
+whatever their sizes and however many steps each has taken: the same code serves a batch decoded
+from start to end and the service's running batch that inputs join and leave at any step.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from model.runtime.step import StepChoice
+
+
+@dataclass
+class Hypothesis:
+    tokens: list[int]  # generated ids, without bos and eos
+    score: float  # sum of token log-probs (eos included) / length**length_penalty
+    log_prob: float  # sum of token log-probs, eos included
+
+
+def length_normalized(log_prob: float, length: int, length_penalty: float) -> float:
+    """Score used to rank hypotheses of different lengths; ``length`` counts the eos token."""
+    return log_prob / (max(length, 1) ** length_penalty)
+
+
+@dataclass
+class Beam:
+    """The search state of one input: its K live beams (K cache rows) and the hypotheses that
+    have ended."""
+
+    k: int  # beam size; 1 is greedy search
+    limit: int  # maximum output length in tokens, eos included
+    scores: list[float]  # cumulative log-probs of the live beams, best first
+    history: list[list[int]]  # tokens of each live beam
+    finished: list[Hypothesis] = field(default_factory=list)
+    done: bool = False
+
+    @classmethod
+    def start(cls, k: int, limit: int) -> Beam:
+        # K copies of the first row; only the first copy is alive, so step 0 expands one beam.
+        return cls(k, limit, [0.0] + [-math.inf] * (k - 1), [[] for _ in range(k)])
+
+    @property
+    def steps(self) -> int:
+        return len(self.history[0])
+
+    @property
+    def at_limit(self) -> bool:
+        """The next token is the last allowed: it must be eos."""
+        return self.steps + 1 >= self.limit
+
+    def best(self, n_best: int = 1) -> list[Hypothesis]:
+        return sorted(self.finished, key=lambda h: h.score, reverse=True)[:n_best]
+
+    def advance(
+        self, cand_scores: list[float], cand_tokens: list[int], cand_beams: list[int], eos: int, alpha: float
+    ) -> list[int]:
+        """Take one step's candidates (best first); returns the parent beam of each new beam.
+
+        eos among the K best candidates ends a hypothesis; the K best others continue. The input is
+        done once it has K finished hypotheses (fairseq's stopping rule) or reaches its limit.
+        """
+        length = self.steps + 1  # tokens of a hypothesis ending now, eos included
+        scores: list[float] = []
+        history: list[list[int]] = []
+        parents: list[int] = []
+        for rank, (score, token, beam) in enumerate(zip(cand_scores, cand_tokens, cand_beams, strict=True)):
+            if score == -math.inf or len(parents) == self.k:
+                break
+            if token == eos:
+                if rank < self.k and len(self.finished) < self.k:
+                    hyp = Hypothesis(self.history[beam], length_normalized(score, length, alpha), score)
+                    self.finished.append(hyp)
+            else:
+                parents.append(beam)
+                scores.append(score)
+                history.append(self.history[beam] + [token])
+        self.done = len(self.finished) >= self.k or length >= self.limit or not parents
+        if not self.done:
+            while len(parents) < self.k:  # keep K rows per input: dead copies of the first beam
+                parents.append(parents[0])
+                scores.append(-math.inf)
+                history.append(history[0])
+            self.scores, self.history = scores, history
+        elif not self.finished:  # every candidate banned (repetition guard): the best beam ends
+            self.finished.append(
+                Hypothesis(self.history[0], length_normalized(self.scores[0], length, alpha), self.scores[0])
+            )
+        return parents
+
+    def extend(self, lprob: float, token: int, eos: int, alpha: float) -> list[int]:
+        """``advance`` for a beam of one (greedy), given the best next token and its log-prob."""
+        score = self.scores[0] + lprob
+        history = self.history[0]
+        length = len(history) + 1  # tokens of the hypothesis if it ends now, eos included
+        if token == eos or length >= self.limit:
+            self.finished.append(Hypothesis(history, length_normalized(score, length, alpha), score))
+            self.done = True
+            return []
+        history.append(token)  # greedy histories are never shared, so in place
+        self.scores[0] = score
+        return [0]
+
+
+def banned_tokens(history: list[int], n: int) -> set[int]:
+    """Tokens that would repeat an n-gram of ``history`` if they came next (none when n is 0)."""
+    if n <= 0 or len(history) < n - 1:
+        return set()
+    if n == 1:
+        return set(history)
+    prefix = history[len(history) - n + 1 :]
+    return {history[i + n - 1] for i in range(len(history) - n + 1) if history[i : i + n - 1] == prefix}
+
+
+@dataclass(frozen=True)
+class Search:
+    """Chooses each input's next tokens from a step's choice (fairseq's ``Search.step`` contract:
+    scores in, chosen tokens and their beams out), and owns every rule of that choice: beams,
+    length limits, the repetition guard."""
+
+    eos: int
+    length_penalty: float = 1.0
+    no_repeat_ngram_size: int = 0
+    # Greedy hypotheses' scores: their log-probs (the step then normalizes greedy rows too) or 0.0
+    # (the service, which does not return them: the argmax alone decides).
+    greedy_scores: bool = True
+
+    def wants_candidates(self, beam: Beam) -> bool:
+        """Whether ``beam``'s rows need their best candidates from the step (``beam_rows``)."""
+        return beam.k > 1 or self.greedy_scores or self.no_repeat_ngram_size > 0
+
+    def step(self, beams: list[Beam], step: StepChoice) -> tuple[Tensor | None, Tensor]:
+        """Advance every beam by one token.
+
+        ``step.choice`` holds every row's argmax, ``beams[0].k`` rows for the first beam, then the
+        next beam's, and so on; ``step.top_*`` and ``step.eos_lprob`` hold the candidates of the
+        beams that ``wants_candidates``, in the same order (``top`` >= 2K is exact: the best 2K
+        extensions of K beams are among each beam's own best 2K).
+        Returns the rows to keep for the beams still not done, in that order (``None``: every row
+        in place, nothing to reorder), and their next tokens (R',).
+        """
+        offsets = [0]
+        for b in beams:
+            offsets.append(offsets[-1] + b.k)
+        parents: dict[int, list[int]] = {}
+        choice = step.choice.tolist()
+        top_at: dict[int, int] = {}  # input -> its first row in step.top_*
+        top_rows = 0
+        for i, b in enumerate(beams):
+            if self.wants_candidates(b):
+                top_at[i], top_rows = top_rows, top_rows + b.k
+            else:  # the argmax decides; at the limit only eos may come: the hypothesis ends either way
+                token = self.eos if b.at_limit else choice[offsets[i]]
+                parents[i] = b.extend(0.0, token, self.eos, self.length_penalty)
+        guard = self.no_repeat_ngram_size > 0
+        greedy = [i for i in top_at if beams[i].k == 1 and not guard]
+        if greedy:  # the argmax's log-prob is the best candidate's
+            rows = torch.tensor([top_at[i] for i in greedy], device=step.top_lprobs.device)
+            best = step.top_lprobs.index_select(0, rows)[:, 0].tolist()
+            eos_lp = step.eos_lprob.index_select(0, rows).tolist()
+            for i, lp, end in zip(greedy, best, eos_lp, strict=True):
+                b = beams[i]
+                token, lp = (self.eos, end) if b.at_limit else (choice[offsets[i]], lp)
+                parents[i] = b.extend(lp, token, self.eos, self.length_penalty)
+        by_k: dict[int, list[int]] = {}
+        for i in top_at:
+            if i not in parents:
+                by_k.setdefault(beams[i].k, []).append(i)
+        for k, members in by_k.items():  # one batched top-k per beam size
+            cand = self._candidates(beams, members, k, top_at, step)
+            for i, s, t, b in zip(members, *(c.tolist() for c in cand), strict=True):
+                parents[i] = beams[i].advance(s, t, b, self.eos, self.length_penalty)
+        return _next_rows(beams, offsets, parents, step.choice.device)
+
+    def _candidates(
+        self, beams: list[Beam], members: list[int], k: int, top_at: dict[int, int], step: StepChoice
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """The best 2K extensions of the K beams of each of ``members``: scores, tokens and source
+        beams, each (A, 2K), best first."""
+        device = step.choice.device
+        rows = torch.tensor([top_at[i] + j for i in members for j in range(k)], device=device)
+        top = step.top_tokens.size(1)
+        assert top >= 2 * k, f"{top} candidates per row cannot serve a beam of {k}"
+        values = step.top_lprobs.index_select(0, rows).view(len(members), k, top)  # (A, K, top)
+        tokens = step.top_tokens.index_select(0, rows).view(len(members), k, top)
+        limited = [beams[i].at_limit for i in members]
+        if any(limited):  # the last allowed token must be eos (with its own probability)
+            at_limit = torch.tensor(limited, device=device)[:, None, None]
+            eos_lp = step.eos_lprob.index_select(0, rows).view(len(members), k, 1)
+            first = torch.arange(top, device=device) == 0
+            values = torch.where(at_limit, torch.where(first, eos_lp, -math.inf), values)
+            tokens = torch.where(at_limit, torch.full_like(tokens, self.eos), tokens)
+        if self.no_repeat_ngram_size > 0:
+            values = self._guard(beams, members, values, tokens)
+        scores = torch.tensor([beams[i].scores for i in members], device=device)
+        total = (scores[:, :, None] + values).view(len(members), k * top)  # (A, K*top)
+        cand_scores, flat = total.topk(2 * k, dim=1)  # (A, 2K)
+        cand_tokens = tokens.view(len(members), k * top).gather(1, flat)
+        return cand_scores, cand_tokens, flat // top
+
+    def _guard(self, beams: list[Beam], members: list[int], values: Tensor, tokens: Tensor) -> Tensor:
+        """``values`` with -inf for candidates that would repeat an n-gram of their beam."""
+        listed = tokens.tolist()  # (A, K, top)
+        hits = [
+            (a, j, c)
+            for a, i in enumerate(members)
+            for j, history in enumerate(beams[i].history)
+            if (banned := banned_tokens(history, self.no_repeat_ngram_size))
+            for c, token in enumerate(listed[a][j])
+            if token in banned
+        ]
+        if not hits:
+            return values
+        a, j, c = (torch.tensor(x, device=values.device) for x in zip(*hits, strict=True))
+        values = values.clone()
+        values[a, j, c] = -math.inf
+        return values
+
+
+def _next_rows(
+    beams: list[Beam], offsets: list[int], parents: dict[int, list[int]], device: torch.device
+) -> tuple[Tensor | None, Tensor]:
+    """The rows that feed the beams still not done (``None``: every row, in place) and their tokens."""
+    keep: list[int] = []
+    tokens: list[int] = []
+    for i, b in enumerate(beams):
+        if not b.done:
+            keep += [offsets[i] + p for p in parents[i]]
+            tokens += [h[-1] for h in b.history]
+    token_tensor = torch.tensor(tokens, dtype=torch.long, device=device)
+    if keep == list(range(offsets[-1])):
+        return None, token_tensor
+    return torch.tensor(keep, dtype=torch.long, device=device), token_tensor

@@ -1,0 +1,239 @@
+"""Batch-first translation: text -> tokens -> batch -> encoder -> cached decoder -> search -> text.
+
+``Translator`` is a loaded model directory with its decoding step (``model.runtime``: eager or
+compiled, picked once at load) and its default ``DecodeOptions``; every call decodes through the
+same running batch as the service's workers (``model.decoding.batch``), so the library, the CLI and
+the service give one answer per input.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from model.checkpoint import ModelInfo, load_model, read_info_and_tokenizer, source_prefix
+from model.decoding.batch import decode, pad_batch
+from model.decoding.options import DecodeOptions
+from model.decoding.search import Hypothesis
+from model.runtime.allocator import keep_freed_memory
+from model.runtime.prepack import prepack as prepack_linears
+from model.runtime.runners import Runner, load_runner
+from model.tokenizer import PAD_ID, Tokenizer
+from model.transformer import Transformer, strip_dropout
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+QUANTIZATIONS = ("none", "int8", "auto")
+# Rows (beams) decoded together: the service's default running batch, so that the library and the
+# service share a compiled step.
+DEFAULT_CAPACITY = 64
+
+
+def resolve_device(device: str) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"device {device!r} requested but CUDA is not available")
+    return torch.device(device)
+
+
+def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, not {dtype!r}")
+    return DTYPES[dtype]
+
+
+@dataclass
+class TranslationResult:
+    hypotheses: list[str]  # n_best translations, best first
+    scores: list[float]  # their length-normalised log-probabilities
+    tokens: list[list[int]]  # their token ids (no bos/eos)
+
+
+class Translator:
+    """A loaded model directory. ``translate_batch`` returns one result per input, in input order."""
+
+    def __init__(
+        self,
+        model: Transformer,
+        tokenizer: Tokenizer,
+        info: ModelInfo,
+        device: torch.device,
+        quantization: str = "none",
+        *,
+        options: DecodeOptions | None = None,
+        capacity: int = DEFAULT_CAPACITY,
+        max_beam_size: int | None = None,
+        compile: bool = False,
+        cache_dir: Path | None = None,
+    ) -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+        self.info = info
+        self.device = device
+        self.quantization = quantization  # what the linear layers run in: none or int8
+        self.options = options or DecodeOptions()
+        self.capacity = capacity
+        self.max_beam_size = max(max_beam_size or self.options.beam_size, self.options.beam_size)
+        if self.max_beam_size > capacity:
+            raise ValueError(f"a beam of {self.max_beam_size} does not fit in {capacity} rows")
+        self.compile, self.cache_dir = compile, cache_dir
+        self._runner: Runner | None = None
+
+    @classmethod
+    def load(
+        cls,
+        model_dir: str | Path,
+        *,
+        device: str = "auto",
+        dtype: str | torch.dtype = "float32",
+        prepack: bool = True,
+        quantization: str = "none",
+        options: DecodeOptions | None = None,
+        capacity: int = DEFAULT_CAPACITY,
+        max_beam_size: int | None = None,
+        compile: bool = False,
+        cache_dir: Path | None = None,
+    ) -> Translator:
+        """Load config.json, model.safetensors and sentencepiece.model from ``model_dir``.
+
+        ``prepack``: on CPU in float32, pre-pack the linear layers' weights for oneDNN
+        (``model.runtime.prepack``; faster decoding, same results up to float rounding).
+        ``quantization``: ``"int8"`` runs the linear layers in int8 instead (CPU and float32 only;
+        faster, each row quantized on its own); ``"auto"`` is int8 where that applies and this
+        torch build supports it, else none.
+        ``options``: the default decoding (``DecodeOptions``); ``capacity``: rows decoded together;
+        ``max_beam_size``: the largest beam a call may ask for (the step keeps 2x that many
+        candidates per row); ``compile``: compile the decoding step (``model.runtime.runners``;
+        falls back to eager where it cannot), kept in ``cache_dir``.
+        Raises ``ModelDirError`` naming the file when one is missing or corrupted, ``ValueError``
+        for a device, dtype or quantization that cannot be used.
+        """
+        if quantization not in QUANTIZATIONS:
+            raise ValueError(f"quantization must be one of {', '.join(QUANTIZATIONS)}, not {quantization!r}")
+        dev = resolve_device(device)
+        cpu_float32 = dev.type == "cpu" and resolve_dtype(dtype) == torch.float32
+        if quantization == "int8" and not cpu_float32:
+            raise ValueError("int8 quantization runs on CPU with dtype float32 only")
+        info, tokenizer = read_info_and_tokenizer(model_dir)
+        model = strip_dropout(load_model(model_dir, info, device=dev, dtype=resolve_dtype(dtype)))
+        if dev.type == "cpu":
+            keep_freed_memory()  # CPU decoding allocates and frees large buffers at every step
+        # prepack_linears checks that this build runs int8 at all; "auto" falls back to float32.
+        if quantization != "none" and cpu_float32 and prepack_linears(model, int8=True):
+            quantization = "int8"
+        elif quantization == "int8":
+            raise ValueError("int8 quantization is not supported by this torch build")
+        else:
+            quantization = "none"
+            if prepack:
+                prepack_linears(model)
+        return cls(
+            model,
+            tokenizer,
+            info,
+            dev,
+            quantization,
+            options=options,
+            capacity=capacity,
+            max_beam_size=max_beam_size,
+            compile=compile,
+            cache_dir=cache_dir,
+        )
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.model.embed.weight.dtype
+
+    @property
+    def runner(self) -> Runner:
+        """The decoding step, made (compiled, or loaded from the cache) on first use."""
+        if self._runner is None:
+            self._runner = load_runner(
+                self.model,
+                top=self.options.candidates(self.max_beam_size),
+                capacity=self.capacity,
+                positions=self.options.positions(self.model.cfg.max_positions),
+                compile=self.compile,
+                cache_dir=self.cache_dir,
+            )
+        return self._runner
+
+    @property
+    def max_input_tokens(self) -> int:
+        return self.options.input_limit(self.model.cfg.max_positions)
+
+    def source_ids(self, texts: list[str], *, target: str | None = None) -> list[list[int]]:
+        """Token ids of each text followed by eos, truncated (``DecodeOptions.max_input_tokens``);
+        for a multilingual model preceded by ``target``'s token (``model.checkpoint.source_prefix``)."""
+        prefix = source_prefix(self.info, target)
+        return self.options.source_ids(
+            self.tokenizer, texts, prefix=prefix, max_positions=self.model.cfg.max_positions
+        )
+
+    def batch(self, sources: list[list[int]]) -> torch.Tensor:
+        """Right-padded (B, S) tensor of source ids (``model.decoding.batch.pad_batch``)."""
+        return pad_batch(sources, PAD_ID, self.device)
+
+    def _options(self, options: DecodeOptions | None, changes: dict[str, object]) -> DecodeOptions:
+        chosen = (options or self.options).but(**{k: v for k, v in changes.items() if v is not None})
+        if chosen.beam_size > self.max_beam_size:
+            raise ValueError(f"beam_size {chosen.beam_size} exceeds this translator's {self.max_beam_size}")
+        most = self.model.cfg.max_positions
+        if chosen.positions(most) > self.options.positions(most):  # the step was made for the cache's size
+            raise ValueError("max_input_tokens and max_output_tokens may not exceed the translator's own")
+        return chosen
+
+    @torch.inference_mode()
+    def generate(
+        self,
+        sources: list[list[int]],
+        options: DecodeOptions | None = None,
+        *,
+        beam_size: int | None = None,
+        n_best: int | None = None,
+    ) -> list[list[Hypothesis]]:
+        """The n-best hypotheses of each source (ids ending in eos), in order."""
+        chosen = self._options(options, {"beam_size": beam_size, "n_best": n_best})
+        # The cache keeps the translator's positions (the step was made for them), whatever the call's.
+        at = self.options.positions(self.model.cfg.max_positions)
+        return decode(self.model, self.runner, sources, chosen, capacity=self.capacity, positions=at)
+
+    def translate_batch(
+        self,
+        texts: list[str],
+        *,
+        target: str | None = None,
+        options: DecodeOptions | None = None,
+        beam_size: int | None = None,
+        n_best: int | None = None,
+        length_penalty: float | None = None,
+    ) -> list[TranslationResult]:
+        """Translate ``texts``; results come back in input order.
+
+        Args:
+            target: the language to translate into; needed by a multilingual model (one of
+                ``info.directions``' targets), optional for a bilingual one (its target_lang).
+            options: the decoding (default: the translator's); ``beam_size``, ``n_best`` and
+                ``length_penalty`` override its fields.
+        """
+        chosen = self._options(
+            options, {"beam_size": beam_size, "n_best": n_best, "length_penalty": length_penalty}
+        )
+        source_prefix(self.info, target)  # ValueError for a target it cannot give, even for blank input
+        n = chosen.n_best
+        results: list[TranslationResult | None] = [None] * len(texts)
+        todo = [i for i, t in enumerate(texts) if t.strip()]
+        for i in set(range(len(texts))) - set(todo):  # blank input: blank output, no model work
+            results[i] = TranslationResult([""] * n, [0.0] * n, [[]] * n)
+        if todo:
+            sources = self.source_ids([texts[i] for i in todo], target=target)
+            for i, nbest in zip(todo, self.generate(sources, chosen), strict=True):
+                tokens = [h.tokens for h in nbest]
+                results[i] = TranslationResult(
+                    hypotheses=self.tokenizer.decode(tokens), scores=[h.score for h in nbest], tokens=tokens
+                )
+        return [r for r in results if r is not None]

@@ -1,0 +1,296 @@
+"""Step runners: ``DecodeStep`` run eagerly or compiled, behind one signature (``StepRunner``).
+
+``load_runner`` picks one when a model is loaded, and callers never branch on which they hold:
+
+- ``EagerRunner``: the module itself. The reference every compiled runner is tested against, and
+  the fallback wherever compiling fails.
+- ``PackagedRunner`` (CPU): the step exported with ``torch.export``, the running batch's rows,
+  cached positions, source positions and beam rows as symbolic sizes, compiled by AOTInductor into
+  a shared library whose C++ wrapper calls the kernels (no Python between them), packaged with the
+  weights as one ``.pt2`` file kept on disk between starts. The weights are constants of the graph
+  (``freezing``): TorchInductor then lays out every linear layer for oneDNN and fuses its bias,
+  ReLU or residual addition into it (without freezing, MKL's plain GEMM took twice as long on our
+  AMD EPYC). ``torch.compile`` with freezing cannot keep its graphs in TorchInductor's disk cache (it
+  refuses to pickle oneDNN's packed weights), so every start would recompile; a package is a file.
+- ``CompiledRunner`` (CUDA): ``torch.compile`` of the same module with dynamic shapes, compiled on
+  its first calls (the warm-up). CUDA graphs are not used: rows and positions change at every step,
+  and a graph per shape would have to be captured for each.
+
+A package's name is a digest of everything its graph depends on: the weights, the configuration
+and linear layers (float32 or int8), the cache's capacity and positions (the graph's code is
+written for the cache's strides), the number of threads (the kernels' parallel loops are sized
+when compiled), the CPU's instruction set (oneDNN's weight layout depends on it), torch's version
+and the source of the modules that make the graph (not the search's bookkeeping: editing it
+recompiles nothing). Workers starting together compile once: the first takes a lock, the others
+wait and load its file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import logging
+import os
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from model.cache import KVCache
+from model.layers import KEY_ALIGN
+from model.runtime import DEFAULT_CACHE_DIR
+from model.runtime.step import DecodeStep, StepOutputs
+from model.transformer import Transformer
+
+log = logging.getLogger(__name__)
+
+_MODEL = Path(__file__).parent.parent
+# The modules whose code makes the graph: a change to any of them makes a new package.
+_SOURCES = (
+    _MODEL / "layers.py",
+    _MODEL / "transformer.py",
+    _MODEL / "cache.py",
+    _MODEL / "runtime" / "step.py",
+    _MODEL / "runtime" / "prepack.py",
+    _MODEL / "runtime" / "runners.py",
+)
+
+
+class EagerRunner:
+    """``DecodeStep`` called as it is."""
+
+    kind = "eager"
+    # torch's eager kernels sum an axis in chunks that depend on its length: reading keys in whole
+    # multiples of KEY_ALIGN keeps a row's bits independent of its neighbours' lengths.
+    align = KEY_ALIGN
+
+    def __init__(self, step: DecodeStep) -> None:
+        self.step = step
+        self.compile_seconds = 0.0
+
+    def __call__(self, *args: Tensor) -> StepOutputs:
+        return self.step(*args)
+
+    def prepare(self, cache_dir: Path) -> None:
+        """Nothing to compile."""
+
+
+class PackagedRunner:
+    """The step as an AOTInductor package (CPU): compiled once per model and settings, or loaded."""
+
+    kind = "compiled"
+    align = 1  # the generated kernels sum in an order that does not depend on the keys read
+
+    def __init__(self, step: DecodeStep, *, capacity: int, positions: int) -> None:
+        self.step = step
+        self.capacity, self.positions = capacity, positions
+        # The loaded package's runner (torch._C._aoti.AOTIModelPackageLoader): called with the flat
+        # list of inputs, it returns the flat list of outputs (the package's own wrapper parses its
+        # input and output specs again at every call).
+        self._loader: Any = None
+        self.cached = False  # the package was on disk already
+        self.compile_seconds = 0.0
+
+    def __call__(self, *args: Tensor) -> StepOutputs:
+        choice, top_tokens, top_lprobs, eos_lprob, new_kv = self._loader.run(args)
+        return choice, top_tokens, top_lprobs, eos_lprob, new_kv
+
+    def prepare(self, cache_dir: Path) -> None:
+        # Where TorchInductor builds (and caches the pieces of) what it compiles.
+        os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_dir / "inductor"))
+        path = cache_dir / f"step-{self.key()}.pt2"
+        self.cached = path.exists()
+        if not self.cached:
+            self._compile(path)
+        self._loader = torch._inductor.aoti_load_package(str(path)).loader
+
+    def key(self) -> str:
+        """The digest that names this step's package (see the module's docstring)."""
+        m = self.step.model
+        about = {
+            "torch": torch.__version__,
+            "isa": torch.backends.cpu.get_cpu_capability(),
+            "cpu": _cpu_flags(),
+            "threads": torch.get_num_threads(),
+            "top": self.step.top,
+            "capacity": self.capacity,
+            "positions": self.positions,
+            "config": asdict(m.cfg),
+            "dtype": str(m.embed.weight.dtype),
+            "device": str(m.embed.weight.device),
+            "modules": sorted({type(x).__name__ for x in m.modules()}),
+        }
+        h = hashlib.sha256(json.dumps(about, sort_keys=True).encode())
+        for path in _SOURCES:
+            h.update(path.read_bytes())
+        for name, t in sorted(m.state_dict().items()):
+            h.update(name.encode())
+            h.update(t.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy().tobytes())
+        return h.hexdigest()[:24]
+
+    def _compile(self, path: Path) -> None:
+        """Export and compile the step into ``path``, unless another process did it meanwhile."""
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path.with_suffix(".lock"), "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, or the process dies
+            if path.exists():  # compiled by a process that held the lock before us
+                self.cached = True
+                return
+            started = time.perf_counter()
+            log.info("compiling the decoding step (once per model and settings; kept in %s)", path.parent)
+            tmp = path.with_suffix(f".{os.getpid()}.tmp.pt2")  # (the name must end in .pt2)
+            try:
+                # Not in inference mode (export takes no inference tensors); freezing (weights as
+                # constants) needs autograd off.
+                with torch.inference_mode(False), torch.no_grad():
+                    program = export(self.step, capacity=self.capacity, positions=self.positions)
+                    torch._inductor.aoti_compile_and_package(
+                        program, package_path=str(tmp), inductor_configs={"freezing": True}
+                    )
+                os.replace(tmp, path)  # whole or not at all: a reader never sees half a package
+            finally:
+                with contextlib.suppress(FileNotFoundError):
+                    tmp.unlink()
+            log.info("decoding step compiled in %.1f s", time.perf_counter() - started)
+
+
+class CompiledRunner:
+    """``torch.compile`` of the step with dynamic sizes (CUDA; on CPU too, where tests run it)."""
+
+    kind = "compiled"
+    align = KEY_ALIGN  # (not checked on a GPU: read aligned, as eager)
+
+    def __init__(self, step: DecodeStep) -> None:
+        self.step = step
+        self._compiled: Any = torch.compile(step, dynamic=True)
+        self.compile_seconds = 0.0
+
+    def __call__(self, *args: Tensor) -> StepOutputs:
+        out: StepOutputs = self._compiled(*args)
+        return out
+
+    def prepare(self, cache_dir: Path) -> None:
+        os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_dir / "inductor"))
+
+
+Runner = EagerRunner | PackagedRunner | CompiledRunner
+
+
+def load_runner(
+    model: Transformer,
+    *,
+    top: int,
+    capacity: int,
+    positions: int,
+    compile: bool = True,
+    cache_dir: Path | None = None,
+) -> Runner:
+    """The step of ``model`` for a cache of ``capacity`` rows and ``positions`` positions, ready to
+    call: compiled where ``compile`` and the device allow (a package on CPU, ``torch.compile`` on
+    CUDA), eager otherwise or when compiling fails (no C++ compiler, an unwritable cache...: slower,
+    but decoding; ``runner.kind`` says which). Warmed up: one greedy and one beam step on one row and
+    on two, so that lazy initialisation (kernels, thread pools, compilation) happens here."""
+    started = time.perf_counter()
+    step = DecodeStep(model, top=top).eval()
+    cache_dir = cache_dir or DEFAULT_CACHE_DIR
+    runner: Runner = EagerRunner(step)
+    if compile:
+        device = model.embed.weight.device.type
+        compiled: Runner = (
+            PackagedRunner(step, capacity=capacity, positions=positions)
+            if device == "cpu"
+            else CompiledRunner(step)
+        )
+        try:
+            compiled.prepare(cache_dir)
+            warm_up(compiled, model, capacity=capacity, positions=positions)
+            runner = compiled
+        except Exception:
+            log.exception("compiling the decoding step failed; decoding eagerly")
+    if runner.kind == "eager":
+        warm_up(runner, model, capacity=capacity, positions=positions)
+    runner.compile_seconds = time.perf_counter() - started
+    log.info("decoding step ready (%s) in %.1f s", runner.kind, runner.compile_seconds)
+    return runner
+
+
+@torch.inference_mode()
+def warm_up(runner: Runner, model: Transformer, *, capacity: int, positions: int) -> None:
+    for rows in (1, 2):
+        cache = _example_cache(model, rows, capacity=capacity, positions=positions, align=runner.align)
+        tokens = torch.full((rows,), model.cfg.bos_id, dtype=torch.long, device=cache.lengths.device)
+        for beam_rows in (torch.zeros(1, dtype=torch.long), torch.arange(rows)):
+            out = runner(tokens, *cache.views(), beam_rows.to(tokens.device))
+            cache.advance(out[4])
+
+
+def export(step: DecodeStep, *, capacity: int, positions: int) -> torch.export.ExportedProgram:
+    """``step`` as a graph over 1 to ``capacity`` rows, 1 to ``positions`` cached and source
+    positions and 1 to ``capacity`` beam rows. The example inputs are views of a real cache (called
+    outside inference mode: export takes no inference tensors): the graph's code is written for
+    their strides."""
+    model = step.model
+    rows = min(3, capacity)  # an example; the sizes are symbols
+    cache = _example_cache(model, rows, capacity=capacity, positions=positions)
+    n, keys, width = rows, 16, min(positions, cache.src_bias.size(3) - 16)
+    args = (
+        torch.full((n,), model.cfg.bos_id, dtype=torch.long),
+        cache.lengths[:n],
+        cache.self_kv[:n, :, :, :, :keys],
+        cache.cross_kv[:n, :, :, :, :width],
+        cache.src_bias[:n, :, :, :width],
+        torch.arange(min(2, n)),
+    )
+    dim = torch.export.Dim
+    r, c, s = (
+        dim("rows", min=1, max=capacity),
+        dim("keys", min=1, max=positions),
+        dim("src", min=1, max=positions),
+    )
+    shapes = (
+        {0: r},
+        {0: r},
+        {0: r, 4: c},
+        {0: r, 4: s},
+        {0: r, 3: s},
+        {0: dim("beam_rows", min=1, max=capacity)},
+    )
+    # Size-oblivious: a batch of one row is not a special case (else 1 would be specialized away).
+    with torch.fx.experimental._config.patch(backed_size_oblivious=True):  # type: ignore[attr-defined]
+        return torch.export.export(step, args, dynamic_shapes=shapes, strict=False)
+
+
+def _example_cache(
+    model: Transformer, rows: int, *, capacity: int, positions: int, align: int = 1
+) -> KVCache:
+    """A cache holding ``rows`` short inputs (token 5 twice, then eos)."""
+    device = model.embed.weight.device
+    src = torch.full((rows, 3), 5, dtype=torch.long, device=device)
+    src[:, -1] = model.cfg.eos_id
+    enc = model.encode(src)
+    cache = KVCache(
+        model.cfg,
+        capacity=capacity,
+        positions=positions,
+        dtype=model.embed.weight.dtype,
+        device=device,
+        align=align,
+    )
+    cache.append(model.source_kv(enc), enc.src_mask)
+    return cache
+
+
+def _cpu_flags() -> str:
+    """The CPU's model and feature flags, as the kernel reports them (oneDNN picks its kernels and
+    weight layouts by them)."""
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        return ""
+    wanted = [line for line in lines if line.startswith(("model name", "flags"))][:2]
+    return hashlib.sha256("\n".join(wanted).encode()).hexdigest()[:16]
