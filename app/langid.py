@@ -4,11 +4,11 @@ Used by ``POST /detect`` and by ``source: "auto"``, always among the languages t
 translates from (``app.languages.source_languages``): a language it cannot translate is no useful
 answer. The identifier is py3langid (a maintained fork of langid.py: a naive Bayes model over byte
 n-grams, 97 languages, numpy only), chosen over lingua-language-detector on Multi30k's test
-sentences in en/de/fr/cs (``python -m benchmarks.langid``, BENCHMARKS.md "Language
-identification"): both were right on every full sentence, py3langid more often on a sentence's
-first three words (99.3% vs 98.0%, what translate-as-you-type first sends), and ~6x faster
-(~40 us a sentence, cheap enough for the event loop) in half the memory; it also knows more
-languages (97 vs 75), which matters for whatever pair someone trains.
+sentences in en/de/fr/cs (``python -m benchmarks.langid``): both are right on every full
+sentence, py3langid more often on a sentence's first three words (99.3% vs 98.0%, what
+translate-as-you-type first sends), and ~6x faster (~40 us a sentence, cheap enough for the event
+loop) in half the memory; it also knows more languages (97 vs 75), which matters for whatever
+pair someone trains.
 
 Confidences are percentages among the candidates (they sum to ~100), as LibreTranslate reports
 them. One candidate needs no model: it is the answer, with confidence 100 (today's German->English

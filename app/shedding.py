@@ -11,14 +11,16 @@ parsed, not every one that arrived meanwhile; its sentences are then counted exa
 A request let through then waits for its turn (``take_turn``): at most ``TURNS`` requests at a
 time are between the gate and admission, where the front end spends its CPU on them (reading,
 parsing, validating, splitting, tokenizing). Without that bound, a burst (2,048 clients connecting
-at once, or held-back clients all coming back) was let through in one turn of the event loop,
-which then spent over a second on it before anything else, /health included, got its turn.
+at once, or held-back clients all coming back) would be let through in one turn of the event
+loop, which would then spend over a second on it before anything else, /health included, got its
+turn.
 
 A client that retries at once, ignoring Retry-After, is held to it: the connection that got the
 503 is not read again for ``RETRY_AFTER_S`` (its answer was sent at once; its next request waits in
-the socket, costing nothing). Without that, 2,048 connections retrying in a loop kept the front
-end reading and refusing ~1,600 requests a second, and each turn of its event loop took so long
-that a new connection waited 1.7-2 s for ``/health`` (BENCHMARKS.md, "Overload").
+the socket, costing nothing). Without that, 2,048 connections retrying in a loop keep the front
+end reading and refusing ~1,600 requests a second, and each turn of its event loop takes so long
+that a new connection waits 1.7-2 s for ``/health`` (measured with ``python -m benchmarks.overload``
+on 2 cores; with the hold-back, under 1 s).
 """
 
 from __future__ import annotations

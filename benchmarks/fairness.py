@@ -1,7 +1,7 @@
 """Fairness: does a one-line request wait behind other clients' documents?
 
 For each scheduling policy (``NMT_SCHEDULING``: ``fair``, round-robin over requests, and ``fifo``,
-first come first served, what the service did before) a server is started as deployed and
+first come first served) a server is started as deployed and
 ``--documents`` clients each post a document of ``--sentences`` test_2016 sentences, wait for its
 translation and post the next, for ``--duration`` seconds. Every ``--interval`` seconds one more
 client posts a single sentence. Reported per policy:

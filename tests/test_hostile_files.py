@@ -273,8 +273,8 @@ def test_hostile_files_over_http_cost_no_one_else_anything(
         response, seconds = answers[hostile.name]
         assert response.status_code == hostile.status, (hostile.name, response.text)
         assert hostile.words in response.json()["error"], hostile.name
-        # benchmarks/hostile.py measures these (BENCHMARKS.md); here, "quickly": the 600 MB bomb took
-        # 39 s when it was inflated in full.
+        # benchmarks/hostile.py measures these (each refused within ~1.3 s on 2 cores); here,
+        # "quickly": inflating the 600 MB bomb in full would take ~39 s.
         assert seconds < 5, (hostile.name, seconds)
     assert heavy.status_code == 200, heavy.text
     assert peak - base < 100 * MB, f"the front end grew by {(peak - base) / MB:.0f} MB"

@@ -153,8 +153,9 @@ GERMAN = [
 
 def test_int8_shipped_model_translates_like_float32() -> None:
     # The claim the service's default rests on: int8 changes (almost) nothing. On the full test and
-    # val sets the two were 0.0-0.1 BLEU apart (BENCHMARKS.md); here the int8 outputs must match
-    # the float32 ones closely (chrF against them as reference), and most must be identical.
+    # val sets the two are 0.0-0.1 BLEU apart (``python -m benchmarks.engine``); here the int8
+    # outputs must match the float32 ones closely (chrF against them as reference), and most must
+    # be identical.
     outputs = {
         q: [
             r.hypotheses[0]

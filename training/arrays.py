@@ -2,11 +2,11 @@
 
 A ``DiskArray`` reads only the slice asked for, with one positioned read (``os.pread``), into a
 fresh numpy array; nothing of the file is kept by the process, and the kernel's page cache keeps
-recently read pages for the next reader. A memory map was tried first: its pages count in the
-process's resident memory once touched, and on current kernels a fault maps a whole large
-page-cache folio, not a page: building one batch of a 5 M-pair corpus mapped 60-85 MB of the
-files (~1.3 MB per pair read), so the trainer's peak memory depended on the corpus' size and on
-when mapped pages were let go of. Positioned reads cost ~5 syscalls per pair (~1 ms a batch).
+recently read pages for the next reader. Not a memory map: its pages count in the process's
+resident memory once touched, and on current kernels a fault maps a whole large page-cache folio,
+not a page: building one batch of a 5 M-pair corpus maps 60-85 MB of the files (~1.3 MB per pair
+read), so the trainer's peak memory would depend on the corpus' size and on when mapped pages are
+let go of. Positioned reads cost ~5 syscalls per pair (~1 ms a batch).
 """
 
 from __future__ import annotations
