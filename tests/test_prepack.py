@@ -1,4 +1,4 @@
-"""model.prepack: oneDNN pre-packed linear layers compute what nn.Linear does, and leave the
+"""model.runtime.prepack: oneDNN pre-packed linear layers compute what nn.Linear does, and leave the
 model's weights (state_dict) as they were."""
 
 from __future__ import annotations
@@ -10,8 +10,10 @@ import pytest
 import sacrebleu
 import torch
 
-import model.prepack
-from model.prepack import Int8Linear, PackedLinear, available, prepack
+import model.runtime.prepack
+from model.cache import KVCache
+from model.layers import KEY_ALIGN
+from model.runtime.prepack import Int8Linear, PackedLinear, available, prepack
 from model.tokenizer import PAD_ID
 from model.transformer import Transformer
 from model.translator import Translator
@@ -29,7 +31,7 @@ def test_available_on_this_build() -> None:
 def test_prepacked_model_computes_the_same_logits(
     make_model: Callable[..., Transformer], tie_embeddings: bool, intel: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(model.prepack, "_intel_cpu", lambda: intel)
+    monkeypatch.setattr(model.runtime.prepack, "_intel_cpu", lambda: intel)
     plain = make_model(seed=2, tie_embeddings=tie_embeddings)
     packed = make_model(seed=2, tie_embeddings=tie_embeddings)
     assert prepack(packed)
@@ -43,12 +45,20 @@ def test_prepacked_model_computes_the_same_logits(
     tgt = torch.randint(4, plain.cfg.vocab_size, (3, 5))
     with torch.inference_mode():
         torch.testing.assert_close(packed(src, tgt), plain(src, tgt), atol=1e-5, rtol=1e-5)
-        cache_p = packed.start_cache(packed.encode(src))
-        cache_q = plain.start_cache(plain.encode(src))
+        caches = []
+        for m in (packed, plain):
+            enc = m.encode(src)
+            w = m.embed.weight
+            cache = KVCache(m.cfg, capacity=3, positions=16, dtype=w.dtype, device=w.device, align=KEY_ALIGN)
+            cache.append(m.source_kv(enc), enc.src_mask)
+            caches.append(cache)
         for t in range(tgt.size(1)):
-            lp, cache_p = packed.decode_step(tgt[:, t], cache_p)
-            lq, cache_q = plain.decode_step(tgt[:, t], cache_q)
-            torch.testing.assert_close(lp, lq, atol=1e-5, rtol=1e-5)
+            lp, lq = [], []
+            for m, cache, out in ((packed, caches[0], lp), (plain, caches[1], lq)):
+                logits, new_kv = m.step(tgt[:, t], *cache.views())
+                cache.advance(new_kv)
+                out.append(logits)
+            torch.testing.assert_close(lp[0], lq[0], atol=1e-5, rtol=1e-5)
 
 
 def test_state_dict_is_unchanged(make_model: Callable[..., Transformer]) -> None:

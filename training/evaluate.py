@@ -21,6 +21,7 @@ import sacrebleu
 import torch
 
 from model.checkpoint import ModelDirError, ModelInfo
+from model.decoding.options import DecodeOptions
 from model.tokenizer import PAD_ID
 from model.transformer import Transformer
 from model.translator import Translator
@@ -57,7 +58,6 @@ def evaluate(
     *,
     target: str | None = None,
     beam_size: int = 5,
-    batch_size: int = 64,
     length_penalty: float = 1.0,
 ) -> tuple[Scores, list[str]]:
     """Translate ``sources`` (into ``target``: needed by a multilingual model) and score them."""
@@ -65,7 +65,7 @@ def evaluate(
         raise DataError(f"{len(sources)} source lines but {len(references)} reference lines")
     start = time.perf_counter()
     results = translator.translate_batch(
-        sources, target=target, beam_size=beam_size, max_batch_size=batch_size, length_penalty=length_penalty
+        sources, target=target, beam_size=beam_size, length_penalty=length_penalty
     )
     seconds = time.perf_counter() - start
     hyps = [r.hypotheses[0] for r in results]
@@ -85,7 +85,9 @@ def validate(
     """
     was_training = model.training
     model.eval()
-    translator = Translator(model, corpus.tokenizer, info, device)
+    translator = Translator(
+        model, corpus.tokenizer, info, device, options=DecodeOptions(beam_size=1), capacity=p.valid_batch_size
+    )
     per: dict[str, dict[str, float]] = {}
     loss_sum, nll_sum, tokens = 0.0, 0.0, 0
     for direction in corpus.valid:
@@ -104,7 +106,6 @@ def validate(
             references[:n],
             target=direction.target,
             beam_size=1,
-            batch_size=p.valid_batch_size,
         )
         per[direction.name] = {
             "valid_loss": d_loss / max(d_tokens, 1),
@@ -148,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--split", default="test_2016_flickr", help="with --data-dir: the split's name")
     ap.add_argument("--beam-size", type=int, default=5)
     ap.add_argument("--length-penalty", type=float, default=1.0)
-    ap.add_argument("--batch-size", type=int, default=64)
+    ap.add_argument("--batch-size", type=int, default=64, help="rows (beams) decoded together")
     ap.add_argument("--device", default="auto")
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--output", help="also write the translations to this file (--src/--ref only)")
@@ -157,7 +158,13 @@ def main(argv: list[str] | None = None) -> int:
     if (args.src is None or args.ref is None) == (args.data_dir is None):
         ap.error("give either --src and --ref, or --data-dir")
     try:
-        translator = Translator.load(args.model, device=args.device, dtype=args.dtype)
+        translator = Translator.load(
+            args.model,
+            device=args.device,
+            dtype=args.dtype,
+            capacity=max(args.batch_size, args.beam_size),  # rows (beams) decoded together
+            max_beam_size=args.beam_size,
+        )
         asked = _direction(translator.info, args.direction)
         if args.data_dir is None:
             if asked is None and translator.info.is_multilingual:
@@ -179,7 +186,6 @@ def main(argv: list[str] | None = None) -> int:
                 references,
                 target=pair[1] if pair else None,
                 beam_size=args.beam_size,
-                batch_size=args.batch_size,
                 length_penalty=args.length_penalty,
             )
             results[name] = scores

@@ -13,7 +13,6 @@ from typing import Any
 
 from model.tokenizer import EOS_ID, Tokenizer
 
-
 GUARD_MARGIN = 16  # candidates kept beyond 2K per row for the repetition guard to drop
 
 
