@@ -48,7 +48,7 @@ class Transformer(nn.Module):
             None if cfg.tie_embeddings else nn.Embedding(cfg.vocab_size, cfg.d_model, padding_idx=cfg.pad_id)
         )
         self.out_proj = None if cfg.tie_embeddings else nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
-        # Set by model.prepack for CPU inference: the tied projection with its weight pre-packed.
+        # Set by model.runtime.prepack for CPU inference: the tied projection with its weight pre-packed.
         self.logits_proj: nn.Module | None = None
         self.positions = SinusoidalPositions(cfg.max_positions, cfg.d_model)
         self.dropout = nn.Dropout(cfg.dropout)

@@ -1,4 +1,4 @@
-"""model.allocator: on glibc, large blocks come from the heap (not mmap) once the policy is set."""
+"""model.runtime.allocator: on glibc, large blocks come from the heap (not mmap) once the policy is set."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import threading
 import pytest
 import torch
 
-from model.allocator import keep_freed_memory
+from model.runtime.allocator import keep_freed_memory
 
 pytestmark = pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="a glibc policy; no-op elsewhere")
 

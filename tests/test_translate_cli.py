@@ -8,13 +8,23 @@ import subprocess
 import sys
 from pathlib import Path
 
+import httpx
 import pytest
 
-from model import translate
+from model.checkpoint import ModelInfo, save_model_dir
+from model.decoding import cli as translate
+from model.tokenizer import Tokenizer
 from model.translate import main
 from model.translator import Translator
+from tests.conftest import random_model
+from tests.test_server import running_server
 
 REPO = Path(__file__).resolve().parents[1]
+
+
+# What the tests' ``translator`` fixture runs (the CLI's defaults are the service's: int8 on CPU,
+# the compiled step).
+FLOAT32_EAGER = ("--quantization", "none", "--no-compile")
 
 
 @pytest.fixture
@@ -40,15 +50,25 @@ def test_file_to_file_in_chunks(
     translate_batch = Translator.translate_batch
 
     def spy(self: Translator, texts: list[str], **kwargs: int) -> object:
-        chunks.append((len(texts), kwargs["max_batch_size"]))
+        chunks.append((len(texts), self.capacity))
         return translate_batch(self, texts, **kwargs)  # type: ignore[arg-type]
 
     monkeypatch.setattr(translate, "CHUNK_LINES", 4)
     monkeypatch.setattr(Translator, "translate_batch", spy)
     src, out = tmp_path / "in.txt", tmp_path / "out.txt"
     src.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    argv = ["--model", str(model_dir), "--input", str(src), "--output", str(out), "--device", "cpu"]
-    assert main([*argv, "--beam-size", "2", "--batch-size", "2"]) == 0
+    argv = [
+        "--model",
+        str(model_dir),
+        "--input",
+        str(src),
+        "--output",
+        str(out),
+        "--device",
+        "cpu",
+        *FLOAT32_EAGER,
+    ]
+    assert main([*argv, "--beam-size", "2", "--batch-size", "3"]) == 0
     monkeypatch.undo()
 
     got = out.read_text(encoding="utf-8").split("\n")
@@ -56,7 +76,7 @@ def test_file_to_file_in_chunks(
     assert got[:-1] == expected(translator, lines, beam_size=2)
     assert [i for i, t in enumerate(got[:-1]) if not t] == [1, 3, 6]  # blank in, blank out
     assert all(got[i] for i in (0, 2, 4, 5, 7, 8))
-    assert chunks == [(4, 2), (4, 2), (1, 2)]  # streamed in chunks, --batch-size passed through
+    assert chunks == [(4, 3), (4, 3), (1, 3)]  # streamed in chunks, --batch-size passed through
     err = capsys.readouterr().err
     assert f"{len(lines)}/{len(lines)}" in err  # the progress bar, on stderr
 
@@ -67,7 +87,17 @@ def test_gzip_crlf_and_no_final_newline(
     src, out = tmp_path / "in.txt.gz", tmp_path / "out.txt.gz"
     with gzip.open(src, "wb") as f:
         f.write(("\r\n".join(lines)).encode("utf-8"))  # Windows line ends, last line unterminated
-    argv = ["--model", str(model_dir), "--input", str(src), "--output", str(out), "--device", "cpu"]
+    argv = [
+        "--model",
+        str(model_dir),
+        "--input",
+        str(src),
+        "--output",
+        str(out),
+        "--device",
+        "cpu",
+        *FLOAT32_EAGER,
+    ]
     assert main([*argv, "--beam-size", "1", "--no-progress"]) == 0
     with gzip.open(out, "rt", encoding="utf-8") as f:
         got = f.read().split("\n")
@@ -83,7 +113,22 @@ def test_stdout_output(
 ) -> None:
     src = tmp_path / "in.txt"
     src.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    assert main(["--model", str(model_dir), "--input", str(src), "--device", "cpu", "--beam-size", "3"]) == 0
+    assert (
+        main(
+            [
+                "--model",
+                str(model_dir),
+                "--input",
+                str(src),
+                "--device",
+                "cpu",
+                *FLOAT32_EAGER,
+                "--beam-size",
+                "3",
+            ]
+        )
+        == 0
+    )
     assert capsys.readouterr().out.split("\n")[:-1] == expected(translator, lines, beam_size=3)
 
 
@@ -98,6 +143,7 @@ def test_subprocess_reads_stdin(model_dir: Path, translator: Translator, lines: 
             str(model_dir),
             "--device",
             "cpu",
+            *FLOAT32_EAGER,
             "--beam-size",
             "2",
         ],
@@ -118,7 +164,20 @@ def test_all_blank_input(model_dir: Path, tmp_path: Path) -> None:
     src, out = tmp_path / "in.txt", tmp_path / "out.txt"
     src.write_text("\n \n\n")
     assert (
-        main(["--model", str(model_dir), "--input", str(src), "--output", str(out), "--device", "cpu"]) == 0
+        main(
+            [
+                "--model",
+                str(model_dir),
+                "--input",
+                str(src),
+                "--output",
+                str(out),
+                "--device",
+                "cpu",
+                *FLOAT32_EAGER,
+            ]
+        )
+        == 0
     )
     assert out.read_text() == "\n\n\n"
 
@@ -127,7 +186,20 @@ def test_empty_input(model_dir: Path, tmp_path: Path) -> None:
     src, out = tmp_path / "in.txt", tmp_path / "out.txt"
     src.write_text("")
     assert (
-        main(["--model", str(model_dir), "--input", str(src), "--output", str(out), "--device", "cpu"]) == 0
+        main(
+            [
+                "--model",
+                str(model_dir),
+                "--input",
+                str(src),
+                "--output",
+                str(out),
+                "--device",
+                "cpu",
+                *FLOAT32_EAGER,
+            ]
+        )
+        == 0
     )
     assert out.read_text() == ""
 
@@ -144,7 +216,7 @@ def assert_clean_error(capsys: pytest.CaptureFixture[str], *needles: str) -> Non
 
 
 def test_missing_model_dir(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["--model", str(tmp_path / "no-such-model"), "--device", "cpu"]) == 2
+    assert main(["--model", str(tmp_path / "no-such-model"), "--device", "cpu", *FLOAT32_EAGER]) == 2
     assert_clean_error(capsys, "no-such-model")
 
 
@@ -153,7 +225,19 @@ def test_broken_model_dir(model_dir_copy: Path, tmp_path: Path, capsys: pytest.C
     src, out = tmp_path / "in.txt", tmp_path / "out.txt"
     src.write_text("Ein Mann.\n")
     assert (
-        main(["--model", str(model_dir_copy), "--input", str(src), "--output", str(out), "--device", "cpu"])
+        main(
+            [
+                "--model",
+                str(model_dir_copy),
+                "--input",
+                str(src),
+                "--output",
+                str(out),
+                "--device",
+                "cpu",
+                *FLOAT32_EAGER,
+            ]
+        )
         == 2
     )
     assert_clean_error(capsys, "model.safetensors")
@@ -161,12 +245,25 @@ def test_broken_model_dir(model_dir_copy: Path, tmp_path: Path, capsys: pytest.C
 
 
 def test_model_dir_without_config(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["--model", str(tmp_path), "--device", "cpu"]) == 2
+    assert main(["--model", str(tmp_path), "--device", "cpu", *FLOAT32_EAGER]) == 2
     assert_clean_error(capsys, "config.json")
 
 
 def test_missing_input_file(model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["--model", str(model_dir), "--input", str(tmp_path / "missing.txt"), "--device", "cpu"]) == 2
+    assert (
+        main(
+            [
+                "--model",
+                str(model_dir),
+                "--input",
+                str(tmp_path / "missing.txt"),
+                "--device",
+                "cpu",
+                *FLOAT32_EAGER,
+            ]
+        )
+        == 2
+    )
     assert_clean_error(capsys, "missing.txt")
 
 
@@ -175,7 +272,17 @@ def test_invalid_utf8_names_the_line(
 ) -> None:
     src, out = tmp_path / "in.txt", tmp_path / "out.txt"
     src.write_bytes("Ein Mann läuft.\n".encode() + b"caf\xe9 latin-1\n" + b"Ein Hund.\n")
-    argv = ["--model", str(model_dir), "--input", str(src), "--output", str(out), "--device", "cpu"]
+    argv = [
+        "--model",
+        str(model_dir),
+        "--input",
+        str(src),
+        "--output",
+        str(out),
+        "--device",
+        "cpu",
+        *FLOAT32_EAGER,
+    ]
     assert main([*argv, "--no-progress"]) == 2
     assert_clean_error(capsys, "line 2", "UTF-8")
 
@@ -212,3 +319,47 @@ def test_cuda_requested_without_cuda(model_dir: Path, capsys: pytest.CaptureFixt
         pytest.skip("CUDA is available here")
     assert main(["--model", str(model_dir), "--device", "cuda"]) == 2
     assert_clean_error(capsys, "CUDA")
+
+
+@pytest.fixture(scope="module")
+def long_model_dir(tmp_path_factory: pytest.TempPathFactory, spm_model: Path, tokenizer: Tokenizer) -> Path:
+    """A model with room for 512 positions: longer than the decoding's input limit (250 tokens)."""
+    model = random_model(seed=4, sharpen=2.0, vocab_size=tokenizer.vocab_size, max_positions=512)
+    info = ModelInfo(config=model.cfg, source_lang="de", target_lang="en")
+    return save_model_dir(tmp_path_factory.mktemp("long") / "long-de-en", model, info, spm_model)
+
+
+def test_the_cli_and_the_service_translate_alike_long_inputs_included(
+    long_model_dir: Path, tokenizer: Tokenizer, tmp_path: Path
+) -> None:
+    """The same lines through ``python -m model.translate`` and the HTTP service, both with their
+    defaults (DecodeOptions): the same translations, a line of ~400 tokens included (cut at 250
+    source tokens by both; one sentence, so that the service does not split it)."""
+    words = ["Hund", "Katze", "Haus", "Baum", "Wasser", "Straße", "Mann", "Frau", "Kind", "Ball"]
+    long_line = " ".join(words[i % len(words)] for i in range(300))
+    assert len(tokenizer.encode([long_line])[0]) > 300
+    lines = ["Ein Hund läuft im Park", long_line, "Zwei Kinder spielen", long_line[: len(long_line) // 3]]
+    src = tmp_path / "in.txt"
+    src.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    cli = subprocess.run(
+        [sys.executable, "-m", "model.translate", "--model", str(long_model_dir), "--input", str(src)]
+        + ["--device", "cpu", "--beam-size", "2", *FLOAT32_EAGER, "--no-progress"],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=300,
+        check=True,
+    ).stdout.split("\n")[:-1]
+    env = {
+        "NMT_MODEL_DIR": str(long_model_dir),
+        "NMT_DEFAULT_BEAM_SIZE": "2",
+        "NMT_QUANTIZATION": "none",
+        "NMT_COMPILE": "false",
+    }
+    with running_server(tmp_path / "uvicorn.log", **env) as server:
+        response = httpx.post(
+            f"{server.url}/translate", json={"q": lines, "source": "de", "target": "en"}, timeout=120
+        )
+    assert response.status_code == 200, response.text
+    assert response.json()["translatedText"] == cli
+    assert len(set(cli)) >= 3  # the test means something: the lines translate differently

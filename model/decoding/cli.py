@@ -128,7 +128,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="decode with the eager step instead of the compiled one (compiled once per model and "
         "settings, then kept in --compile-cache-dir)",
     )
-    parser.add_argument("--compile-cache-dir", type=Path, default=None, help="default: the service's")
+    parser.add_argument(
+        "--compile-cache-dir",
+        type=Path,
+        default=os.environ.get("NMT_COMPILE_CACHE_DIR") or None,
+        help="default: the service's (NMT_COMPILE_CACHE_DIR, else ~/.cache/nmt-service/compiled)",
+    )
     parser.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     return parser
 
