@@ -1,12 +1,15 @@
 """One answer per input: how many sentences translate differently alone than among neighbours?
 
-Every sentence of the test set is translated alone (batch of one, the eager step), then all of them
-in batches of ``--batch-size`` in a shuffled order, and all of them through the serving executor
-with the compiled decoding step (``model.compiled_step``, as the workers run it: arrivals spread
-over the steps in a shuffled order, joining and leaving the running batch), with the service's
-default model settings (``--quantization auto``: int8 on CPU) or another. Reported per search
-(greedy, beam 5): sentences whose best translation differs from the one alone, and BLEU of each
-run against the references. Not a timing: it counts, so it is stable on a busy machine.
+Every sentence of the test set is translated alone (``Translator.translate_batch`` of one, the
+eager step), then all of them in one ``translate_batch`` call in a shuffled order (eager, a running
+batch of ``--batch-size`` x beam rows: sentences join as others finish, so each one's neighbours are
+whatever the running batch holds), and all of them through the serving executor with the compiled
+decoding step (``Translator(compile=True)``, as the workers run it: arrivals spread over the steps
+in a shuffled order, joining and leaving the running batch), with the service's default model
+settings (``--quantization auto``: int8 on CPU) or another. Every run keeps the service's
+``2 x NMT_MAX_BEAM_SIZE`` candidates per beam row. Reported per search (greedy, beam 5): sentences
+whose best translation differs from the one alone, and BLEU of each run against the references.
+Not a timing: it counts, so it is stable on a busy machine.
 
     .venv/bin/python -m benchmarks.determinism                     # ~4 min on 2 cores
     .venv/bin/python -m benchmarks.determinism --quantization none --limit 300
@@ -26,23 +29,35 @@ import torch
 from app.serving.executor import Executor
 from app.serving.worker import Inbox, WorkerJob
 from benchmarks.common import DATA, DEFAULT_MODEL
-from model.compiled_step import CompiledDecoder
-from model.translator import Translator
+from model.decoding.translator import Translator
 from training.data import read_lines
 
+MAX_BEAM = 8  # the service's NMT_MAX_BEAM_SIZE: its step keeps 2x that many candidates per row
 
-def served(
-    translator: Translator,
-    decoder: CompiledDecoder | None,
-    sentences: list[str],
-    beams: list[int],
-    seed: int = 5,
-) -> list[list[int]]:
+
+def sized(translator: Translator, *, capacity: int, compile: bool = False) -> Translator:
+    """``translator``'s model (shared, not loaded again) with a running batch of ``capacity`` rows,
+    its step compiled or eager."""
+    return Translator(
+        translator.model,
+        translator.tokenizer,
+        translator.info,
+        translator.device,
+        translator.quantization,
+        options=translator.options,
+        capacity=max(capacity, translator.max_beam_size),
+        max_beam_size=translator.max_beam_size,
+        compile=compile,
+        cache_dir=translator.cache_dir,
+    )
+
+
+def served(translator: Translator, sentences: list[str], beams: list[int], seed: int = 5) -> list[list[int]]:
     """Best tokens of each sentence through a worker's executor: arrivals of 0-6 sentences before
-    each step, in a shuffled order, greedy and beam rows side by side (``decoder``: the compiled
-    step, warmed up; None: the eager step)."""
+    each step, in a shuffled order, greedy and beam rows side by side (the step: ``translator``'s
+    runner, compiled or eager as it was made)."""
     inbox = Inbox()
-    executor = Executor(translator, inbox, max_batch_size=64, decoder=decoder)
+    executor = Executor(translator, inbox, max_batch_size=64)
     sources = translator.source_ids(sentences)
     rng = random.Random(seed)
     pending = [
@@ -72,7 +87,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--ref", type=Path, default=DATA / "test_2016_flickr.en.gz")
     p.add_argument("--limit", type=int, default=None, help="first N sentences only")
     p.add_argument("--quantization", default="auto", choices=["auto", "none", "int8"])
-    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--batch-size", type=int, default=64, help="sentences in the running batch (x beam rows)")
     p.add_argument("--beams", type=int, nargs="+", default=[1, 5])
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--json", type=Path)
@@ -80,37 +95,45 @@ def main(argv: list[str] | None = None) -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     src, ref = read_lines(args.src)[: args.limit], read_lines(args.ref)[: args.limit]
-    translator = Translator.load(args.model, device="cpu", quantization=args.quantization)
-    decoder = CompiledDecoder(translator.model, top=16)
-    decoder.warm_up(64)
+    max_beam = max(MAX_BEAM, *args.beams)
+    translator = Translator.load(
+        args.model, device="cpu", quantization=args.quantization, max_beam_size=max_beam
+    )
+    compiled = sized(translator, capacity=64, compile=True)  # as a worker: NMT_MAX_BATCH_SIZE=64
+    runner = compiled.runner  # compiled (or loaded) and warmed up now, not inside the first run
+    print(f"served step: {runner.kind}, ready in {runner.compile_seconds:.1f} s", flush=True)
     order = list(range(len(src)))
     random.Random(0).shuffle(order)
-    report = {"quantization": translator.quantization, "sentences": len(src), "results": []}
+    report = {
+        "quantization": translator.quantization,
+        "sentences": len(src),
+        "served_step": runner.kind,
+        "results": [],
+    }
     for beam in args.beams:
         alone = [translator.translate_batch([s], beam_size=beam)[0].hypotheses[0] for s in src]
-        shuffled = translator.translate_batch(
-            [src[i] for i in order], beam_size=beam, max_batch_size=args.batch_size
-        )
+        batching = sized(translator, capacity=args.batch_size * beam)
+        shuffled = batching.translate_batch([src[i] for i in order], beam_size=beam)
         batched = [""] * len(src)
         for i, result in zip(order, shuffled, strict=True):
             batched[i] = result.hypotheses[0]
-        compiled = translator.tokenizer.decode(served(translator, decoder, src, [beam] * len(src)))
+        through = translator.tokenizer.decode(served(compiled, src, [beam] * len(src)))
         differ = sum(a != b for a, b in zip(alone, batched, strict=True))
-        differ_compiled = sum(a != b for a, b in zip(alone, compiled, strict=True))
+        differ_compiled = sum(a != b for a, b in zip(alone, through, strict=True))
         row = {
             "beam": beam,
             "differ": differ,
             "differ_compiled": differ_compiled,
             "bleu_alone": sacrebleu.corpus_bleu(alone, [ref]).score,
             "bleu_batched": sacrebleu.corpus_bleu(batched, [ref]).score,
-            "bleu_compiled": sacrebleu.corpus_bleu(compiled, [ref]).score,
+            "bleu_compiled": sacrebleu.corpus_bleu(through, [ref]).score,
         }
         report["results"].append(row)  # type: ignore[attr-defined]
         print(
             f"{translator.quantization} beam {beam}: {differ} of {len(src)} differ alone vs in batches of "
-            f"{args.batch_size}, {differ_compiled} alone vs served with the compiled step; BLEU "
+            f"{args.batch_size}, {differ_compiled} alone vs served with the {runner.kind} step; BLEU "
             f"{row['bleu_alone']:.2f} alone, {row['bleu_batched']:.2f} batched, "
-            f"{row['bleu_compiled']:.2f} compiled",
+            f"{row['bleu_compiled']:.2f} served",
             flush=True,
         )
     if args.json:

@@ -4,8 +4,12 @@ The model directory is converted with ``model.export_ctranslate2`` (float32), th
 translate the same sentences (test_2016_flickr, 1,000 German sentences by default) with the same
 number of threads, for every (beam size, batch size) asked. Both are timed from text to text:
 SentencePiece encoding, search, decoding; both sort the inputs by length before batching (ours in
-``translate_batch``, CTranslate2's with ``max_batch_size``). Each configuration is run once untimed
-(warm-up) and then ``--repeats`` times alternating the engines; the median is reported.
+``translate_batch``, CTranslate2's with ``max_batch_size``). Both decode with the same
+``DecodeOptions`` (``model.decoding.options``: CTranslate2 gets them as ``ctranslate2_options``;
+it has no a * source + b length budget, only the ``--max-length`` cap). A batch of N is N sentences
+for CTranslate2 (``max_batch_size``, beams not counted) and N x beam rows of our running batch
+(``Translator``'s ``capacity``). Each configuration is run once untimed (warm-up) and then
+``--repeats`` times alternating the engines; the median is reported.
 
 Reported: sentences/s, generated tokens/s (tokens of the best hypothesis, eos excluded, for both),
 ms per sentence, our/CTranslate2 ratio, and the BLEU of both against the references (sacreBLEU,
@@ -37,9 +41,10 @@ import sacrebleu
 import torch
 
 from benchmarks.common import DATA, DEFAULT_MODEL, OtherLoad, cpu_name
+from model.decoding.options import DecodeOptions, ctranslate2_options
+from model.decoding.translator import Translator
 from model.export_ctranslate2 import export
 from model.tokenizer import Tokenizer
-from model.translator import Translator
 from training.data import read_lines
 
 
@@ -73,15 +78,44 @@ Engine = Callable[[list[str], int, int], Run]  # (texts, beam, batch size) -> Ru
 
 
 def ours(translator: Translator, max_length: int) -> Engine:
+    """``translator``'s loaded model, decoding with a running batch of ``batch`` x ``beam`` rows
+    (one ``Translator`` per configuration, all sharing the model; a compiled step is made on first
+    use). Batch 1: one ``translate_batch`` call per sentence, each timed on its own."""
+    sized: dict[tuple[int, int], Translator] = {}
+
     def run(texts: list[str], beam: int, batch: int) -> Run:
-        t0 = time.perf_counter()
-        results = translator.translate_batch(
-            texts, beam_size=beam, max_batch_size=batch, max_length=max_length
-        )
-        seconds = time.perf_counter() - t0
-        return Run([r.hypotheses[0] for r in results], sum(len(r.tokens[0]) for r in results), seconds)
+        if (beam, batch) not in sized:
+            sized[beam, batch] = Translator(
+                translator.model,
+                translator.tokenizer,
+                translator.info,
+                translator.device,
+                translator.quantization,
+                options=DecodeOptions(beam_size=beam, max_output_tokens=max_length),
+                # (at least 2: a step runner is warmed up on two rows)
+                capacity=max(batch * beam, 2),
+                compile=translator.compile,
+                cache_dir=translator.cache_dir,
+            )
+        engine = sized[beam, batch]
+        if batch == 1:
+            runs = [timed(engine, [text]) for text in texts]
+            return Run(
+                [r.texts[0] for r in runs],
+                sum(r.tokens for r in runs),
+                sum(r.seconds for r in runs),
+                latencies=[r.seconds for r in runs],
+            )
+        return timed(engine, texts)
 
     return run
+
+
+def timed(translator: Translator, texts: list[str]) -> Run:
+    t0 = time.perf_counter()
+    results = translator.translate_batch(texts)
+    seconds = time.perf_counter() - t0
+    return Run([r.hypotheses[0] for r in results], sum(len(r.tokens[0]) for r in results), seconds)
 
 
 def ctranslate2_engine(ct2: ctranslate2.Translator, tokenizer: Tokenizer, max_length: int) -> Engine:
@@ -98,10 +132,8 @@ def ctranslate2_engine(ct2: ctranslate2.Translator, tokenizer: Tokenizer, max_le
         pieces = tokenizer.sp.encode(texts, out_type=str)
         results = ct2.translate_batch(
             pieces,
-            beam_size=beam,
             max_batch_size=max(batch, 1),
-            max_decoding_length=max_length - 1,  # ours counts the eos in the budget, CTranslate2 does not
-            max_input_length=0,
+            **ctranslate2_options(DecodeOptions(beam_size=beam, max_output_tokens=max_length)),
         )
         hyps = [r.hypotheses[0] for r in results]
         out = tokenizer.sp.decode(hyps)
@@ -116,19 +148,20 @@ def ctranslate2_engine(ct2: ctranslate2.Translator, tokenizer: Tokenizer, max_le
 # CTranslate2's Intel OpenMP) fight: threads that one runtime leaves spinning after its run steal the
 # cores from the other's next run. Measured on 2 cores, the same-process numbers swung by 2x with
 # OMP_WAIT_POLICY; separate processes measure each engine as a user would run it.
-ENGINES = ["ours", "ours-unpacked", "ours-int8", "ctranslate2", "ctranslate2-int8"]
+ENGINES = ["ours", "ours-compiled", "ours-unpacked", "ours-int8", "ctranslate2", "ctranslate2-int8"]
 SETTLE_S = 0.5  # pause between runs: Intel OpenMP threads spin for 200 ms (KMP_BLOCKTIME) after work
 
 
 def build_engine(name: str, spec: dict[str, Any]) -> Engine:
     torch.set_num_threads(spec["threads"])
-    if name.startswith("ours"):  # ours-unpacked: the model.prepack lever switched off
+    if name.startswith("ours"):  # ours-unpacked: the model.runtime.prepack lever switched off
         translator = Translator.load(
             spec["model"],
             device=spec["device"],
             dtype=spec["dtype"],
             prepack=name != "ours-unpacked",
             quantization="int8" if name == "ours-int8" else "none",
+            compile=name == "ours-compiled",  # a step compiled per (beam, batch): minutes the first time
         )
         return ours(translator, spec["max_length"])
     ct2 = ctranslate2.Translator(
@@ -293,8 +326,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         nargs="+",
         default=["ours", "ctranslate2"],
         choices=ENGINES,
-        help="ours-unpacked: without model.prepack; -int8: int8 quantization (ours: the decoder's "
-        "linear layers; CTranslate2: compute_type int8); ratios are to ctranslate2 (float32)",
+        help="ours-compiled: the compiled decoding step (model.runtime); ours-unpacked: without "
+        "model.runtime.prepack; -int8: int8 quantization (ours: the decoder's linear layers; "
+        "CTranslate2: compute_type int8); ratios are to ctranslate2 (float32)",
     )
     p.add_argument("--threads", type=int, default=None, help="threads for both engines (default: torch's)")
     p.add_argument("--device", default="cpu", help="cpu or cuda, for both engines")

@@ -1,22 +1,22 @@
-"""One decoding step, alone: the compiled step (``model.compiled_step``) against the eager ones, and
-where its time goes.
+"""One decoding step, alone: the compiled runner against the eager one, and where its time goes.
 
-For each batch size, a running batch of test_2016 sources (their first ``rows``), decoded to
+For each batch size, a ``KVCache`` holding test_2016 sources (their first ``rows``), decoded to
 ``--history`` tokens first, then timed over ``--steps`` steps with the history kept fixed (each
 step's written position is rolled back), in the CPU time of this thread (``time.thread_time``: the
-time another process takes from this core is not counted), median of ``--repeats``:
+time another process takes from this core is not counted), median of ``--repeats``. A step is what
+the running batch (``model.decoding.batch``) does for one token: the runner over the cache's views
+(greedy: one beam row), then ``KVCache.advance``.
 
-- ``compiled``: ``StaticSlots.decode`` with the AOTInductor package (what a worker runs);
-- ``static eager``: the same ``StaticStep`` module run operator by operator;
-- ``decode_step``: ``Transformer.decode_step`` over a ``KVCache`` and an argmax (the eager path of
-  ``Translator``);
+- ``compiled``: ``model.runtime.runners.load_runner`` with ``compile=True`` (the AOTInductor package
+  on CPU, what a worker runs; ``eager`` again where compiling fails, as the header says);
+- ``eager``: the same ``DecodeStep`` module run operator by operator (``EagerRunner``);
 - ``linear layers``: the step's linear layers alone (oneDNN or int8, as loaded), the floor that the
   compiled step's other work adds to.
 
 ``--profile ROWS`` then prints the compiled step's kernels at that batch size (torch.profiler, with
 TorchInductor's per-kernel records compiled in: a separate package in ``--cache-dir``/profile).
 
-    .venv/bin/python -m benchmarks.step --quantization none --rows 1 8 32 64
+    .venv/bin/python -m benchmarks.step --quantization none --rows 1 32 64
     .venv/bin/python -m benchmarks.step --quantization int8 --rows 32 --profile 32
 """
 
@@ -31,10 +31,10 @@ from pathlib import Path
 import torch
 
 from benchmarks.common import DATA, DEFAULT_MODEL
-from model.cache import CacheSlots
-from model.compiled_step import DEFAULT_CACHE_DIR, CompiledDecoder
-from model.static_slots import StaticSlots
-from model.translator import Translator
+from model.cache import KVCache
+from model.decoding.translator import Translator
+from model.runtime import DEFAULT_CACHE_DIR
+from model.runtime.runners import Runner, load_runner
 from training.data import read_lines
 
 
@@ -50,69 +50,42 @@ def thread_ms(fn: Callable[[], object], steps: int, repeats: int) -> float:
     return statistics.median(times)
 
 
-def static_batch(
-    translator: Translator, decoder: CompiledDecoder, sources: list[list[int]], history: int
-) -> StaticSlots:
+def filled_cache(
+    translator: Translator, runner: Runner, sources: list[list[int]], args: argparse.Namespace
+) -> KVCache:
+    """A cache laid out as ``runner`` was made for, holding ``sources`` decoded (greedily) to
+    ``--history`` tokens."""
     model = translator.model
-    slots = StaticSlots(model, decoder.capacity)
-    slots.append(model.start_cache(model.encode(translator.batch(sources)), capacity=1))
-    tokens = torch.full((len(sources),), model.cfg.bos_id, dtype=torch.long)
-    for _ in range(history):
-        tokens = slots.decode(decoder, tokens, torch.zeros(1, dtype=torch.long)).choice
-    return slots
+    cache = KVCache(
+        model.cfg,
+        capacity=args.capacity,
+        positions=args.positions,
+        dtype=translator.dtype,
+        device=translator.device,
+        align=runner.align,
+    )
+    enc = model.encode(translator.batch(sources))
+    cache.append(model.source_kv(enc), enc.src_mask)
+    tokens = torch.full((len(sources),), model.cfg.bos_id, dtype=torch.long, device=translator.device)
+    beam_rows = torch.zeros(1, dtype=torch.long, device=translator.device)
+    for _ in range(args.history):
+        out = runner(tokens, *cache.views(), beam_rows)
+        cache.advance(out[4])
+        tokens = out[0]
+    return cache
 
 
-def measure(args: argparse.Namespace) -> None:
-    torch.set_num_threads(args.threads)
-    translator = Translator.load(args.model, device="cpu", quantization=args.quantization)
-    sources = translator.source_ids(read_lines(args.src))
-    compiled = CompiledDecoder(translator.model, top=16, cache_dir=args.cache_dir)
-    seconds = compiled.warm_up(max(args.rows))
-    print(f"compiled step ready in {seconds:.1f} s ({'loaded' if compiled.cached else 'compiled'})")
-    eager = CompiledDecoder(translator.model, top=16, compile=False)
-    eager.warm_up(max(args.rows))
-    print(f"\n{translator.quantization}, {args.threads} thread(s), history {args.history} tokens, ms/step:\n")
-    print("| rows | compiled | static eager | decode_step | linear layers |")
-    print("|---:|---:|---:|---:|---:|")
-    with torch.inference_mode():
-        for rows in args.rows:
-            results = [
-                *(static_ms(translator, d, sources[:rows], args) for d in (compiled, eager)),
-                eager_ms(translator, sources[:rows], args),
-                linears_ms(translator, rows, args),
-            ]
-            print(f"| {rows} | " + " | ".join(f"{r:.2f}" for r in results) + " |")
-    if args.profile:
-        profile(translator, sources[: args.profile], args)
-
-
-def static_ms(
-    translator: Translator, decoder: CompiledDecoder, sources: list[list[int]], args: argparse.Namespace
+def step_ms(
+    translator: Translator, runner: Runner, sources: list[list[int]], args: argparse.Namespace
 ) -> float:
-    slots = static_batch(translator, decoder, sources, args.history)
-    tokens = torch.full((len(sources),), 5, dtype=torch.long)
-    beam_rows = torch.zeros(1, dtype=torch.long)
+    cache = filled_cache(translator, runner, sources, args)
+    tokens = torch.full((len(sources),), 5, dtype=torch.long, device=translator.device)
+    beam_rows = torch.zeros(1, dtype=torch.long, device=translator.device)
 
     def step() -> None:
-        slots.decode(decoder, tokens, beam_rows)
-        slots.lengths[: len(sources)] -= 1  # the same history at every call
-        slots.max_length -= 1
-
-    return thread_ms(step, args.steps, args.repeats)
-
-
-def eager_ms(translator: Translator, sources: list[list[int]], args: argparse.Namespace) -> float:
-    model = translator.model
-    cache = CacheSlots()
-    cache.append(model.start_cache(model.encode(translator.batch(sources)), capacity=args.history + 8))
-    tokens = torch.full((len(sources),), 5, dtype=torch.long)
-    for _ in range(args.history):
-        _, view = model.decode_step(tokens, cache.view())
-        cache.advance(view)
-
-    def step() -> None:  # a new view each call: the same history (its lengths) each time
-        logits, _ = model.decode_step(tokens, cache.view())
-        logits.argmax(-1)
+        cache.advance(runner(tokens, *cache.views(), beam_rows)[4])
+        cache.lengths[: len(sources)] -= 1  # the same history at every call
+        cache.max_length -= 1
 
     return thread_ms(step, args.steps, args.repeats)
 
@@ -136,24 +109,61 @@ def linears_ms(translator: Translator, rows: int, args: argparse.Namespace) -> f
     return thread_ms(step, args.steps, args.repeats)
 
 
+def runner_for(translator: Translator, args: argparse.Namespace, *, compile: bool, cache_dir: Path) -> Runner:
+    return load_runner(
+        translator.model,
+        top=args.top,
+        capacity=args.capacity,
+        positions=args.positions,
+        compile=compile,
+        cache_dir=cache_dir,
+    )
+
+
+def measure(args: argparse.Namespace) -> None:
+    torch.set_num_threads(args.threads)
+    translator = Translator.load(args.model, device="cpu", quantization=args.quantization)
+    args.capacity = max(args.capacity, *args.rows)
+    args.positions = translator.options.positions(translator.model.cfg.max_positions)
+    sources = translator.source_ids(read_lines(args.src)[: max(args.rows)])
+    compiled = runner_for(translator, args, compile=True, cache_dir=args.cache_dir)
+    cached = " (loaded)" if getattr(compiled, "cached", False) else ""
+    print(f"compiled step ready in {compiled.compile_seconds:.1f} s: {compiled.kind}{cached}")
+    eager = runner_for(translator, args, compile=False, cache_dir=args.cache_dir)
+    print(
+        f"\n{translator.quantization}, {args.threads} thread(s), capacity {args.capacity}, "
+        f"history {args.history} tokens, ms/step:\n"
+    )
+    print("| rows | compiled | eager | linear layers |")
+    print("|---:|---:|---:|---:|")
+    with torch.inference_mode():
+        for rows in args.rows:
+            results = [
+                *(step_ms(translator, r, sources[:rows], args) for r in (compiled, eager)),
+                linears_ms(translator, rows, args),
+            ]
+            print(f"| {rows} | " + " | ".join(f"{r:.2f}" for r in results) + " |", flush=True)
+    if args.profile:
+        profile(translator, sources[: args.profile], args)
+
+
 def profile(translator: Translator, sources: list[list[int]], args: argparse.Namespace) -> None:
     import torch._inductor.config as inductor_config
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as torch_profile
 
     inductor_config.cpp.enable_kernel_profile = True  # a record per generated kernel
-    decoder = CompiledDecoder(translator.model, top=16, cache_dir=args.cache_dir / "profile")
-    decoder.warm_up(max(args.rows))
+    runner = runner_for(translator, args, compile=True, cache_dir=args.cache_dir / "profile")
     with torch.inference_mode():
-        slots = static_batch(translator, decoder, sources, args.history)
+        cache = filled_cache(translator, runner, sources, args)
         tokens = torch.full((len(sources),), 5, dtype=torch.long)
         beam_rows = torch.zeros(1, dtype=torch.long)
         with torch_profile(activities=[ProfilerActivity.CPU]) as prof:
             for _ in range(args.steps):
-                slots.decode(decoder, tokens, beam_rows)
-                slots.lengths[: len(sources)] -= 1
-                slots.max_length -= 1
-    print(f"\nThe compiled step's kernels at {len(sources)} rows ({args.steps} steps):\n")
+                cache.advance(runner(tokens, *cache.views(), beam_rows)[4])
+                cache.lengths[: len(sources)] -= 1
+                cache.max_length -= 1
+    print(f"\nThe {runner.kind} step's kernels at {len(sources)} rows ({args.steps} steps):\n")
     print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=20, max_name_column_width=60))
 
 
@@ -162,7 +172,14 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--model", type=Path, default=DEFAULT_MODEL)
     p.add_argument("--src", type=Path, default=DATA / "test_2016_flickr.de.gz")
     p.add_argument("--quantization", default="none", choices=["none", "int8"])
-    p.add_argument("--rows", type=int, nargs="+", default=[1, 8, 32, 64])
+    p.add_argument("--rows", type=int, nargs="+", default=[1, 32, 64])
+    p.add_argument(
+        "--capacity",
+        type=int,
+        default=64,
+        help="the cache's rows (the service's running batch; at least max --rows)",
+    )
+    p.add_argument("--top", type=int, default=16, help="candidates per beam row (2 x the largest beam)")
     p.add_argument("--history", type=int, default=12, help="tokens decoded before timing")
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--repeats", type=int, default=7)
