@@ -41,7 +41,7 @@ from app.serving.router import Router
 from app.serving.scheduler import Scheduler
 from app.serving.worker import ModelSpec, WorkerProcess
 from app.shedding import TURNS, passed, refused, take_turn
-from model.checkpoint import ModelDirError, ModelInfo
+from model.directory import ModelDirError, ModelInfo
 from model.tokenizer import Tokenizer
 
 # A child of uvicorn's general logger: under uvicorn these lines get its handler and format

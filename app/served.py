@@ -11,7 +11,7 @@ from pathlib import Path
 
 from app.serving.scheduler import Hypotheses
 from app.serving.worker import ModelDescription
-from model.checkpoint import CONFIG_FILE, ModelDirError, ModelInfo, read_info_and_tokenizer, source_prefix
+from model.directory import CONFIG_FILE, ModelDirError, ModelInfo, read_info_and_tokenizer, source_prefix
 from model.tokenizer import EOS_ID, Tokenizer
 
 MAX_INPUT_TOKENS = 250  # longer sentences are truncated (and the model's positions are finite)

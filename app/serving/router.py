@@ -2,7 +2,7 @@
 
 Every model serves the directions its directory lists (``ModelInfo.directions``: one for a
 bilingual model, several for a multilingual one, which is asked for a target by the tokens
-``model.checkpoint.source_prefix`` puts first). A pair is served
+``model.directory.source_prefix`` puts first). A pair is served
 
 - **directly** by the first model (in ``NMT_MODEL_DIR``'s order) that lists it: one hop;
 - else **through English** (``PIVOT``) when some model serves source->en and some model en->target:
@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
 
-from model.checkpoint import ModelInfo
+from model.directory import ModelInfo
 
 PIVOT = "en"
 
