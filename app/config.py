@@ -55,9 +55,6 @@ class Settings(BaseSettings):
     # one with more sentences than this 413.
     max_queue: PositiveInt = 1024
     batching: Literal["continuous", "dynamic"] = "continuous"
-    # The order in which waiting sentences join the batch: round-robin over requests (a one-line
-    # request never waits behind whole documents) or first come, first served.
-    scheduling: Literal["fair", "fifo"] = "fair"
     max_wait_ms: Annotated[float, Field(ge=0)] = 5.0  # dynamic batching: wait this long to fill a batch
     request_timeout_s: Annotated[float, Field(gt=0)] = 30.0
 

@@ -9,8 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from app.serving.scheduler import Hypotheses
-from app.serving.worker import ModelDescription
+from app.serving.protocol import Hypotheses, ModelDescription
 from model.directory import CONFIG_FILE, ModelDirError, ModelInfo, read_info_and_tokenizer, source_prefix
 from model.tokenizer import EOS_ID, Tokenizer
 

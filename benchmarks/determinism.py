@@ -24,7 +24,8 @@ import sacrebleu
 import torch
 
 from app.serving.executor import Executor
-from app.serving.worker import Inbox, WorkerJob
+from app.serving.protocol import SentenceJob
+from app.serving.worker import Inbox
 from benchmarks.common import DATA, DEFAULT_MODEL
 from model.compiled_step import CompiledDecoder
 from model.translator import Translator
@@ -46,7 +47,7 @@ def served(
     sources = translator.source_ids(sentences)
     rng = random.Random(seed)
     pending = [
-        WorkerJob(i, i, src, beam, 1, None, time.monotonic())
+        SentenceJob(i, i, src, beam, 1, None, time.monotonic())
         for i, (src, beam) in enumerate(zip(sources, beams, strict=True))
     ]
     rng.shuffle(pending)

@@ -18,8 +18,9 @@ from conftest import SENTENCES, compile_cache_dir, synthetic_sentences
 
 from app.metrics import Metrics, process_metrics
 from app.serving.executor import JOIN_RATIO, JOIN_WAIT_STEPS, Executor
+from app.serving.protocol import SentenceJob
 from app.serving.scheduler import Hypotheses
-from app.serving.worker import Inbox, WorkerJob
+from app.serving.worker import Inbox
 from model.cache import CacheSlots
 from model.checkpoint import load_model, load_tokenizer, read_info
 from model.compiled_step import CompiledDecoder
@@ -77,13 +78,13 @@ def make_executor(request: pytest.FixtureRequest) -> Callable[..., Executor]:
 
 def job(
     translator: Translator, text: str, beam_size: int = 1, n_best: int = 1, deadline: float | None = None
-) -> WorkerJob:
+) -> SentenceJob:
     src = translator.source_ids([text])[0]
-    return WorkerJob(next(_ids), 0, src, beam_size, n_best, deadline, time.monotonic())
+    return SentenceJob(next(_ids), 0, src, beam_size, n_best, deadline, time.monotonic())
 
 
 def drive(
-    executor: Executor, inbox: Inbox, arrivals: dict[int, list[WorkerJob]] | None = None, *, start: int = 0
+    executor: Executor, inbox: Inbox, arrivals: dict[int, list[SentenceJob]] | None = None, *, start: int = 0
 ) -> Finished:
     """Iterate until nothing runs or waits; ``arrivals[i]`` join the inbox before iteration ``i``."""
     arrivals = dict(arrivals or {})
@@ -412,7 +413,7 @@ def test_jobs_whose_admission_fails_are_answered(
 # -- the inbox -----------------------------------------------------------------------------------------
 def test_inbox_take_stops_at_the_first_job_that_does_not_fit() -> None:
     inbox = Inbox()
-    jobs = [WorkerJob(i, 0, [5, 2], beam, 1, None, time.monotonic()) for i, beam in enumerate([1, 2, 3, 1])]
+    jobs = [SentenceJob(i, 0, [5, 2], beam, 1, None, time.monotonic()) for i, beam in enumerate([1, 2, 3, 1])]
     inbox.add(jobs)
     rows = 0
 
@@ -434,7 +435,7 @@ def test_inbox_drops_cancelled_and_expired_jobs_and_forgets_them() -> None:
     abandoned = sample("nmt_sentences_total", {"outcome": "abandoned"})
     now = time.monotonic()
     keep, cancelled, expired, later = (
-        WorkerJob(i, 0, [5, 2], 1, 1, deadline, now)
+        SentenceJob(i, 0, [5, 2], 1, 1, deadline, now)
         for i, deadline in enumerate([None, None, now - 1, now + 60])
     )
     inbox.add([keep, cancelled, expired, later])
@@ -462,7 +463,7 @@ def within(seconds: float, call: Callable[[], bool]) -> bool:
 def test_inbox_wait_returns_when_there_is_work_and_false_once_stopped() -> None:
     inbox = Inbox()
     assert within(5.0, lambda: inbox.wait(lambda: True))  # a batch is running
-    job_ = WorkerJob(0, 0, [5, 2], 1, 1, None, time.monotonic())
+    job_ = SentenceJob(0, 0, [5, 2], 1, 1, None, time.monotonic())
     later = threading.Timer(0.05, inbox.add, [[job_]])
     started = time.monotonic()
     later.start()
@@ -474,17 +475,17 @@ def test_inbox_wait_returns_when_there_is_work_and_false_once_stopped() -> None:
     inbox.take(lambda j: True)
     assert not within(5.0, lambda: inbox.wait(lambda: False))  # woken by stop
     stopper.join()
-    inbox.add([WorkerJob(1, 0, [5, 2], 1, 1, None, time.monotonic())])
+    inbox.add([SentenceJob(1, 0, [5, 2], 1, 1, None, time.monotonic())])
     assert not within(5.0, lambda: inbox.wait(lambda: True))  # stopping wins over work
 
 
 def test_inbox_wait_for_more_waits_for_rows_or_the_timeout() -> None:
     inbox = Inbox()
-    inbox.add([WorkerJob(0, 0, [5, 2], 2, 1, None, time.monotonic())])
+    inbox.add([SentenceJob(0, 0, [5, 2], 2, 1, None, time.monotonic())])
     started = time.monotonic()
     inbox.wait_for_more(4, 0.05)  # 2 rows wait, not 4
     assert time.monotonic() - started >= 0.04
-    inbox.add([WorkerJob(1, 0, [5, 2], 2, 1, None, time.monotonic())])
+    inbox.add([SentenceJob(1, 0, [5, 2], 2, 1, None, time.monotonic())])
     started = time.monotonic()
     inbox.wait_for_more(4, 10.0)
     assert time.monotonic() - started < 5.0  # 4 rows are there: it did not wait out its 10 s

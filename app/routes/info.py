@@ -65,7 +65,6 @@ async def info(settings: SettingsDep, routes: RouterDep) -> dict[str, Any]:
             "max_batch_tokens": settings.max_batch_tokens,
             "max_queue": settings.max_queue,  # all models together
             "max_wait_ms": settings.max_wait_ms,
-            "scheduling": settings.scheduling,
             "replicas": settings.replicas,  # workers per model, each its own batch (0: one per core)
         },
         "limits": {
