@@ -79,7 +79,8 @@ class Router(Generic[M]):
                 if middle == start == PIVOT and source != target and pair not in routes:
                     routes[pair] = Route(source, target, (first, second))
         self.routes: list[Route[M]] = list(routes.values())  # direct routes first, in the models' order
-        # Language codes are looked up without regard to case ("DE" is "de"), as the API did before.
+        # Language codes are looked up without regard to case ("DE" is "de"): the case of an ISO 639
+        # code means nothing, and clients send either.
         self._index = {(r.source.lower(), r.target.lower()): r for r in self.routes}
 
     def route(self, source: str, target: str) -> Route[M] | None:
