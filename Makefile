@@ -34,6 +34,7 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
+	$(BIN)/lint-imports
 
 serve: $(STAMP)
 	$(BIN)/uvicorn app.main:app --host 0.0.0.0 --port $(PORT) --loop asyncio --no-access-log

@@ -42,7 +42,7 @@ class Settings(BaseSettings):
     # The model directories to serve: comma-separated paths, each a model directory or a directory
     # of model directories (every subdirectory with a config.json, by name; app.served). By default
     # every model shipped in artifacts/: both directions where both are shipped, for ~1.7 GiB more
-    # memory per model with two workers each (BENCHMARKS.md, "Several models").
+    # memory per model with two workers each (the torch runtime and compiled step of each worker).
     model_dir: Annotated[tuple[Path, ...], NoDecode] = (Path("artifacts"),)
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
@@ -57,9 +57,6 @@ class Settings(BaseSettings):
     # Sentences waiting for a worker (beyond those decoding); a request that does not fit gets 503,
     # one with more sentences than this 413.
     max_queue: PositiveInt = 1024
-    # The order in which waiting sentences join the batch: round-robin over requests (a one-line
-    # request never waits behind whole documents) or first come, first served.
-    scheduling: Literal["fair", "fifo"] = "fair"
     request_timeout_s: Annotated[float, Field(gt=0)] = 30.0
 
     # Request limits.
@@ -86,8 +83,7 @@ class Settings(BaseSettings):
     # this many at a time, each within this many seconds of CPU time (and three times as many of
     # wall-clock time a step), allocating at most this many MiB beyond what it starts with; a file
     # that needs more gets 413, and never costs the front end memory. The costliest files within
-    # the limits above took 110-145 MB and 3-5 s of CPU to read and write (BENCHMARKS.md,
-    # "Hostile uploads").
+    # the limits above took 110-145 MB and 3-5 s of CPU to read and write.
     file_readers: PositiveInt = 2
     file_read_timeout_s: Annotated[float, Field(gt=0)] = 10.0
     file_reader_memory_mb: PositiveInt = 256

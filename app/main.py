@@ -11,6 +11,7 @@ status, instead of an import traceback or a server that answers 500s.
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import gc
 import logging
 import os
@@ -37,11 +38,12 @@ from app.middleware import RequestMetricsMiddleware
 from app.routes import detect, files, frontend, health, info, languages, metrics, translate
 from app.served import ServedModel, find_model_dirs, model_names
 from app.serving.cores import CoreBoard, CoreShare
+from app.serving.handle import WorkerProcess
+from app.serving.protocol import ModelSpec
 from app.serving.router import Router
 from app.serving.scheduler import Scheduler
-from app.serving.worker import ModelSpec, WorkerProcess
 from app.shedding import TURNS, passed, refused, take_turn
-from model.checkpoint import ModelDirError, ModelInfo
+from model.directory import ModelDirError, ModelInfo
 from model.tokenizer import Tokenizer
 
 # A child of uvicorn's general logger: under uvicorn these lines get its handler and format
@@ -86,9 +88,16 @@ def worker_threads(settings: Settings) -> int:
 
 
 def cuda_available() -> bool:
-    import torch  # here: the front end runs no torch, and needs it only to answer this
-
-    return bool(torch.cuda.is_available())
+    """Whether the CUDA driver sees a device (``CUDA_VISIBLE_DEVICES`` applies), asked of the driver
+    itself: the front end never imports torch (its memory and import time, for this one answer).
+    What the workers run on is what they report when ready: ``lifespan`` warns when a torch
+    without CUDA runs on the CPU of a machine whose driver sees a device."""
+    try:
+        driver = ctypes.CDLL("libcuda.so.1")
+    except OSError:  # no NVIDIA driver
+        return False
+    count = ctypes.c_int(0)
+    return driver.cuInit(0) == 0 and driver.cuDeviceGetCount(ctypes.byref(count)) == 0 and count.value > 0
 
 
 def quiet_garbage_collector() -> None:
@@ -214,7 +223,6 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         [w for mine in workers.values() for w in mine],
         max_queue=settings.max_queue,
         max_batch_size=settings.max_batch_size,
-        policy=settings.scheduling,
         metrics=metrics,
     )
     try:
@@ -226,6 +234,14 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         for spec, model_info, tokenizer in opened:
             description = workers[spec.name][0].description
             assert description is not None  # reported when it started
+            on_cpu_as_if_gpu = count == 1 < len(os.sched_getaffinity(0)) and not settings.replicas
+            if on_cpu_as_if_gpu and not description.device.startswith("cuda"):
+                logger.warning(
+                    "%s runs on %s with one worker: the CUDA driver sees a device, but the workers' "
+                    "torch does not use it; set NMT_DEVICE=cpu for one worker per core",
+                    spec.name,
+                    description.device,
+                )
             model = ServedModel(
                 spec.name,
                 model_info,

@@ -9,10 +9,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from app.serving.scheduler import Hypotheses
-from app.serving.worker import ModelDescription
-from model.checkpoint import CONFIG_FILE, ModelDirError, ModelInfo, read_info_and_tokenizer, source_prefix
+from app.serving.protocol import Hypotheses, ModelDescription
 from model.decoding.options import DecodeOptions
+from model.directory import CONFIG_FILE, ModelDirError, ModelInfo, read_info_and_tokenizer, source_prefix
 from model.tokenizer import Tokenizer
 
 

@@ -27,7 +27,8 @@ import sacrebleu
 import torch
 
 from app.serving.executor import Executor
-from app.serving.worker import Inbox, WorkerJob
+from app.serving.protocol import SentenceJob
+from app.serving.worker import Inbox
 from benchmarks.common import DATA, DEFAULT_MODEL
 from model.decoding.translator import Translator
 from training.data import read_lines
@@ -61,7 +62,7 @@ def served(translator: Translator, sentences: list[str], beams: list[int], seed:
     sources = translator.source_ids(sentences)
     rng = random.Random(seed)
     pending = [
-        WorkerJob(i, i, src, beam, 1, None, time.monotonic())
+        SentenceJob(i, i, src, beam, 1, None, time.monotonic())
         for i, (src, beam) in enumerate(zip(sources, beams, strict=True))
     ]
     rng.shuffle(pending)

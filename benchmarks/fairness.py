@@ -1,10 +1,9 @@
 """Fairness: does a one-line request wait behind other clients' documents?
 
-For each scheduling policy (``NMT_SCHEDULING``: ``fair``, round-robin over requests, and ``fifo``,
-first come first served) a server is started as deployed and
-``--documents`` clients each post a document of ``--sentences`` test_2016 sentences, wait for its
-translation and post the next, for ``--duration`` seconds. Every ``--interval`` seconds one more
-client posts a single sentence. Reported per policy:
+A server is started as deployed (its scheduler takes requests round-robin, ``app.serving.fairqueue``)
+and ``--documents`` clients each post a document of ``--sentences`` test_2016 sentences, wait for
+its translation and post the next, for ``--duration`` seconds. Every ``--interval`` seconds one more
+client posts a single sentence. Reported:
 
 - the documents' throughput: sentences translated per second;
 - for each one-line request, how many of the documents in flight when it was sent finished before
@@ -53,8 +52,7 @@ class Line:
 
 
 @dataclass
-class PolicyResult:
-    policy: str
+class Result:
     duration_s: float
     documents: int
     sentences_per_s: float
@@ -84,7 +82,7 @@ def body(texts: list[str]) -> bytes:
     return json.dumps({"q": texts, "source": "de", "target": "en", "beam_size": 1}).encode()
 
 
-async def run_policy(
+async def run_load(
     url: str, texts: list[str], args: argparse.Namespace
 ) -> tuple[list[Document], list[Line], float]:
     host, port = url.removeprefix("http://").split(":")
@@ -160,7 +158,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", type=Path, default=DEFAULT_MODEL)
     p.add_argument("--src", type=Path, default=DATA / "test_2016_flickr.de.gz")
-    p.add_argument("--policies", nargs="+", default=["fair", "fifo"])
     p.add_argument("--documents", type=int, default=8, help="concurrent document clients")
     p.add_argument("--sentences", type=int, default=40, help="sentences per document")
     p.add_argument("--duration", type=float, default=40.0)
@@ -175,58 +172,40 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     texts = read_lines(args.src)
-    results: list[PolicyResult] = []
     with tempfile.TemporaryDirectory(prefix="nmt-fairness-") as tmp:
-        for policy in args.policies:
-            env = {"NMT_MODEL_DIR": str(args.model.resolve()), "NMT_SCHEDULING": policy}
-            env.update(kv.split("=", 1) for kv in args.env)
-            with serve(env, Path(tmp) / f"{policy}.log") as server:
-                asyncio.run(
-                    run_policy(server.url, texts, argparse.Namespace(**{**vars(args), "duration": 5}))
-                )
-                wait_idle(server)  # (a warm-up round, not counted)
-                documents, lines, wall = asyncio.run(run_policy(server.url, texts, args))
-                wait_idle(server)
-                trials = asyncio.run(run_trials(server.url, texts, args))
-            finished = [d for d in documents if d.done is not None]
-            rate = len(finished) * args.sentences / wall
-            results.append(PolicyResult(policy, wall, len(finished), rate, lines, trials))
-            r = results[-1]
-            print(
-                f"{policy}: {r.sentences_per_s:.1f} document sentences/s; one-line requests: {len(lines)}, "
-                f"overtaken by at most {r.worst_overtaken} of the documents in flight, latency median "
-                f"{statistics.median([(x.done - x.sent) * 1000 for x in lines]):.0f} ms",
-                flush=True,
-            )
+        env = {"NMT_MODEL_DIR": str(args.model.resolve())}
+        env.update(kv.split("=", 1) for kv in args.env)
+        with serve(env, Path(tmp) / "server.log") as server:
+            asyncio.run(run_load(server.url, texts, argparse.Namespace(**{**vars(args), "duration": 5})))
+            wait_idle(server)  # (a warm-up round, not counted)
+            documents, lines, wall = asyncio.run(run_load(server.url, texts, args))
+            wait_idle(server)
+            trials = asyncio.run(run_trials(server.url, texts, args))
+    finished = [d for d in documents if d.done is not None]
+    r = Result(wall, len(finished), len(finished) * args.sentences / wall, lines, trials)
     print(f"\n{machine()}\n")
     print(
-        "| policy | document sentences/s | bursts: documents finished before the line (median / max) | "
+        "| document sentences/s | bursts: documents finished before the line (median / max) | "
         "bursts: line latency ms (median / max) | during the run: one-line requests, documents in flight "
         "(median), finished before it (median / max), latency ms (median / max) |"
     )
-    print("|---|---:|---:|---:|---|")
-    for r in results:
-        lat = [(x.done - x.sent) * 1000 for x in r.lines]
-        burst_lat = [(x.done - x.sent) * 1000 for x in r.trials]
-        burst_over = [x.overtaken for x in r.trials]
-        print(
-            f"| {r.policy} | {r.sentences_per_s:.1f} | "
-            f"{statistics.median(burst_over):.0f} / {max(burst_over)} of {args.documents} | "
-            f"{statistics.median(burst_lat):.0f} / {max(burst_lat):.0f} | "
-            f"{len(r.lines)}, {statistics.median([x.in_flight for x in r.lines]):.0f}, "
-            f"{statistics.median([x.overtaken for x in r.lines]):.0f} / {r.worst_overtaken}, "
-            f"{statistics.median(lat):.0f} / {max(lat):.0f} |"
-        )
-    if len(results) == 2:
-        print(
-            f"\nthroughput {results[0].policy} / {results[1].policy}: "
-            f"{results[0].sentences_per_s / results[1].sentences_per_s:.3f}"
-        )
+    print("|---:|---:|---:|---|")
+    lat = [(x.done - x.sent) * 1000 for x in r.lines]
+    burst_lat = [(x.done - x.sent) * 1000 for x in r.trials]
+    burst_over = [x.overtaken for x in r.trials]
+    print(
+        f"| {r.sentences_per_s:.1f} | "
+        f"{statistics.median(burst_over):.0f} / {max(burst_over)} of {args.documents} | "
+        f"{statistics.median(burst_lat):.0f} / {max(burst_lat):.0f} | "
+        f"{len(r.lines)}, {statistics.median([x.in_flight for x in r.lines]):.0f}, "
+        f"{statistics.median([x.overtaken for x in r.lines]):.0f} / {r.worst_overtaken}, "
+        f"{statistics.median(lat):.0f} / {max(lat):.0f} |"
+    )
     if args.json:
         report: dict[str, Any] = {
             "machine": machine(),
             "args": {k: str(v) for k, v in vars(args).items()},
-            "results": [asdict(r) for r in results],
+            "result": asdict(r),
         }
         args.json.write_text(json.dumps(report, indent=2) + "\n")
 

@@ -25,7 +25,8 @@ import torch
 
 from app.config import Settings
 from app.serving.executor import Executor
-from app.serving.worker import Inbox, WorkerJob, open_translator
+from app.serving.protocol import SentenceJob
+from app.serving.worker import Inbox, open_translator
 from benchmarks.common import DATA, DEFAULT_MODEL
 from model.decoding.batch import decode as decode_all
 from model.translator import Translator
@@ -110,7 +111,7 @@ def served(translator: Translator, sentences: list[str], beams: list[int], seed:
     executor = Executor(translator, inbox, max_batch_size=64)
     rng = random.Random(seed)
     pending = [
-        WorkerJob(i, i, src, beam, 1, None, time.monotonic())
+        SentenceJob(i, i, src, beam, 1, None, time.monotonic())
         for i, (src, beam) in enumerate(zip(translator.source_ids(sentences), beams, strict=True))
     ]
     rng.shuffle(pending)

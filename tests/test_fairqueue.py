@@ -1,5 +1,5 @@
-"""app.serving.fairqueue: round-robin over owners (or first come, first served), retries first,
-and the worker's inbox keeping that order for what it was given ahead."""
+"""app.serving.fairqueue: round-robin over owners, retries first, and the worker's inbox keeping
+that order for what it was given ahead."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ import time
 import pytest
 
 from app.serving.fairqueue import FairQueue
-from app.serving.worker import Inbox, WorkerJob
+from app.serving.protocol import SentenceJob
+from app.serving.worker import Inbox
 
 
 def drain(queue: FairQueue[str]) -> list[str]:
@@ -21,7 +22,7 @@ def drain(queue: FairQueue[str]) -> list[str]:
 
 
 def test_fair_serves_one_item_per_owner_per_turn() -> None:
-    q: FairQueue[str] = FairQueue("fair")
+    q: FairQueue[str] = FairQueue()
     q.push("doc1", ["a1", "a2", "a3"])
     q.push("doc2", ["b1", "b2"])
     q.push("line", ["c1"])
@@ -29,16 +30,16 @@ def test_fair_serves_one_item_per_owner_per_turn() -> None:
     assert drain(q) == ["a1", "b1", "c1", "a2", "b2", "a3"]
 
 
-def test_fifo_serves_owners_in_arrival_order() -> None:
-    q: FairQueue[str] = FairQueue("fifo")
+def test_more_items_of_a_waiting_owner_go_behind_its_own() -> None:
+    q: FairQueue[str] = FairQueue()
     q.push("doc1", ["a1", "a2"])
     q.push("line", ["c1"])
-    q.push("doc1", ["a3"])  # more of an owner already waiting: behind its own items
-    assert drain(q) == ["a1", "a2", "a3", "c1"]
+    q.push("doc1", ["a3"])
+    assert drain(q) == ["a1", "c1", "a2", "a3"]
 
 
 def test_items_pushed_first_are_served_before_everything_in_their_order() -> None:
-    q: FairQueue[str] = FairQueue("fair")
+    q: FairQueue[str] = FairQueue()
     q.push("doc1", ["a3", "a4"])
     q.push("doc2", ["b1"])
     q.push("doc2", ["b0"], first=True)  # an owner already waiting moves to the head
@@ -48,7 +49,7 @@ def test_items_pushed_first_are_served_before_everything_in_their_order() -> Non
 
 
 def test_drop_takes_out_one_owner() -> None:
-    q: FairQueue[str] = FairQueue("fair")
+    q: FairQueue[str] = FairQueue()
     q.push("doc1", ["a1", "a2"])
     q.push("doc2", ["b1"])
     assert q.drop("doc1") == ["a1", "a2"] and q.drop("doc1") == []
@@ -57,18 +58,14 @@ def test_drop_takes_out_one_owner() -> None:
         q.pop()
 
 
-def job(jid: int, request: int) -> WorkerJob:
-    return WorkerJob(jid, request, [5, 3], 1, 1, None, time.monotonic())
+def job(jid: int, request: int) -> SentenceJob:
+    return SentenceJob(jid, request, [5, 3], 1, 1, None, time.monotonic())
 
 
-@pytest.mark.parametrize("policy", ["fair", "fifo"])
-def test_a_worker_takes_a_late_short_request_before_the_rest_of_the_documents(policy: str) -> None:
-    inbox = Inbox(policy=policy)  # type: ignore[arg-type]
+def test_a_worker_takes_a_late_short_request_before_the_rest_of_the_documents() -> None:
+    inbox = Inbox()
     inbox.add([job(i, request=1) for i in range(40)])  # a document given ahead
     inbox.add([job(100 + i, request=2) for i in range(40)])
     inbox.add([job(999, request=3)])  # one line, given last
     taken = [j.id for j in inbox.take(lambda j: True)][:5]
-    if policy == "fair":
-        assert taken == [0, 100, 999, 1, 101]
-    else:
-        assert 999 not in taken
+    assert taken == [0, 100, 999, 1, 101]

@@ -16,10 +16,10 @@ import pytest
 import app.serving.scheduler as scheduler_module
 from app.metrics import process_metrics
 from app.serving.errors import DeadlineExceeded, EngineError, EngineStopped, QueueFull, TooLarge
-from app.serving.scheduler import MAX_ATTEMPTS, Hypotheses, Policy, Request, Scheduler
+from app.serving.protocol import Answers, Cancel, Done, Failed, SentenceJob, ToWorker, Translate
+from app.serving.scheduler import MAX_ATTEMPTS, Hypotheses, Request, Scheduler
 
 EOS = 2
-Job = tuple[int, list[int], int, int, float | None, float]  # what a worker is sent per sentence
 MODEL = "m"  # the model of the fake workers, unless a test says otherwise
 
 
@@ -31,9 +31,8 @@ class FakeWorker:
         self.model = model
         self.running = running
         self.listener: Any = None
-        self.sent: list[tuple[Any, ...]] = []  # every message, in order
-        self.requests: list[int] = []  # the request id of every sentence given, in order
-        self.pending: dict[int, Job] = {}  # given, not answered, cancelled or lost in an exit
+        self.sent: list[ToWorker] = []  # every message, in order
+        self.pending: dict[int, SentenceJob] = {}  # given, not answered, cancelled or lost in an exit
         self.accepts = True  # what send() answers (False: the pipe is broken)
         self.starts = 0
         self.failing_starts = 0  # the next start() calls that fail
@@ -43,17 +42,14 @@ class FakeWorker:
     def pid(self) -> int | None:
         return None  # (a real pid would make the scheduler drop that process's live gauges)
 
-    def send(self, message: tuple[Any, ...]) -> bool:
+    def send(self, message: ToWorker) -> bool:
         if not self.accepts:
             return False
-        if message[0] == "translate":  # the request id (2nd field) left out: the tests read the others
-            self.requests.extend(job[1] for job in message[1])
-            message = ("translate", [(job[0], *job[2:]) for job in message[1]])
         self.sent.append(message)
-        if message[0] == "translate":
-            self.pending.update((job[0], job) for job in message[1])
-        elif message[0] == "cancel":
-            for sid in message[1]:
+        if isinstance(message, Translate):
+            self.pending.update((job.id, job) for job in message.jobs)
+        elif isinstance(message, Cancel):
+            for sid in message.ids:
                 self.pending.pop(sid)  # (KeyError: a cancel for something it was never given)
         return True
 
@@ -72,20 +68,20 @@ class FakeWorker:
         self.running = False
 
     # -- what the test does in the worker's name -------------------------------------------------------
-    def given(self) -> list[Job]:
+    def given(self) -> list[SentenceJob]:
         """Every sentence it was sent, in order (repeats included)."""
-        return [job for kind, *rest in self.sent if kind == "translate" for job in rest[0]]
+        return [job for m in self.sent if isinstance(m, Translate) for job in m.jobs]
 
     def cancelled(self) -> list[int]:
-        return [sid for kind, *rest in self.sent if kind == "cancel" for sid in rest[0]]
+        return [sid for m in self.sent if isinstance(m, Cancel) for sid in m.ids]
 
-    def answer(self, *jobs: Job, failed: str | None = None) -> None:
+    def answer(self, *jobs: SentenceJob, failed: str | None = None) -> None:
         """Answer these sentences in one message: done (the n-best echoes the source), or failed."""
-        answers: list[tuple[Any, ...]] = []
+        answers: list[Done | Failed] = []
         for job in jobs:
-            del self.pending[job[0]]
-            answers.append(("failed", job[0], failed) if failed else ("done", job[0], echo(job[1])))
-        self.listener.on_message(self, ("answers", answers))
+            del self.pending[job.id]
+            answers.append(Failed(job.id, failed) if failed else Done(job.id, echo(job.src)))
+        self.listener.on_message(self, Answers(tuple(answers)))
 
     def crash(self) -> None:
         """The process exits: what it was given is lost."""
@@ -114,15 +110,12 @@ async def until(condition: Callable[[], bool], timeout: float = 5.0) -> None:
         await asyncio.sleep(0.001)
 
 
-def scheduler(
-    workers: list[FakeWorker], *, max_batch_size: int = 2, max_queue: int = 1000, policy: Policy = "fair"
-) -> Scheduler:
+def scheduler(workers: list[FakeWorker], *, max_batch_size: int = 2, max_queue: int = 1000) -> Scheduler:
     """A scheduler with the process's metrics; each worker holds max_batch_size * 1.5 rows."""
     return Scheduler(
         workers,
         max_queue=max_queue,
         max_batch_size=max_batch_size,
-        policy=policy,
         prefetch=0.5,
         metrics=process_metrics(),
     )
@@ -206,11 +199,17 @@ def test_a_worker_is_given_sentences_up_to_its_capacity_in_rows() -> None:
         before = time.monotonic()
         request = s.submit(sources(5), beam_size=2, n_best=2, timeout_s=None)
         after = time.monotonic()
-        assert [job[0] for job in worker.given()] == [job[0] for job in worker.pending.values()]
+        assert [job.id for job in worker.given()] == [job.id for job in worker.pending.values()]
         assert len(worker.given()) == 3 and s.waiting == 2 and s.active == 3  # 3 x 2 rows
-        sid, src, beam_size, n_best, deadline, enqueued = worker.given()[0]
-        assert (src, beam_size, n_best, deadline) == (sources(5)[0], 2, 2, None)
-        assert before <= enqueued <= after  # when it was admitted, however slow the machine
+        job = worker.given()[0]
+        assert (job.request, job.src, job.beam_size, job.n_best, job.deadline) == (
+            request.id,
+            sources(5)[0],
+            2,
+            2,
+            None,
+        )
+        assert before <= job.enqueued <= after  # when it was admitted, however slow the machine
         worker.answer(worker.given()[0])  # 2 rows free: one more sentence
         assert len(worker.given()) == 4 and s.waiting == 1
         wide = s.submit(sources(1, tag=1), beam_size=4, n_best=1)  # 4 rows: waits for room
@@ -219,7 +218,7 @@ def test_a_worker_is_given_sentences_up_to_its_capacity_in_rows() -> None:
         worker.answer(worker.given()[2])  # 2 rows free, not enough
         assert len(worker.given()) == 5 and s.waiting == 1
         worker.answer(worker.given()[3])  # 4 rows free now
-        assert worker.given()[-1][1] == sources(1, tag=1)[0] and s.waiting == 0
+        assert worker.given()[-1].src == sources(1, tag=1)[0] and s.waiting == 0
         worker.answer(*worker.pending.values())
         assert request.future.done() and wide.future.done() and s.active == 0
 
@@ -248,25 +247,22 @@ def test_sentences_go_to_the_least_loaded_running_worker() -> None:
         s.submit(sources(3, tag=1), beam_size=1, n_best=1)  # w2 has more room for each: 6, 5, 4
         assert (len(w1.pending), len(w2.pending)) == (1, 3)
         s.submit(sources(2, tag=2), beam_size=2, n_best=1)  # w2 (3 free > 2), then w1 (2 free > 1)
-        assert [job[1][0] for job in w1.given()] == [100, 102]
-        assert [job[1][0] for job in w2.given()] == [101, 101, 101, 102]
+        assert [job.src[0] for job in w1.given()] == [100, 102]
+        assert [job.src[0] for job in w2.given()] == [101, 101, 101, 102]
         assert down.sent == [] and s.waiting == 0
 
     run(main)
 
 
 # -- fair order --------------------------------------------------------------------------------------
-@pytest.mark.parametrize("policy", ["fair", "fifo"])
-def test_a_short_request_waits_behind_one_sentence_of_each_long_one_not_behind_whole_documents(
-    policy: Policy,
-) -> None:
+def test_a_short_request_waits_behind_one_sentence_of_each_long_one_not_behind_whole_documents() -> None:
     """8 requests of 40 sentences, then one of 1, on one worker of 3 rows; the worker answers in the
-    order it was given sentences. Fair: the short one is served within the first round; FIFO: last."""
+    order it was given sentences: the short one is served within the first round."""
     long_requests, long_sentences = 8, 40
 
     async def main() -> tuple[list[int], int]:
         worker = FakeWorker("w")
-        s = scheduler([worker], max_batch_size=2, policy=policy)
+        s = scheduler([worker], max_batch_size=2)
         requests = [s.submit(sources(long_sentences, tag=i), beam_size=1, n_best=1) for i in range(8)]
         short = s.submit(sources(1, tag=long_requests), beam_size=1, n_best=1)
         requests.append(short)
@@ -274,20 +270,16 @@ def test_a_short_request_waits_behind_one_sentence_of_each_long_one_not_behind_w
         while worker.pending:
             worker.answer(next(iter(worker.pending.values())))  # the oldest first
             finished += [i for i, r in enumerate(requests) if r.future.done() and i not in finished]
-        tags = [job[1][0] - 100 for job in worker.given()]
+        tags = [job.src[0] - 100 for job in worker.given()]
         assert short.future.result() == [echo(sources(1, tag=long_requests)[0])]
         return finished, tags.index(long_requests)
 
     finished, short_given_at = asyncio.run(main())
     assert sorted(finished) == list(range(long_requests + 1))
     before_short = finished.index(long_requests)  # long requests that completed before the short one
-    if policy == "fair":
-        # The worker's first 3 sentences, then one of each long request: the short one is next.
-        assert short_given_at <= 3 + long_requests
-        assert before_short <= 1
-    else:
-        assert short_given_at == long_requests * long_sentences
-        assert before_short == long_requests
+    # The worker's first 3 sentences, then one of each long request: the short one is next.
+    assert short_given_at <= 3 + long_requests
+    assert before_short <= 1
 
 
 # -- answers -----------------------------------------------------------------------------------------
@@ -321,9 +313,9 @@ def test_a_failed_sentence_fails_its_request_and_cancels_the_rest() -> None:
         worker.answer(jobs[1], failed="out of memory")
         error = request.future.exception()
         assert type(error) is EngineError and "out of memory" in str(error)
-        assert worker.cancelled() == [jobs[2][0]]  # the one still being translated
-        assert worker.given()[-1][1] == sources(1, tag=1)[0]  # its room went to the next request
-        worker.listener.on_message(worker, ("answers", [("done", jobs[2][0], echo(jobs[2][1]))]))  # late
+        assert worker.cancelled() == [jobs[2].id]  # the one still being translated
+        assert worker.given()[-1].src == sources(1, tag=1)[0]  # its room went to the next request
+        worker.listener.on_message(worker, Answers((Done(jobs[2].id, echo(jobs[2].src)),)))  # late
         worker.answer(worker.given()[-1])
         assert other.future.result() == [echo(sources(1, tag=1)[0])]
         assert s.active == 0
@@ -342,14 +334,15 @@ def test_a_request_past_its_deadline_leaves_the_queue_and_its_worker() -> None:
         after = time.monotonic()
         # (it cannot expire before the next await: the deadline's timer runs on this event loop)
         assert s.waiting == 2 and sample("nmt_queue_depth_sentences") == 2
-        deadline, enqueued = worker.given()[0][4:6]
+        job = worker.given()[0]
+        deadline, enqueued = job.deadline, job.enqueued
         # Workers know it: admission time + timeout, bracketed by the clock read around submit()
         # rather than compared with the clock now (which would need this line within 50 ms).
         assert deadline == enqueued + 0.05 and before <= enqueued <= after
         with pytest.raises(DeadlineExceeded):
             await asyncio.wait_for(request.future, 5.0)
         assert s.waiting == 0 and sample("nmt_queue_depth_sentences") == 0
-        assert sorted(worker.cancelled()) == sorted(job[0] for job in worker.given())
+        assert sorted(worker.cancelled()) == sorted(job.id for job in worker.given())
         assert worker.pending == {} and s.active == 0
         assert sample("nmt_sentences_total", {"outcome": "abandoned"}) == abandoned + 2  # the 2 waiting
         s.submit(sources(1, tag=1), beam_size=1, n_best=1)  # the worker's room is free again
@@ -364,14 +357,14 @@ def test_a_withdrawn_request_frees_its_workers_room_for_others() -> None:
         s = scheduler([worker], max_batch_size=2)  # 3 rows
         task = asyncio.create_task(s.translate(sources(3), beam_size=1, n_best=1))
         await asyncio.sleep(0)
-        first = [job[0] for job in worker.given()]
+        first = [job.id for job in worker.given()]
         other: Request = s.submit(sources(4, tag=1), beam_size=1, n_best=1)
         assert len(first) == 3 and s.waiting == 4
         task.cancel()  # the client went away
         with pytest.raises(asyncio.CancelledError):
             await task
         assert sorted(worker.cancelled()) == sorted(first)
-        assert [job[1][0] for job in worker.pending.values()] == [101] * 3 and s.waiting == 1
+        assert [job.src[0] for job in worker.pending.values()] == [101] * 3 and s.waiting == 1
         s.withdraw(other)
         assert other.future.cancelled() and s.waiting == 0 and worker.pending == {} and s.active == 0
 
@@ -409,7 +402,7 @@ def test_sentences_of_the_only_worker_wait_until_it_is_back() -> None:
         retried, restarts = sample("nmt_retried_sentences_total"), sample("nmt_worker_restarts_total")
         request = s.submit(sources(4), beam_size=1, n_best=1)
         worker.answer(worker.given()[1])
-        lost = [job[0] for job in worker.given()[2:] + worker.given()[:1]]  # the 3rd went out 2nd
+        lost = [job.id for job in worker.given()[2:] + worker.given()[:1]]  # the 3rd went out 2nd
         assert len(lost) == 3 and s.waiting == 0
         worker.gate, worker.failing_starts = asyncio.Event(), 1  # it comes back on the 2nd try
         worker.crash()
@@ -420,7 +413,7 @@ def test_sentences_of_the_only_worker_wait_until_it_is_back() -> None:
         worker.gate.set()
         await until(lambda: worker.running)
         assert worker.starts == 2 and sample("nmt_worker_restarts_total") == restarts + 1
-        again = [job[0] for job in worker.given()[4:]]
+        again = [job.id for job in worker.given()[4:]]
         assert sorted(again) == sorted(lost) and s.waiting == 0  # back in their order
         assert again == sorted(lost)
         worker.answer(*worker.pending.values())
@@ -435,7 +428,7 @@ def test_a_sentence_fails_after_max_attempts_workers_exited_with_it() -> None:
         worker = FakeWorker("w")
         s = scheduler([worker], max_batch_size=2)
         doomed = s.submit(sources(1), beam_size=1, n_best=1)
-        sid = worker.given()[0][0]
+        sid = worker.given()[0].id
         later: Request | None = None
         for attempt in range(1, MAX_ATTEMPTS + 1):
             assert sid in worker.pending and not doomed.future.done()
@@ -443,11 +436,11 @@ def test_a_sentence_fails_after_max_attempts_workers_exited_with_it() -> None:
                 later = s.submit(sources(1, tag=1), beam_size=1, n_best=1)  # given once so far
             worker.crash()
             await until(lambda: worker.running)
-        assert [job[0] for job in worker.given()].count(sid) == MAX_ATTEMPTS
+        assert [job.id for job in worker.given()].count(sid) == MAX_ATTEMPTS
         error = doomed.future.exception()
         assert type(error) is EngineError and "exited" in str(error)
         assert later is not None and not later.future.done()  # its count is its own: it is retried
-        assert [job[1][0] for job in worker.pending.values()] == [101]
+        assert [job.src[0] for job in worker.pending.values()] == [101]
         worker.answer(*worker.pending.values())
         assert later.future.result() == [echo(sources(1, tag=1)[0])]
 
@@ -532,7 +525,7 @@ def test_each_model_has_its_own_workers_and_queue() -> None:
         document = s.submit(sources(10), beam_size=1, n_best=1, model="a")
         assert len(a.pending) == 3 and not b.pending and s.waiting == 7
         line = s.submit(sources(1, tag=1), beam_size=1, n_best=1, model="b")
-        assert [job[1][0] for job in b.pending.values()] == [101]  # at once, past a's 7 waiting
+        assert [job.src[0] for job in b.pending.values()] == [101]  # at once, past a's 7 waiting
         b.answer(*b.pending.values())
         assert line.future.result() == [echo(sources(1, tag=1)[0])]
         assert sample("nmt_queue_depth_sentences", model="a") == 7

@@ -22,8 +22,9 @@ from test_api import assert_error, best, make_settings, serve
 from app.main import worker_count, worker_threads
 from app.metrics import Metrics
 from app.served import ServedModel
+from app.serving.handle import WorkerProcess
+from app.serving.protocol import ModelSpec, ToWorker, Translate
 from app.serving.scheduler import Scheduler
-from app.serving.worker import ModelSpec, WorkerProcess
 from model.translator import Translator
 
 
@@ -82,9 +83,9 @@ def test_requests_spread_over_the_workers_translate_as_one_model(
     sends = {id(s.worker): s.worker.send for s in scheduler.workers}
 
     def counting(worker: WorkerProcess):  # type: ignore[no-untyped-def]
-        def send(message: tuple[object, ...]) -> bool:
-            if message[0] == "translate":
-                given.extend([worker.name] * len(message[1]))  # type: ignore[arg-type]
+        def send(message: ToWorker) -> bool:
+            if isinstance(message, Translate):
+                given.extend([worker.name] * len(message.jobs))
             return sends[id(worker)](message)
 
         return send

@@ -64,7 +64,6 @@ async def info(settings: SettingsDep, routes: RouterDep) -> dict[str, Any]:
             "max_batch_size": settings.max_batch_size,
             "max_batch_tokens": settings.max_batch_tokens,
             "max_queue": settings.max_queue,  # all models together
-            "scheduling": settings.scheduling,
             "replicas": settings.replicas,  # workers per model, each its own batch (0: one per core)
         },
         "decoding": asdict(settings.decode_options()),

@@ -1,6 +1,6 @@
 """Serving: what runs next is decided in the HTTP front end, how it runs in model workers.
 
-front end (HTTP process)                      |  worker processes (NMT_REPLICAS per model)
+front end (HTTP process, no torch)            |  worker processes (NMT_REPLICAS per model)
 router.Router: (source, target) -> a model,   |
   or two through English                      |
 pipeline.Translation: a request's sentences   |
@@ -8,5 +8,6 @@ pipeline.Translation: a request's sentences   |
 scheduler.Scheduler: admission, a queue and   |
   workers per model (Pool), fair order,  -----+->  worker: the pipe, the inbox, the loop
   deadlines, retries                          |    executor.Executor: running batch, cache slots,
-worker.WorkerProcess: a worker's handle       |      one decoding step at a time
+handle.WorkerProcess: a worker's handle       |      one decoding step at a time
+               protocol: the messages on the pipe, imported by both sides
 """

@@ -13,13 +13,16 @@ other thread count.
 
 Why ``QUIET_S``: with two clients in a closed loop, each worker sleeps a millisecond between one
 answer and the next request. Switching at every such gap cost 25% of the sentences/s at two
-connections (float32, BENCHMARKS.md "A lone request on every core"), likely because the worker
+connections (float32, 2 cores), likely because the worker
 that had taken two threads kept them for a step after its neighbour woke, three OpenMP threads
 sharing two cores. A neighbour idle for ``QUIET_S`` is one that no client keeps busy.
 
 The number of threads did not change a bit of the results: the encoder's output and the compiled
 step's on 1 and 2 threads, int8 and float32 (``tests/test_determinism.py`` checks it). On a GPU,
 one worker per model by default, ``alone`` is ``own``: nothing changes there.
+
+No torch here: the front end makes the board. A worker sets its torch threads to what ``update``
+answers (``app.serving.worker``).
 """
 
 from __future__ import annotations
@@ -30,8 +33,6 @@ import multiprocessing
 import time
 from collections.abc import Callable
 from typing import Any
-
-import torch
 
 QUIET_S = 0.05  # how long every other worker must have slept before one takes their threads
 Clock = Callable[[], float]
@@ -69,9 +70,9 @@ class CoreShare:
         self.slots[self.index] = self.clock()
 
     def update(self, busy: bool) -> int:
-        """Record whether this worker has work, and run torch with the threads that fit: ``alone``
+        """Record whether this worker has work; the threads it should run torch with: ``alone``
         while it is the only worker with work and the others have slept for ``QUIET_S``, else
-        ``own``. Returns the thread count."""
+        ``own``."""
         slots, now = self.slots, self.clock()
         if busy:
             slots[self.index] = math.inf
@@ -79,7 +80,4 @@ class CoreShare:
             slots[self.index] = now  # going to sleep now
         quiet = now - QUIET_S
         lone = busy and all(slots[i] <= quiet for i in range(len(slots)) if i != self.index)
-        threads = self.alone if lone else self.own
-        if threads != torch.get_num_threads():
-            torch.set_num_threads(threads)
-        return threads
+        return self.alone if lone else self.own

@@ -1,8 +1,9 @@
 """A queue of items grouped by owner (a request), served fairly across owners.
 
-``policy="fair"``: round-robin over the owners that have items waiting, one item per owner per turn,
-so an owner with one item waits behind at most one item of each other owner, not behind all of
-theirs. ``policy="fifo"``: owners in arrival order, each emptied before the next.
+Round-robin over the owners that have items waiting, one item per owner per turn, so an owner with
+one item waits behind at most one item of each other owner, not behind all of theirs. A one-line
+request sent 50 ms after eight 40-sentence documents finished after at most 1 of them (in arrival
+order: up to 7 of 8), at the same sentences/s (0.999x).
 
 Used twice: by the front end's scheduler (which sentence goes to a worker next) and by each
 worker's inbox (which of the sentences it was given joins its batch next), so that a worker may
@@ -13,15 +14,13 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Hashable
-from typing import Generic, Literal, TypeVar
+from typing import Generic, TypeVar
 
 T = TypeVar("T")
-Policy = Literal["fair", "fifo"]
 
 
 class FairQueue(Generic[T]):
-    def __init__(self, policy: Policy = "fair") -> None:
-        self.policy = policy
+    def __init__(self) -> None:
         self._items: dict[Hashable, deque[T]] = {}  # per owner, its waiting items in order
         self._turns: deque[Hashable] = deque()  # owners with items waiting, in serving order
         self._size = 0
@@ -62,7 +61,7 @@ class FairQueue(Generic[T]):
         if not queue:
             del self._items[owner]
             self._turns.popleft()
-        elif self.policy == "fair":
+        else:
             self._turns.rotate(-1)  # its next item waits for every other owner's turn
         return item
 

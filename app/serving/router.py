@@ -2,7 +2,7 @@
 
 Every model serves the directions its directory lists (``ModelInfo.directions``: one for a
 bilingual model, several for a multilingual one, which is asked for a target by the tokens
-``model.checkpoint.source_prefix`` puts first). A pair is served
+``model.directory.source_prefix`` puts first). A pair is served
 
 - **directly** by the first model (in ``NMT_MODEL_DIR``'s order) that lists it: one hop;
 - else **through English** (``PIVOT``) when some model serves source->en and some model en->target:
@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
 
-from model.checkpoint import ModelInfo
+from model.directory import ModelInfo
 
 PIVOT = "en"
 
@@ -79,7 +79,8 @@ class Router(Generic[M]):
                 if middle == start == PIVOT and source != target and pair not in routes:
                     routes[pair] = Route(source, target, (first, second))
         self.routes: list[Route[M]] = list(routes.values())  # direct routes first, in the models' order
-        # Language codes are looked up without regard to case ("DE" is "de"), as the API did before.
+        # Language codes are looked up without regard to case ("DE" is "de"): the case of an ISO 639
+        # code means nothing, and clients send either.
         self._index = {(r.source.lower(), r.target.lower()): r for r in self.routes}
 
     def route(self, source: str, target: str) -> Route[M] | None:

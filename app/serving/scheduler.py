@@ -17,13 +17,11 @@ Plain Python on the event loop, no torch: it decides *what* runs next; the worke
   rows, as places free up: when an answer arrives, the next sentences leave in the same turn of
   the event loop. Under overload a turn of the loop takes a few hundred milliseconds of HTTP work
   (thousands of connections to read and refuse), and workers given half a batch ahead ran dry
-  meanwhile (0.63-0.73x capacity at 2,048 connections, BENCHMARKS.md); two batches ahead cover it.
+  meanwhile (0.63-0.73x capacity at 2,048 connections); two batches ahead cover it.
 - **Fair order** (``app.serving.fairqueue``): round-robin over the requests that have sentences
-  waiting, one sentence per request per turn (``policy="fair"``), so a one-line request waits
-  behind at most one sentence of each other request, not behind whole documents; a worker takes
-  what it was given in the same order, so the sentences given ahead do not undo it.
-  ``policy="fifo"`` serves sentences in arrival order (what the service did before; kept to
-  measure the difference).
+  waiting, one sentence per request per turn, so a one-line request waits behind at most one
+  sentence of each other request, not behind whole documents; a worker takes what it was given
+  in the same order, so the sentences given ahead do not undo it.
 - **Deadlines and cancellation**: a request's sentences leave the queue, and its workers drop
   the ones they have, when its deadline passes or its client goes away.
 - **Retries**: a worker that exits (a crash, a kill) is started again; its sentences go back to the
@@ -43,12 +41,13 @@ from typing import Any, Protocol
 
 from app.metrics import Metrics
 from app.serving.errors import DeadlineExceeded, EngineError, EngineStopped, QueueFull, TooLarge
-from app.serving.fairqueue import FairQueue, Policy
+from app.serving.fairqueue import FairQueue
+from app.serving.handle import Listener
+from app.serving.protocol import Answers, Cancel, Done, Hypotheses, SentenceJob, ToWorker, Translate
 
 log = logging.getLogger("uvicorn.error").getChild("scheduler")
 
-# A finished sentence's n-best: (token ids without bos/eos, length-normalised log-probability).
-Hypotheses = list[tuple[list[int], float]]
+__all__ = ["Hypotheses", "Request", "Scheduler", "Worker"]
 
 MAX_ATTEMPTS = 3  # workers a sentence may be given to, when the ones before exited with it
 RESTART_DELAYS_S = (0.0, 1.0, 2.0, 5.0, 10.0, 30.0)  # before each try to start a worker again
@@ -56,17 +55,17 @@ PREFETCH = 2.0  # rows given to a worker beyond its running batch, in batches
 
 
 class Worker(Protocol):
-    """What the scheduler needs of a worker (``app.serving.worker.WorkerProcess``)."""
+    """What the scheduler needs of a worker (``app.serving.handle.WorkerProcess``)."""
 
     name: str
     model: str  # the model it serves: workers of one model share its queue (a ``Pool``)
     running: bool  # started, ready, and not stopped or exited since
-    listener: Any  # told of messages and exits: ``on_message(worker, message)``, ``on_exit(worker)``
+    listener: Listener | None  # told of its answers and its exit: the scheduler
 
     @property
     def pid(self) -> int | None: ...
 
-    def send(self, message: tuple[Any, ...]) -> bool: ...
+    def send(self, message: ToWorker) -> bool: ...
 
     async def start(self) -> Any: ...
 
@@ -84,7 +83,7 @@ class Request:
     left: int = 0  # sentences not finished yet
     deadline: float | None = None  # time.monotonic()
     timer: asyncio.TimerHandle | None = None
-    sentences: list[Sentence] = field(default_factory=list)  # all of them, in order
+    sentences: list[JobState] = field(default_factory=list)  # all of them, in order
 
     @property
     def done(self) -> bool:
@@ -92,23 +91,23 @@ class Request:
 
 
 @dataclass(eq=False)
-class Sentence:
-    id: int  # unique in this scheduler: the workers' name for it
+class JobState:
+    """A sentence of a request, as the scheduler tracks it: what a worker is sent (``job``), and
+    where it is."""
+
+    job: SentenceJob
     request: Request
     index: int  # its position in the request
-    src: list[int]  # source token ids, eos included
-    enqueued: float  # time.monotonic() when admitted
     worker: WorkerState | None = None  # where it is being translated
     attempts: int = 0
 
     @property
-    def rows(self) -> int:
-        return self.request.beam_size
+    def id(self) -> int:
+        return self.job.id
 
     @property
-    def message(self) -> tuple[Any, ...]:
-        r = self.request
-        return (self.id, r.id, self.src, r.beam_size, r.n_best, r.deadline, self.enqueued)
+    def rows(self) -> int:
+        return self.job.beam_size
 
 
 @dataclass(eq=False)
@@ -116,7 +115,7 @@ class Pool:
     """One model's workers, and the sentences waiting for them (fair order within the model)."""
 
     model: str
-    queue: FairQueue[Sentence]  # admitted, not given to a worker yet
+    queue: FairQueue[JobState]  # admitted, not given to a worker yet
     workers: list[WorkerState] = field(default_factory=list)
     metrics: Metrics | None = None  # labelled with the model (``Metrics.of_model``)
     start_seconds: float = 0.0  # how long its workers took to start (load, compile, warm up)
@@ -131,7 +130,7 @@ class WorkerState:
     worker: Worker
     capacity: int  # rows it may hold
     pool: Pool
-    sentences: dict[int, Sentence] = field(default_factory=dict)  # given to it, not finished
+    sentences: dict[int, JobState] = field(default_factory=dict)  # given to it, not finished
     rows: int = 0
     # A send failed: the process is gone, but the event loop has not read its end of file yet
     # (``on_exit`` will). Nothing more is given to it until it is started again.
@@ -153,7 +152,6 @@ class Scheduler:
         *,
         max_queue: int,
         max_batch_size: int,
-        policy: Policy = "fair",
         prefetch: float = PREFETCH,
         metrics: Metrics | None = None,
     ) -> None:
@@ -164,7 +162,7 @@ class Scheduler:
             pool = self.pools.get(worker.model)
             if pool is None:
                 bound = metrics.of_model(worker.model) if metrics is not None else None
-                pool = self.pools[worker.model] = Pool(worker.model, FairQueue(policy), metrics=bound)
+                pool = self.pools[worker.model] = Pool(worker.model, FairQueue(), metrics=bound)
             state = WorkerState(worker, capacity, pool)
             pool.workers.append(state)
             self.workers.append(state)
@@ -192,8 +190,8 @@ class Scheduler:
         """A model's first worker alone, then its others together: the first compiles the model's
         decoding step (up to a minute of CPU), and the others load it from the on-disk cache in a
         second instead of each compiling it again, with the CPU that the other models' workers and
-        other work on the machine need meanwhile (ready about as soon on 2 cores: BENCHMARKS.md,
-        "Several models"). What failed, or None."""
+        other work on the machine need meanwhile. On 2 cores it is ready about as soon as with every
+        worker started at once (one model, empty cache: 60-69 s against 76 s). What failed, or None."""
         started = time.monotonic()
         first, *others = pool.workers
         for group in ([first], others):
@@ -280,7 +278,11 @@ class Scheduler:
         if timeout_s is not None:
             request.deadline = now + timeout_s
             request.timer = loop.call_later(timeout_s, self._expire, request, timeout_s)
-        request.sentences = [Sentence(next(self._ids), request, i, s, now) for i, s in enumerate(sources)]
+        rid, deadline = request.id, request.deadline
+        request.sentences = [
+            JobState(SentenceJob(next(self._ids), rid, s, beam_size, n_best, deadline, now), request, k)
+            for k, s in enumerate(sources)
+        ]
         pool.queue.push(request, request.sentences)
         self._queued(pool)
         self._dispatch(pool)
@@ -319,7 +321,7 @@ class Scheduler:
     # -- dispatch --------------------------------------------------------------------------------------
     def _dispatch(self, pool: Pool) -> None:
         """Give the model's waiting sentences to its workers with free rows, in the queue's order."""
-        batches: dict[int, list[Sentence]] = {}
+        batches: dict[int, list[JobState]] = {}
         while (sentence := pool.queue.peek()) is not None:
             state = max(pool.workers, key=lambda s: s.free)
             if not state.usable or (state.free < sentence.rows and state.rows):
@@ -335,7 +337,7 @@ class Scheduler:
         self._queued(pool)
         for state in pool.workers:
             given = batches.get(id(state))
-            if given and not state.worker.send(("translate", [s.message for s in given])):
+            if given and not state.worker.send(Translate(tuple(s.job for s in given))):
                 state.unreachable = True  # gone meanwhile: its exit is on its way
                 for sentence in given:
                     sentence.attempts -= 1  # it never reached the worker
@@ -346,24 +348,24 @@ class Scheduler:
             pool.metrics.queue_depth.set(len(pool.queue))
 
     # -- answers ---------------------------------------------------------------------------------------
-    def on_message(self, worker: Worker, message: tuple[Any, ...]) -> None:
-        """A worker's answers: ``("answers", [("done", id, n-best) | ("failed", id, reason), ...])``."""
+    def on_message(self, worker: Worker, message: Answers) -> None:
+        """A worker's answers: each sentence done with its n-best, or failed with the reason."""
         state = self._state(worker)
-        for kind, sid, payload in message[1]:
-            sentence = state.sentences.pop(sid, None)
+        for answer in message.results:
+            sentence = state.sentences.pop(answer.id, None)
             if sentence is None:
                 continue  # withdrawn meanwhile
             state.rows -= sentence.rows
             request = sentence.request
             if request.done:
                 continue
-            if kind == "done":
-                request.results[sentence.index] = payload
+            if isinstance(answer, Done):
+                request.results[sentence.index] = answer.nbest
                 request.left -= 1
                 if not request.left:
                     self._finish(request)
             else:
-                self._fail(request, EngineError(payload))
+                self._fail(request, EngineError(answer.reason))
         self._dispatch(state.pool)
 
     def _finish(self, request: Request) -> None:
@@ -396,13 +398,13 @@ class Scheduler:
             if state is not None and state.sentences.get(sentence.id) is sentence:
                 state.rows -= state.sentences.pop(sentence.id).rows
                 cancels.setdefault(id(state), (state, []))[1].append(sentence.id)
-        # Sentence.request and Request.sentences form cycles: broken here, so that a finished
+        # JobState.request and Request.sentences form cycles: broken here, so that a finished
         # request is freed at once rather than by the cyclic garbage collector, whose full passes
         # over the objects of thousands of open connections held the event loop for 0.3-0.4 s
         # every 1.5 s under overload.
         request.sentences = []
         for state, sids in cancels.values():
-            state.worker.send(("cancel", sids))  # they stop costing model time
+            state.worker.send(Cancel(tuple(sids)))  # they stop costing model time
         if cancels:
             self._dispatch(pool)
 
@@ -421,7 +423,7 @@ class Scheduler:
     def _lost(self, state: WorkerState) -> None:
         """The worker is gone with its sentences: back to the head of the queue, in order, for the
         other workers (or this one once it is back)."""
-        lost: dict[Request, list[Sentence]] = {}
+        lost: dict[Request, list[JobState]] = {}
         for sentence in sorted(state.sentences.values(), key=lambda s: (s.request.id, s.index)):
             sentence.worker = None
             lost.setdefault(sentence.request, []).append(sentence)

@@ -1,0 +1,183 @@
+"""A model worker seen from the front end: start its process, send it messages, hear its answers.
+
+Why a process: the HTTP front end's event loop and a model thread in one process share one
+interpreter lock. Under overload the loop is always busy (parsing requests, answering 503s), and a
+thread that wants the lock back waits up to the interpreter's switch interval (5 ms) for it at
+each of a decoding step's ~75 operator calls: at 2,048 connections a model in the front end's
+process answered 2.9 sentences/s, under 1% of its capacity. In a process of its own the model
+shares nothing with HTTP but the CPU.
+
+No torch here: the child's side (``app.serving.worker``) is imported in the child only, by
+``_serve``, the process's target. What travels on the pipe is ``app.serving.protocol``'s.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import multiprocessing
+from concurrent.futures import ThreadPoolExecutor
+from multiprocessing.connection import Connection
+from typing import Protocol
+
+from app.config import Settings
+from app.serving.cores import CoreShare
+from app.serving.protocol import (
+    Answers,
+    FromWorker,
+    ModelDescription,
+    ModelSpec,
+    Ready,
+    StartFailed,
+    Stop,
+    ToWorker,
+)
+
+START_TIMEOUT_S = 300.0  # loading and warming up a worker
+STOP_TIMEOUT_S = 30.0
+# Worker processes are started from this thread: starting one (fork and exec) takes tens of
+# milliseconds that the event loop, answering requests meanwhile, should not wait for.
+_SPAWNER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="nmt-spawner")
+
+
+class Listener(Protocol):
+    """Who hears a worker (the scheduler): its answers, and its exit while it was running."""
+
+    def on_message(self, worker: WorkerProcess, message: Answers) -> None: ...
+
+    def on_exit(self, worker: WorkerProcess) -> None: ...
+
+
+def _serve(
+    settings: Settings,
+    spec: ModelSpec,
+    threads: int | None,
+    metrics_dir: str,
+    conn: Connection,
+    cores: CoreShare | None,
+) -> None:
+    """The child process's target: what imports torch and the model runs in the child only."""
+    from app.serving.worker import serve_worker
+
+    serve_worker(settings, spec, threads, metrics_dir, conn, cores)
+
+
+class WorkerProcess:
+    """One worker process, seen from the front end's event loop: start it, send it messages, and
+    tell ``listener`` (the scheduler) what it answers (``on_message``) and when it exits
+    (``on_exit``)."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        spec: ModelSpec,
+        *,
+        threads: int | None,
+        metrics_dir: str,
+        name: str,
+        cores: CoreShare | None = None,
+    ) -> None:
+        self.settings, self.threads, self.metrics_dir, self.name = settings, threads, metrics_dir, name
+        self.cores = cores
+        self.spec = spec
+        self.model = spec.name  # the scheduler's key: this worker's model
+        self.listener: Listener | None = None
+        self.process: multiprocessing.process.BaseProcess | None = None
+        self.description: ModelDescription | None = None
+        self.running = False  # ready, and not stopped or exited since
+        self._conn: Connection | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._ready: asyncio.Future[ModelDescription] | None = None
+
+    @property
+    def pid(self) -> int | None:
+        return None if self.process is None else self.process.pid
+
+    async def start(self) -> ModelDescription:
+        """Start the process and wait until its model is loaded and warm; ``RuntimeError`` with the
+        worker's reason if it fails."""
+        # spawn, not fork: a forked copy of a process that has started OpenMP and torch's threads
+        # can deadlock; the child imports what it needs afresh.
+        context = multiprocessing.get_context("spawn")
+        self._conn, child_conn = context.Pipe()
+        self.process = context.Process(
+            target=_serve,
+            args=(self.settings, self.spec, self.threads, self.metrics_dir, child_conn, self.cores),
+            name=self.name,
+            daemon=True,
+        )
+        self._loop = asyncio.get_running_loop()
+        await self._loop.run_in_executor(_SPAWNER, self.process.start)
+        child_conn.close()  # the child's end lives in the child now: end of file here when it exits
+        self._ready = self._loop.create_future()
+        # Read in the event loop when the pipe is readable: no thread, no lock hand-over per message.
+        self._loop.add_reader(self._conn.fileno(), self._read)
+        try:
+            self.description = await asyncio.wait_for(asyncio.shield(self._ready), START_TIMEOUT_S)
+        except BaseException:
+            self.stop()
+            raise
+        self.running = True
+        return self.description
+
+    def send(self, message: ToWorker) -> bool:
+        """Send ``message`` now; False if the worker is gone (its exit is being handled)."""
+        try:
+            assert self._conn is not None
+            self._conn.send(message)
+            return True
+        except (OSError, ValueError, AssertionError):  # closed pipe or connection
+            return False
+
+    def stop(self) -> None:
+        self.running = False  # first: the exit that follows is not a crash
+        if self.process is None:
+            return
+        if self.process.pid is None:  # never started (another worker's start failed first)
+            self._close_pipe()
+            return
+        self.send(Stop())
+        self.process.join(STOP_TIMEOUT_S)
+        if self.process.is_alive():  # pragma: no cover - a worker that ignores Stop
+            self.process.kill()
+            self.process.join(STOP_TIMEOUT_S)
+        self._close_pipe()
+
+    def _read(self) -> None:
+        """The pipe is readable: every message waiting there (a loop busy with thousands of
+        connections calls this once per turn), or the worker's exit."""
+        conn = self._conn
+        assert conn is not None
+        try:
+            while not conn.closed and conn.poll(0):
+                self._dispatch(conn.recv())  # the worker writes whole messages: this does not wait long
+        except (EOFError, OSError):
+            self._exited()
+
+    def _dispatch(self, message: FromWorker) -> None:
+        match message:
+            case Ready(description):
+                if self._ready is not None and not self._ready.done():
+                    self._ready.set_result(description)
+            case StartFailed(reason):
+                if self._ready is not None and not self._ready.done():
+                    self._ready.set_exception(RuntimeError(f"{self.name}: {reason}"))
+            case Answers():
+                if self.listener is not None:
+                    self.listener.on_message(self, message)
+
+    def _exited(self) -> None:
+        self._close_pipe()
+        if self._ready is not None and not self._ready.done():
+            self._ready.set_exception(RuntimeError(f"{self.name}: the worker process exited"))
+            return
+        crashed = self.running
+        self.running = False
+        if crashed and self.listener is not None:
+            self.listener.on_exit(self)
+
+    def _close_pipe(self) -> None:
+        if self._conn is None or self._conn.closed:
+            return
+        if self._loop is not None and not self._loop.is_closed():
+            self._loop.remove_reader(self._conn.fileno())
+        self._conn.close()

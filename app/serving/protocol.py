@@ -1,0 +1,113 @@
+"""What crosses the pipe between the front end and a model worker: one frozen class per message.
+
+Both sides import this module, and nothing else of each other: the front end (``handle``,
+``scheduler``) runs no torch, the worker (``worker``) runs nothing of HTTP. Messages are pickled by
+``multiprocessing.Connection``; each side dispatches on the class (``match``), so a message the
+other side cannot send does not type-check. Times are ``time.monotonic()``: one clock for every
+process of the machine.
+
+front end -> worker (``ToWorker``):
+
+- ``Translate``: sentences to add to the worker's inbox, in the order the scheduler chose;
+- ``Cancel``: sentences nobody waits for any more (withdrawn, past their deadline);
+- ``Stop``: finish, the front end is draining.
+
+worker -> front end (``FromWorker``):
+
+- ``Ready``: the model is loaded and warm, and what it runs on;
+- ``StartFailed``: it could not start, and why (the front end's start-up fails with the reason);
+- ``Answers``: after each decoding step that finished sentences, each one ``Done`` or ``Failed``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+# A finished sentence's n-best: (token ids without bos/eos, length-normalised log-probability).
+Hypotheses = list[tuple[list[int], float]]
+
+
+@dataclass(frozen=True, slots=True)
+class ModelSpec:
+    """The model a worker serves: its directory, and its name for the scheduler and metrics."""
+
+    name: str
+    path: Path
+
+
+@dataclass(frozen=True, slots=True)
+class ModelDescription:
+    """What a worker runs, as it reports it when ready (for /info and the model metric)."""
+
+    device: str
+    dtype: str
+    quantization: str
+    decoding: str = "eager"  # or "compiled" (model.static_slots)
+    compile_seconds: float = 0.0  # how long compiling the decoding step took at start-up
+
+
+@dataclass(frozen=True, slots=True)
+class SentenceJob:
+    """One sentence for a worker to translate: the scheduler's unit of work, and the worker's."""
+
+    id: int  # unique in the front end's scheduler: both sides' name for the sentence
+    request: int  # the request it belongs to: the worker's inbox takes requests in turn
+    src: list[int]  # source token ids, eos included
+    beam_size: int
+    n_best: int
+    deadline: float | None  # past it, nobody waits for the answer
+    enqueued: float  # when the front end admitted it (the queue-wait metric)
+
+    def past_deadline(self, now: float) -> bool:
+        return self.deadline is not None and now > self.deadline
+
+
+# -- front end -> worker ---------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class Translate:
+    jobs: tuple[SentenceJob, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Cancel:
+    ids: tuple[int, ...]  # ``SentenceJob.id``s
+
+
+@dataclass(frozen=True, slots=True)
+class Stop:
+    pass
+
+
+ToWorker = Translate | Cancel | Stop
+
+
+# -- worker -> front end ---------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class Ready:
+    description: ModelDescription
+
+
+@dataclass(frozen=True, slots=True)
+class StartFailed:
+    reason: str  # the exception, "Type: message": it names the file or setting at fault
+
+
+@dataclass(frozen=True, slots=True)
+class Done:
+    id: int
+    nbest: Hypotheses
+
+
+@dataclass(frozen=True, slots=True)
+class Failed:
+    id: int
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Answers:
+    results: tuple[Done | Failed, ...]
+
+
+FromWorker = Ready | StartFailed | Answers

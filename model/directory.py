@@ -1,0 +1,183 @@
+"""The model directory: everything needed to translate, and nothing that needs unpickling.
+
+config.json          {"format": 1, "model": ModelConfig, "source_lang", "target_lang", "training": {...}}
+model.safetensors    weights (float32 or float16; loaded into the compute dtype)
+sentencepiece.model  the joint vocabulary (special ids fixed by model.tokenizer)
+
+A multilingual model (one model, several directions) writes "format": 2, "source_lang" and
+"target_lang" "mul" (ISO 639's code for several languages), and two more keys:
+
+    "directions": ["de-en", "en-de", ...]           the (source, target) pairs it was trained on
+    "target_prefix": {"de": [4], "en": [5], ...}    ids put before the source ids to ask for a target:
+                                                    the control symbols <2de>, <2en>, ... of its vocabulary
+
+``ModelInfo.directions`` lists the pairs of either kind; ``source_prefix`` gives the ids to prepend.
+
+No torch here: the HTTP front end reads a directory's metadata and vocabulary and never its
+weights, which ``model.checkpoint`` writes and loads.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from model.config import ModelConfig
+from model.tokenizer import Tokenizer, target_token
+
+CONFIG_FILE = "config.json"
+WEIGHTS_FILE = "model.safetensors"
+SPM_FILE = "sentencepiece.model"
+FORMAT_VERSION = 1  # a bilingual model directory
+MULTILINGUAL_FORMAT_VERSION = 2  # a multilingual one: adds "directions" and "target_prefix"
+MULTILINGUAL = "mul"  # source_lang and target_lang of a multilingual model (ISO 639-2: multiple languages)
+
+
+class ModelDirError(ValueError):
+    """A model directory that is missing, incomplete or corrupted; the message names the file."""
+
+
+@dataclass
+class ModelInfo:
+    config: ModelConfig
+    source_lang: str  # MULTILINGUAL ("mul") for a multilingual model: see ``directions``
+    target_lang: str
+    training: dict[str, Any] = field(default_factory=dict)  # free-form training metadata
+    # Multilingual models only: the (source, target) pairs trained on, and for every target language
+    # the token ids that ask for it (put before the source ids).
+    multilingual_directions: list[tuple[str, str]] = field(default_factory=list)
+    target_prefix: dict[str, list[int]] = field(default_factory=dict)
+
+    @classmethod
+    def multilingual(
+        cls,
+        config: ModelConfig,
+        directions: list[tuple[str, str]],
+        target_prefix: dict[str, list[int]],
+        training: dict[str, Any] | None = None,
+    ) -> ModelInfo:
+        info = cls(config, MULTILINGUAL, MULTILINGUAL, training or {}, list(directions), dict(target_prefix))
+        info.check()
+        return info
+
+    @property
+    def is_multilingual(self) -> bool:
+        return bool(self.multilingual_directions)
+
+    @property
+    def directions(self) -> list[tuple[str, str]]:
+        """Every (source, target) pair this model translates: one for a bilingual model."""
+        return list(self.multilingual_directions) or [(self.source_lang, self.target_lang)]
+
+    def check(self) -> None:
+        """``ValueError`` when the multilingual fields do not fit together."""
+        if not self.is_multilingual:
+            return
+        if len(set(self.multilingual_directions)) != len(self.multilingual_directions):
+            raise ValueError("directions: listed twice")
+        for src, tgt in self.multilingual_directions:
+            if not src or not tgt or src == tgt:
+                raise ValueError(f"direction {src}-{tgt}: needs two different languages")
+            if tgt not in self.target_prefix:
+                raise ValueError(f"direction {src}-{tgt}: no target_prefix for {tgt!r}")
+        for lang, ids in self.target_prefix.items():
+            if not ids or not all(0 <= i < self.config.vocab_size for i in ids):
+                raise ValueError(f"target_prefix {lang!r}: {ids} are not ids of the vocabulary")
+
+    def to_json(self) -> dict[str, Any]:
+        data: dict[str, Any] = {
+            "format": MULTILINGUAL_FORMAT_VERSION if self.is_multilingual else FORMAT_VERSION,
+            "model": self.config.to_dict(),
+            "source_lang": self.source_lang,
+            "target_lang": self.target_lang,
+        }
+        if self.is_multilingual:
+            data["directions"] = [f"{s}-{t}" for s, t in self.multilingual_directions]
+            data["target_prefix"] = self.target_prefix
+        data["training"] = self.training
+        return data
+
+
+def source_prefix(info: ModelInfo, target: str | None) -> list[int]:
+    """The token ids to put before a source sentence's ids so that the model translates into
+    ``target``: none for a bilingual model, the target-language token for a multilingual one.
+
+    The one place that knows how a target is asked for (training, ``Translator`` and the service
+    call it). ``ValueError`` for a target the model does not translate into, or none given to a
+    multilingual model.
+    """
+    if not info.is_multilingual:
+        if target is not None and target != info.target_lang:
+            raise ValueError(f"this model translates into {info.target_lang!r} only, not {target!r}")
+        return []
+    if target is None:
+        raise ValueError(
+            f"a multilingual model needs a target language: one of {', '.join(info.target_prefix)}"
+        )
+    if target not in info.target_prefix:
+        raise ValueError(
+            f"target {target!r} is not one this model translates into ({', '.join(info.target_prefix)})"
+        )
+    return list(info.target_prefix[target])
+
+
+def read_info(path: str | Path) -> ModelInfo:
+    file = Path(path) / CONFIG_FILE
+    if not file.is_file():
+        raise ModelDirError(f"{file}: missing (is {path} a model directory?)")
+    try:
+        data = json.loads(file.read_text())
+        version = int(data.get("format", FORMAT_VERSION))
+        if version > MULTILINGUAL_FORMAT_VERSION:
+            raise ValueError(
+                f"format {version} is newer than this code reads ({MULTILINGUAL_FORMAT_VERSION})"
+            )
+        info = ModelInfo(
+            config=ModelConfig.from_dict(data["model"]),
+            source_lang=str(data["source_lang"]),
+            target_lang=str(data["target_lang"]),
+            training=dict(data.get("training", {})),
+            multilingual_directions=[_direction(d) for d in data.get("directions", [])],
+            target_prefix={str(k): [int(i) for i in v] for k, v in data.get("target_prefix", {}).items()},
+        )
+        info.check()
+        return info
+    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, ValueError, AttributeError) as e:
+        raise ModelDirError(f"{file}: invalid model config ({type(e).__name__}: {e})") from e
+
+
+def _direction(text: str) -> tuple[str, str]:
+    src, sep, tgt = str(text).partition("-")
+    if not sep:
+        raise ValueError(f"direction {text!r} is not 'source-target'")
+    return src, tgt
+
+
+def load_tokenizer(path: str | Path) -> Tokenizer:
+    file = Path(path) / SPM_FILE
+    if not file.is_file():
+        raise ModelDirError(f"{file}: missing")
+    try:
+        return Tokenizer(file)
+    except ValueError as e:
+        raise ModelDirError(str(e)) from e
+
+
+def read_info_and_tokenizer(path: str | Path) -> tuple[ModelInfo, Tokenizer]:
+    """The directory's metadata and vocabulary, checked against each other (``ModelDirError``)."""
+    info = read_info(path)
+    tokenizer = load_tokenizer(path)
+    if tokenizer.vocab_size != info.config.vocab_size:
+        raise ModelDirError(
+            f"{path}: sentencepiece.model has {tokenizer.vocab_size} pieces, "
+            f"config.json says vocab_size={info.config.vocab_size}"
+        )
+    for lang, ids in info.target_prefix.items():
+        if ids != [tokenizer.control_id(target_token(lang))]:
+            raise ModelDirError(
+                f"{path}: target_prefix of {lang!r} in config.json is {ids}, but sentencepiece.model "
+                f"has {target_token(lang)} at {tokenizer.control_id(target_token(lang))}"
+            )
+    return info, tokenizer
