@@ -48,7 +48,7 @@ class Settings(BaseSettings):
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     # int8: the linear layers run in int8 (CPU with float32 only; faster, BLEU as float32's on
     # Multi30k, each row quantized on its own so that answers never depend on the batch:
-    # BENCHMARKS.md); auto: int8 on CPU with float32, none elsewhere.
+    # python -m benchmarks.determinism); auto: int8 on CPU with float32, none elsewhere.
     quantization: Literal["auto", "none", "int8"] = "auto"
 
     # Engine (batching) limits.

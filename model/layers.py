@@ -48,7 +48,7 @@ class Packing:
     """Where the real tokens of a right-padded (B, S) batch are, so that the position-wise layers
     (linear projections, feed-forward, LayerNorm: most of the encoder's work) run on those N tokens
     only, as (1, N, D); attention alone needs the padded (B, S) layout. For inference: in a batch of
-    sentences in arrival order, padding was ~40% of the positions (BENCHMARKS.md)."""
+    sentences in arrival order, padding was ~40% of the positions."""
 
     index: Tensor  # (N,) flat positions b * S + s of the real tokens, in order
     batch: int  # B

@@ -167,5 +167,5 @@ def strip_dropout(model: M) -> M:
 
     In eval mode a Dropout changes nothing but is still a module call and an ``aten::dropout``
     dispatch: 13 of them per decoding step cost ~6% of a step at 1 and 30 rows on one CPU thread
-    (paired A/B, BENCHMARKS.md "Levers measured")."""
+    (paired A/B)."""
     return replace_modules(model, lambda m: nn.Identity() if isinstance(m, nn.Dropout) else None)

@@ -205,7 +205,7 @@ def test_a_runner_that_cannot_compile_decodes_eagerly(
     runner = load_runner(
         translator.model,
         top=TOP,
-        capacity=4,
+        capacity=1,  # warmed up on the one row it holds
         positions=positions(translator),
         compile=True,
         cache_dir=tmp_path,

@@ -43,7 +43,7 @@ class ModelDescription:
     device: str
     dtype: str
     quantization: str
-    decoding: str = "eager"  # or "compiled" (model.static_slots)
+    decoding: str = "eager"  # or "compiled": the step runner it chose (model.runtime.runners)
     compile_seconds: float = 0.0  # how long compiling the decoding step took at start-up
 
 

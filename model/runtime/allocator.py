@@ -4,7 +4,7 @@ glibc serves large allocations with ``mmap`` and returns them to the OS on ``fre
 decoding step that builds a new cache (rows joining, leaving, beams reordered) pays a page fault per
 4 KiB page of it, again and again. Measured on our 2-core VM: zero-filling a fresh 38 MB tensor took
 19 ms with glibc's defaults and 2.3-3 ms once large blocks are served from the heap and kept; a
-cache row gather went from 23 ms to 5.5 ms (BENCHMARKS.md, "Engine"). The price is that the
+cache row gather went from 23 ms to 5.5 ms. The price is that the
 process keeps its peak memory instead of giving it back, which suits a long-running server.
 
 ``mallopt`` changes glibc's policy at run time, so nothing has to be set before the process starts;

@@ -3,18 +3,18 @@
 Decoding multiplies small activations (one token per row, at most a few dozen rows) by the same
 weights at every step. Laid out once in oneDNN's blocked format, those weights feed its JIT GEMM
 kernels without re-packing per call; on our 2-core AMD EPYC this made whole decoding steps ~13%
-faster than ``F.linear`` through MKL (BENCHMARKS.md, "Engine"). CTranslate2 uses oneDNN for the same
+faster than ``F.linear`` through MKL. CTranslate2 uses oneDNN for the same
 reason on AMD CPUs.
 
 With ``int8=True`` those layers, and the encoder's, run in int8 instead (``Int8Linear``): weights
 quantized once per output feature, each row of the activations quantized at every call from its
 own range, the product accumulated exactly in int32 (``torch._int_mm``). Per row, not per batch:
-with one scale for the whole batch (torch's dynamic quantization, what this module used before), a
+with one scale for the whole batch (torch's dynamic quantization), a
 sentence's translation depended on which other sentences shared its batch (137 of 1,000 test_2016
 sentences came out differently alone than in a batch of 64); with a scale per row and exact integer
 sums, a row's result does not depend on the other rows at all. On this CPU it is 1.45x float32's
 sentences/s at batch 64 greedy (the per-batch scheme was 1.83x), BLEU as float32's
-(BENCHMARKS.md, "Deterministic int8").
+(``python -m benchmarks.determinism``).
 
 The ops (``torch.ops.mkldnn._linear_pointwise``, the one ``torch.compile`` emits for frozen linear
 layers on CPU, and ``torch._int_mm``, int8 x int8 -> int32 matrix products) are not public API, so
@@ -70,7 +70,7 @@ class PackedLinear(PreparedLinear):
 
     def forward(self, x: Tensor) -> Tensor:
         if torch.compiler.is_compiling():
-            # In a compiled graph (model.static_step) TorchInductor lowers a plain linear itself;
+            # In a compiled graph (model.runtime.runners) TorchInductor lowers a plain linear itself;
             # it cannot take a packed weight that is not a constant of the graph.
             return F.linear(x, self.plain, self.bias)
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
@@ -148,7 +148,7 @@ def prepack(model: Transformer, *, int8: bool = False) -> bool:
     # takes its fast paths on Intel CPUs only, and on our AMD EPYC oneDNN encoded 10-12% faster
     # (1.15-1.26 vs 1.30-1.45 ms per test_2016 sentence, batches of 10). int8 is faster there too:
     # encoding plus cross K/V 131 -> 92-101 us per source token on one thread, 95-106 -> 66-76 on
-    # two (batches of 12 in arrival order); BLEU within 0.2 of float32 (BENCHMARKS.md).
+    # two (batches of 12 in arrival order); BLEU within 0.2 of float32.
     pack_inputs = int8 or not _intel_cpu()
     for layer in model.decoder:
         _replace_linears(layer, kind, skip=None if pack_inputs else layer.cross_attn.kv)

@@ -194,7 +194,8 @@ def load_runner(
     call: compiled where ``compile`` and the device allow (a package on CPU, ``torch.compile`` on
     CUDA), eager otherwise or when compiling fails (no C++ compiler, an unwritable cache...: slower,
     but decoding; ``runner.kind`` says which). Warmed up: one greedy and one beam step on one row and
-    on two, so that lazy initialisation (kernels, thread pools, compilation) happens here."""
+    on two (where the cache holds two), so that lazy initialisation (kernels, thread pools,
+    compilation) happens here."""
     started = time.perf_counter()
     step = DecodeStep(model, top=top).eval()
     cache_dir = cache_dir or DEFAULT_CACHE_DIR
@@ -221,7 +222,7 @@ def load_runner(
 
 @torch.inference_mode()
 def warm_up(runner: Runner, model: Transformer, *, capacity: int, positions: int) -> None:
-    for rows in (1, 2):
+    for rows in sorted({1, min(2, capacity)}):
         cache = _example_cache(model, rows, capacity=capacity, positions=positions, align=runner.align)
         tokens = torch.full((rows,), model.cfg.bos_id, dtype=torch.long, device=cache.lengths.device)
         for beam_rows in (torch.zeros(1, dtype=torch.long), torch.arange(rows)):
