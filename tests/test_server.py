@@ -265,7 +265,10 @@ def test_health_and_metrics_answer_while_a_translation_waits_for_its_worker(serv
             "cannot load model: {tmp}/no-such-model/config.json: missing",
         ),
         ({"NMT_MODEL_DIR": "{tmp}", "NMT_MAX_QUEUE": "0"}, "invalid configuration: NMT_MAX_QUEUE"),
-        ({"NMT_MODEL_DIR": "{tmp}", "NMT_BATCHING": "sometimes"}, "invalid configuration: NMT_BATCHING"),
+        (
+            {"NMT_MODEL_DIR": "{tmp}", "NMT_NO_REPEAT_NGRAM_SIZE": "-1"},
+            "invalid configuration: NMT_NO_REPEAT_NGRAM_SIZE",
+        ),
     ],
 )
 def test_bad_start_exits_nonzero_with_a_clear_message(
