@@ -81,7 +81,6 @@ class Executor:
         self.metrics = metrics
         self.running = self._empty()
         self._joining: list[Job] = []  # taken from the source, being encoded into the batch
-        self._steps_since_join = 0  # decoding steps since newcomers last joined the running batch
 
     def _empty(self) -> RunningBatch[Job]:
         # Room for the largest batch, or for one input's beams; greedy hypotheses' scores are not
@@ -134,7 +133,6 @@ class Executor:
         if not len(run):
             self._gauge()
             return []
-        self._steps_since_join += 1
         rows = run.rows
         outcomes: list[Outcome] = [(job, self._finish(hyps)) for job, hyps in run.step()]
         if self.metrics is not None:
@@ -150,10 +148,9 @@ class Executor:
     def _take(self) -> list[Job]:
         """Waiting jobs that fit beside the running batch, in the scheduler's order."""
         run = self.running
-        live = len(run)
         # Newcomers are encoded as one batch, so while a batch runs they join in groups rather than
-        # one or two at every step: once enough of them wait or JOIN_WAIT_STEPS have passed.
-        if live and self.source.waiting < JOIN_RATIO * live and self._steps_since_join < JOIN_WAIT_STEPS:
+        # one or two at every step.
+        if not run.joins_now(self.source.waiting):
             return []
         rows, width = run.rows, run.width
         capacity = min(self.max_batch_size, self.translator.capacity)
@@ -167,10 +164,7 @@ class Executor:
             rows, width = new_rows, new_width
             return True
 
-        taken = self.source.take(fits)
-        if taken:
-            self._steps_since_join = 0
-        return taken
+        return self.source.take(fits)
 
     def _admit(self, jobs: list[Job]) -> None:
         """Encode ``jobs`` as one padded batch and add their rows to the running batch."""

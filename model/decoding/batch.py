@@ -93,6 +93,7 @@ class RunningBatch(Generic[K]):
             align=runner.align,
         )
         self.entries: list[Entry[K]] = []
+        self.steps_since_join = 0  # steps decoded since inputs last joined
         self.tokens = torch.zeros(0, dtype=torch.long, device=weight.device)  # (R,) next token per row
 
     @property
@@ -106,10 +107,18 @@ class RunningBatch(Generic[K]):
     def __len__(self) -> int:
         return len(self.entries)
 
+    def joins_now(self, newcomers: int) -> bool:
+        """Whether ``newcomers`` waiting inputs should join before the next step: always into an
+        empty batch; else once they number JOIN_RATIO x the running inputs, or JOIN_WAIT_STEPS steps
+        after the last join."""
+        live = len(self.entries)
+        return not live or newcomers >= JOIN_RATIO * live or self.steps_since_join >= JOIN_WAIT_STEPS
+
     def add(self, sources: Sequence[Source[K]]) -> None:
         """Encode ``sources`` as one padded batch and add their rows after the last one."""
         if not sources:
             return
+        self.steps_since_join = 0
         cfg = self.model.cfg
         src = pad_batch([s.ids for s in sources], cfg.pad_id, self.tokens.device)
         enc = self.model.encode(src)
@@ -141,6 +150,7 @@ class RunningBatch(Generic[K]):
         wanted = [r for e in entries if self.search.wants_candidates(e.beam) for r in e.rows] or [0]
         out = self.runner(self.tokens, *self.cache.views(), torch.tensor(wanted, device=self.tokens.device))
         self.cache.advance(out[4])
+        self.steps_since_join += 1
         choice = out[0] if index is None else out[0].index_select(0, index)
         keep, tokens = self.search.step([e.beam for e in entries], StepChoice(choice, *out[1:4]))
         self._place(rows, keep, tokens)
@@ -152,10 +162,12 @@ class RunningBatch(Generic[K]):
 
     def drop(self, gone: Callable[[K], bool]) -> list[K]:
         """Remove the inputs whose key is ``gone`` (cancelled, expired); returns their keys."""
-        dropped = [e.key for e in self.entries if gone(e.key)]
-        if dropped:
-            self.keep([i for i, e in enumerate(self.entries) if not gone(e.key)])
-        return dropped
+        leaving = [gone(e.key) for e in self.entries]
+        if any(leaving):
+            dropped = [e.key for e, out in zip(self.entries, leaving, strict=True) if out]
+            self.keep([i for i, out in enumerate(leaving) if not out])
+            return dropped
+        return []
 
     def clear(self) -> None:
         """Forget every input (a failed step: the cache's state is unknown)."""
@@ -223,14 +235,9 @@ def decode(
     capacity = min(capacity, max_rows or capacity)
     if k > capacity:
         raise ValueError(f"a beam of {k} does not fit in {capacity} rows")
-    steps_since_join = 0
     while order or len(batch):
         free = (capacity - batch.rows) // k
-        if (
-            order
-            and free
-            and (not len(batch) or free >= JOIN_RATIO * len(batch) or steps_since_join >= JOIN_WAIT_STEPS)
-        ):
+        if order and free and batch.joins_now(free):
             taken = order[:free]
             if max_batch_tokens is not None:
                 while (
@@ -241,8 +248,6 @@ def decode(
                     taken = taken[: len(taken) // 2]
             order = order[len(taken) :]
             batch.add([Source(i, sources[i], k, options.n_best) for i in taken])
-            steps_since_join = 0
-        steps_since_join += 1
         for key, hyps in batch.step():
             results[key] = hyps
     return [results[i] for i in range(len(sources))]

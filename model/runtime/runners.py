@@ -101,8 +101,6 @@ class PackagedRunner:
         return choice, top_tokens, top_lprobs, eos_lprob, new_kv
 
     def prepare(self, cache_dir: Path) -> None:
-        # Where TorchInductor builds (and caches the pieces of) what it compiles.
-        os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_dir / "inductor"))
         path = cache_dir / f"step-{self.key()}.pt2"
         self.cached = path.exists()
         if not self.cached:
@@ -175,7 +173,7 @@ class CompiledRunner:
         return out
 
     def prepare(self, cache_dir: Path) -> None:
-        os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_dir / "inductor"))
+        """Nothing to do before the first call compiles."""
 
 
 Runner = EagerRunner | PackagedRunner | CompiledRunner
@@ -207,6 +205,8 @@ def load_runner(
             if device == "cpu"
             else CompiledRunner(step)
         )
+        # Where TorchInductor builds (and caches the pieces of) what it compiles, for either runner.
+        os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_dir / "inductor"))
         try:
             compiled.prepare(cache_dir)
             warm_up(compiled, model, capacity=capacity, positions=positions)
