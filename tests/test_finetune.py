@@ -1,7 +1,9 @@
 """Fine-tuning (``training.train --init``): a tiny model trained on part of Multi30k's training set
 is fine-tuned on another split; the validation loss on that split falls below the initial model's
 (logged at step 0), the tokenizer is copied and never retrained, the run resumes exactly, and the
-exported directory is servable with the initial model's attribution."""
+exported directory is servable with the initial model's attribution. The same for an imported
+model's layout: SentencePiece models per side mapped through vocabulary lists, Marian's special
+ids (eos 0, unk 1, pad last, the decoder starting from pad)."""
 
 from __future__ import annotations
 
@@ -14,7 +16,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from model.checkpoint import ModelInfo, read_info, read_info_and_tokenizer, save_model_dir
+from model.checkpoint import (
+    ModelInfo,
+    read_info,
+    read_info_and_tokenizer,
+    save_model_dir,
+    tokenizer_files,
+)
 from model.tokenizer import Tokenizer, target_token
 from model.transformer import Transformer
 from model.translator import Translator
@@ -23,7 +31,7 @@ from tests.corpora import REPO, tiny_config, write_corpus
 from training import train as train_cli
 from training.config import ConfigError, TrainConfig
 from training.data import PreparedCorpus
-from training.finetune import TOKENIZER_FILES, apply_init, tokenizer_files
+from training.finetune import apply_init
 from training.prepare import prepare
 from training.train import TrainResult, train
 
@@ -251,7 +259,70 @@ def test_a_multilingual_model_fine_tuned_on_one_direction_stays_multilingual(tmp
     assert direction.name == "de-fr" and direction.prefix == prefixes["fr"]
 
 
-def test_tokenizer_files_lists_every_known_kind(tmp_path: Path) -> None:
-    for name in TOKENIZER_FILES + ("config.json", "model.safetensors", "README.md"):
-        (tmp_path / name).write_text("x")
-    assert [p.name for p in tokenizer_files(tmp_path)] == list(TOKENIZER_FILES)
+def marian_like(general: Path, out: Path, cfg: TrainConfig) -> Path:
+    """A model directory laid out as model.convert writes an OPUS-MT model: source.spm and
+    target.spm, source_vocabulary.json and target_vocabulary.json (different sizes, separate
+    embeddings), eos 0, unk 1, pad the last id and bos = pad; swish, [sin | cos] positions, an
+    output bias. Random weights."""
+    out.mkdir()
+    vocabs = {}
+    for lang, name in (("de", "source"), ("en", "target")):
+        texts = (general / f"train.{lang}").read_text().splitlines()
+        spm = Tokenizer.train(texts, out / "spm" / lang, 300 if lang == "de" else 250)
+        shutil.copyfile(spm, out / f"{name}.spm")
+        pieces = Tokenizer(spm).vocabulary()[4:]  # SentencePiece's own specials are not the model's
+        vocabs[name] = ["</s>", "<unk>", *pieces, "<pad>"]
+        (out / f"{name}_vocabulary.json").write_text(json.dumps(vocabs[name], ensure_ascii=False))
+    shutil.rmtree(out / "spm")
+    pad = len(vocabs["target"]) - 1
+    config = replace(
+        cfg.model,
+        vocab_size=len(vocabs["target"]),
+        source_vocab_size=len(vocabs["source"]),
+        share_embeddings=False,
+        activation="swish",
+        positions="sinusoidal_halves",
+        output_bias=True,
+        pad_id=pad,
+        unk_id=1,
+        bos_id=pad,
+        eos_id=0,
+    )
+    torch.manual_seed(0)
+    info = ModelInfo(config, "de", "en", training={"origin": "hand-made", "licence": "CC0-1.0"})
+    return save_model_dir(out, Transformer(config), info, out)  # the tokenizer files are there already
+
+
+def test_a_model_with_mapped_vocabularies_and_marian_ids_fine_tunes(
+    general: Path, domain: Path, tmp_path: Path
+) -> None:
+    cfg = finetune_config(domain, epochs=2)
+    init = marian_like(general, tmp_path / "marian", cfg)
+    config = read_info(init).config
+    assert config.source_vocab_size != config.vocab_size and (config.pad_id, config.eos_id) != (0, 3)
+    result = train(cfg, tmp_path / "out", init=init)
+    valid = valid_records(tmp_path / "out")
+    before, after = valid[0]["valid_loss"], valid[-1]["valid_loss"]
+    assert isinstance(before, float) and isinstance(after, float)
+    print(f"mapped vocabularies: domain validation loss {before:.3f} (random init) -> {after:.3f}")
+    assert after < before - 0.5
+    # Each side was encoded with its own model and vocabulary: few unknowns, ids in that side's range.
+    (prepared,) = (tmp_path / "out" / "prepared").glob("data-*")
+    (direction,) = PreparedCorpus(prepared).train
+    for side, size in ((direction.src, config.source_vocab_size), (direction.tgt, config.vocab_size)):
+        ids = side.tokens[0 : len(side.tokens)]
+        assert ids.max() < size - 1  # never pad (the last id)
+        assert (ids == config.unk_id).mean() < 0.01 and not (ids == config.eos_id).any()
+    for file in tokenizer_files(init):
+        assert (tmp_path / "out" / "model" / file.name).read_bytes() == file.read_bytes()
+    assert {f.name for f in tokenizer_files(tmp_path / "out" / "model")} == {
+        "source.spm",
+        "target.spm",
+        "source_vocabulary.json",
+        "target_vocabulary.json",
+    }
+    info, _ = read_info_and_tokenizer(tmp_path / "out" / "model")
+    assert info.config == config and info.training["licence"] == "CC0-1.0"
+    assert result.model_dir is not None
+    (hyp,) = Translator.load(result.model_dir, device="cpu").translate_batch(["Ein Mann mit einem Hut."])
+    assert hyp.hypotheses[0].strip()

@@ -16,11 +16,17 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from model.checkpoint import ModelDirError, ModelInfo, load_tokenizer, read_info, source_prefix
+from model.checkpoint import (
+    ModelDirError,
+    ModelInfo,
+    load_tokenizer,
+    read_info,
+    source_prefix,
+    tokenizer_files,
+)
 from model.config import ModelConfig
 from model.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
 from training.arrays import DiskArray
-from training.finetune import tokenizer_files
 from training.prepare import MANIFEST, SPM_FILE, TOKENIZER_DIR, model_info
 from training.sampling import EpochPlan, PlannedBatch
 from training.text import DataError, read_lines
@@ -92,7 +98,7 @@ class PreparedCorpus:
         if (self.root / TOKENIZER_DIR).is_dir():
             try:
                 self.init_info = read_info(self.root / TOKENIZER_DIR)
-                self.tokenizer = load_tokenizer(self.root / TOKENIZER_DIR)
+                self.tokenizer = load_tokenizer(self.root / TOKENIZER_DIR, self.init_info)
             except ModelDirError as e:
                 raise DataError(str(e)) from e
             config = self.init_info.config
@@ -113,6 +119,12 @@ class PreparedCorpus:
     def info(self, config: ModelConfig) -> ModelInfo:
         """The metadata of a model trained on this corpus (bilingual, or multilingual)."""
         return model_info(config, self.pairs, self.target_prefix)
+
+    @property
+    def tokenizer_source(self) -> Path:
+        """What ``save_model_dir`` copies the tokenizer from: the SentencePiece model, or (fine-tuning)
+        the directory of the initial model's tokenizer files."""
+        return self.root / TOKENIZER_DIR if self.init_info is not None else self.spm_path
 
     @property
     def tokenizer_files(self) -> list[Path]:

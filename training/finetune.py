@@ -26,34 +26,20 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from model.checkpoint import CONFIG_FILE, ModelInfo
+from model.checkpoint import CONFIG_FILE, ModelInfo, tokenizer_files
 from training.config import ConfigError, TrainConfig
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent / "configs" / "finetune.toml"
 
-# The files of a model directory that make its tokenizer (model.directory): a joint SentencePiece
-# model, or source/target ones mapped to the model's ids through vocabulary files.
-TOKENIZER_FILES = (
-    "sentencepiece.model",
-    "source.spm",
-    "target.spm",
-    "shared_vocabulary.json",
-    "source_vocabulary.json",
-    "target_vocabulary.json",
-)
 # Training-only settings of [model]: the one part of the architecture's table fine-tuning may change.
 REGULARISATION = ("dropout", "attention_dropout", "activation_dropout")
 # What config.json's "training" says about where a model comes from: kept by every fine-tuned copy.
 ATTRIBUTION = ("origin", "licence", "command", "init")
 
 
-def tokenizer_files(model_dir: str | Path) -> list[Path]:
-    """The tokenizer files ``model_dir`` has."""
-    return [Path(model_dir) / name for name in TOKENIZER_FILES if (Path(model_dir) / name).is_file()]
-
-
 def copy_tokenizer(model_dir: str | Path, out: Path) -> list[Path]:
-    """Copy ``model_dir``'s tokenizer files (byte for byte) into ``out``; returns the copies."""
+    """Copy ``model_dir``'s tokenizer files (``model.directory.TOKENIZER_FILES``, byte for byte)
+    into ``out``; returns the copies."""
     out.mkdir(parents=True, exist_ok=True)
     return [Path(shutil.copyfile(path, out / path.name)) for path in tokenizer_files(model_dir)]
 

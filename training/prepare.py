@@ -183,6 +183,8 @@ def encode_file(
 
 
 def _encode(tokenizer: Tokenizer, block: list[str], target: bool) -> list[list[int]]:
+    if tokenizer.mapped:  # pieces mapped to the model's ids, one side's or the other's
+        return tokenizer.encode(block, target=target)
     return tokenizer.sp.Encode(block)  # type: ignore[no-any-return]  # the list form: one call per chunk
 
 
@@ -334,7 +336,7 @@ def _build(
         prefixes = target_prefixes(tokenizer, sources.pairs, vocab)
         config = ModelConfig(vocab_size=tokenizer.vocab_size)
     info = model_info(config, sources.pairs, prefixes)
-    dtype = token_dtype(max(config.vocab_size, _source_vocab_size(config)))
+    dtype = token_dtype(max(config.vocab_size, config.source_vocab))
 
     def side(path: Path, target: bool) -> str:  # the file id of one side's tokens
         return f"{file_id(path)}.{'target' if target else 'source'}" if init else file_id(path)
@@ -396,13 +398,9 @@ def _init_tokenizer(model_dir: Path, out: Path) -> tuple[dict[str, list[int]], M
     shutil.copyfile(model_dir / CONFIG_FILE, out / CONFIG_FILE)
     try:
         info = read_info(out)
-        return info.target_prefix, info.config, load_tokenizer(out)
+        return info.target_prefix, info.config, load_tokenizer(out, info)
     except ModelDirError as e:
         raise DataError(f"--init {model_dir}: {e}") from e
-
-
-def _source_vocab_size(config: ModelConfig) -> int:
-    return int(getattr(config, "source_vocab_size", 0)) or config.vocab_size
 
 
 def check_matches(

@@ -12,7 +12,9 @@ says elsewhere), and model/ (the exported model directory, weights averaged over
 checkpoints).
 
 ``--init MODEL_DIR`` fine-tunes that model instead (``training.finetune``): its architecture,
-weights, tokenizer and special ids; the log's first validation (step 0) scores it as it was.
+weights, tokenizer and special ids; the log's first validation (step 0) scores it as it was. The
+output then has no sentencepiece.model of its own: the model's tokenizer files are copied into the
+prepared corpus (tokenizer/) and into model/.
 """
 
 from __future__ import annotations
@@ -467,10 +469,7 @@ def _export(
         # Who made the weights this one starts from, and under which licence, at the top level too.
         info.training.update({k: record[k] for k in ("origin", "licence") if k in record})
         info.training["init"] = record
-    files = corpus.tokenizer_files
-    path = save_model_dir(out / "model", export, info, files[0], dtype=dtype)
-    for file in files:  # every tokenizer file, unchanged (save_model_dir copies the joint one)
-        shutil.copyfile(file, path / file.name)
+    path = save_model_dir(out / "model", export, info, corpus.tokenizer_source, dtype=dtype)
     log(f"exported {path} (average of {len(paths)} checkpoint(s))")
     return path
 
