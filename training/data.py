@@ -41,10 +41,11 @@ class Specials:
     pad: int = PAD_ID
     bos: int = BOS_ID
     eos: int = EOS_ID
+    source_eos: bool = True  # whether sources end with eos too (not OpenNMT-py's: Argos models)
 
     @classmethod
     def of(cls, config: ModelConfig) -> Specials:
-        return cls(config.pad_id, config.bos_id, config.eos_id)
+        return cls(config.pad_id, config.bos_id, config.eos_id, config.source_eos)
 
 
 class TokenFile:
@@ -194,7 +195,8 @@ def collate(examples: Sequence[Example], specials: Specials = Specials()) -> Bat
         n = len(p)
         src[i, :n] = p
         src[i, n : n + len(s)] = s
-        src[i, n + len(s)] = specials.eos
+        if specials.source_eos:
+            src[i, n + len(s)] = specials.eos
         tgt_in[i, 0] = specials.bos
         tgt_in[i, 1 : len(t) + 1] = t
         tgt_out[i, : len(t)] = t
