@@ -72,6 +72,7 @@ class ServedModel:
             sentences,
             prefix=source_prefix(self.info, target),
             max_positions=self.info.config.max_positions,
+            eos=self.info.config.eos_id,
         )
 
     def texts(self, results: list[Hypotheses]) -> list[list[str]]:

@@ -21,6 +21,7 @@ from model.directory import (
     MULTILINGUAL,
     MULTILINGUAL_FORMAT_VERSION,
     SPM_FILE,
+    TOKENIZER_FILES,
     WEIGHTS_FILE,
     ModelDirError,
     ModelInfo,
@@ -28,6 +29,7 @@ from model.directory import (
     read_info,
     read_info_and_tokenizer,
     source_prefix,
+    tokenizer_files,
 )
 from model.transformer import Transformer
 
@@ -37,6 +39,7 @@ __all__ = [
     "MULTILINGUAL",
     "MULTILINGUAL_FORMAT_VERSION",
     "SPM_FILE",
+    "TOKENIZER_FILES",
     "WEIGHTS_FILE",
     "ModelDirError",
     "ModelInfo",
@@ -46,6 +49,7 @@ __all__ = [
     "read_info_and_tokenizer",
     "save_model_dir",
     "source_prefix",
+    "tokenizer_files",
 ]
 
 
@@ -53,17 +57,22 @@ def save_model_dir(
     path: str | Path,
     model: Transformer,
     info: ModelInfo,
-    spm_model: str | Path,
+    tokenizer: str | Path,
     *,
     dtype: torch.dtype = torch.float32,
 ) -> Path:
-    """Write ``model`` as a model directory; ``dtype`` float16 halves the size on disk."""
+    """Write ``model`` as a model directory; ``dtype`` float16 halves the size on disk.
+    ``tokenizer``: the joint SentencePiece model, or a model directory whose tokenization files
+    (``TOKENIZER_FILES``) are copied: a fine-tuned model keeps its original's."""
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     state = {k: v.detach().to("cpu", dtype).contiguous() for k, v in model.state_dict().items()}
     save_file(state, str(path / WEIGHTS_FILE), metadata={"format": "pt"})
-    if Path(spm_model).resolve() != (path / SPM_FILE).resolve():
-        shutil.copyfile(spm_model, path / SPM_FILE)
+    files = tokenizer_files(tokenizer) if Path(tokenizer).is_dir() else [Path(tokenizer)]
+    for file in files:
+        name = file.name if Path(tokenizer).is_dir() else SPM_FILE
+        if file.resolve() != (path / name).resolve():
+            shutil.copyfile(file, path / name)
     (path / CONFIG_FILE).write_text(json.dumps(info.to_json(), indent=2) + "\n")
     return path
 

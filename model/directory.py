@@ -4,6 +4,12 @@ config.json          {"format": 1, "model": ModelConfig, "source_lang", "target_
 model.safetensors    weights (float32 or float16; loaded into the compute dtype)
 sentencepiece.model  the joint vocabulary (special ids fixed by model.tokenizer)
 
+An imported model (model.convert: OPUS-MT, Argos) keeps its toolkit's tokenization instead: a
+SentencePiece model per side, ``source.spm`` and ``target.spm`` (or ``sentencepiece.model`` for
+both), whose pieces map to the model's ids through ``shared_vocabulary.json`` or
+``source_vocabulary.json`` + ``target_vocabulary.json`` (JSON lists of pieces in id order,
+CTranslate2's names); its special ids are the config's. It may carry a model card, README.md.
+
 A multilingual model (one model, several directions) writes "format": 2, "source_lang" and
 "target_lang" "mul" (ISO 639's code for several languages), and two more keys:
 
@@ -30,6 +36,12 @@ from model.tokenizer import Tokenizer, target_token
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
 SPM_FILE = "sentencepiece.model"
+SOURCE_SPM, TARGET_SPM = "source.spm", "target.spm"
+SHARED_VOCAB = "shared_vocabulary.json"
+SOURCE_VOCAB, TARGET_VOCAB = "source_vocabulary.json", "target_vocabulary.json"
+MODEL_CARD = "README.md"
+# Every file of a directory's tokenization; those present are copied with the model.
+TOKENIZER_FILES = (SPM_FILE, SOURCE_SPM, TARGET_SPM, SHARED_VOCAB, SOURCE_VOCAB, TARGET_VOCAB)
 FORMAT_VERSION = 1  # a bilingual model directory
 MULTILINGUAL_FORMAT_VERSION = 2  # a multilingual one: adds "directions" and "target_prefix"
 MULTILINGUAL = "mul"  # source_lang and target_lang of a multilingual model (ISO 639-2: multiple languages)
@@ -155,27 +167,70 @@ def _direction(text: str) -> tuple[str, str]:
     return src, tgt
 
 
-def load_tokenizer(path: str | Path) -> Tokenizer:
-    file = Path(path) / SPM_FILE
+def load_tokenizer(path: str | Path, info: ModelInfo | None = None) -> Tokenizer:
+    """The directory's tokenizer. ``info`` gives a mapped vocabulary its unknown id and the ids
+    that decode to nothing (specials, target-language tokens); without it, the defaults."""
+    path = Path(path)
+    source = path / SOURCE_SPM if (path / SOURCE_SPM).is_file() else path / SPM_FILE
+    target = path / TARGET_SPM if (path / TARGET_SPM).is_file() else None
+    if not source.is_file():
+        raise ModelDirError(f"{path / SPM_FILE}: missing (nor is there a {SOURCE_SPM})")
+    vocabs: tuple[list[str] | None, list[str] | None] = (None, None)
+    if (path / SHARED_VOCAB).is_file():
+        vocabs = (_vocabulary(path / SHARED_VOCAB), None)
+    elif (path / SOURCE_VOCAB).is_file() or (path / TARGET_VOCAB).is_file():
+        vocabs = (_vocabulary(path / SOURCE_VOCAB), _vocabulary(path / TARGET_VOCAB))
+    skip: set[int] = set()
+    unk = 1
+    if info is not None:
+        cfg = info.config
+        unk = cfg.unk_id
+        skip = {cfg.pad_id, cfg.unk_id, cfg.bos_id, cfg.eos_id}
+        skip.update(i for ids in info.target_prefix.values() for i in ids)
+    try:
+        return Tokenizer(
+            source, target=target, source_vocab=vocabs[0], target_vocab=vocabs[1], unk_id=unk, skip_ids=skip
+        )
+    except (ValueError, FileNotFoundError) as e:
+        raise ModelDirError(str(e)) from e
+
+
+def _vocabulary(file: Path) -> list[str]:
     if not file.is_file():
         raise ModelDirError(f"{file}: missing")
     try:
-        return Tokenizer(file)
-    except ValueError as e:
-        raise ModelDirError(str(e)) from e
+        pieces = json.loads(file.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ModelDirError(f"{file}: not a JSON list of pieces ({e})") from e
+    if not isinstance(pieces, list) or not all(isinstance(p, str) for p in pieces):
+        raise ModelDirError(f"{file}: not a JSON list of pieces")
+    if len(set(pieces)) != len(pieces):
+        raise ModelDirError(f"{file}: a piece is listed twice")
+    return pieces
+
+
+def tokenizer_files(path: str | Path) -> list[Path]:
+    """The tokenization files present in model directory ``path``."""
+    return [Path(path) / name for name in TOKENIZER_FILES if (Path(path) / name).is_file()]
 
 
 def read_info_and_tokenizer(path: str | Path) -> tuple[ModelInfo, Tokenizer]:
     """The directory's metadata and vocabulary, checked against each other (``ModelDirError``)."""
     info = read_info(path)
-    tokenizer = load_tokenizer(path)
-    if tokenizer.vocab_size != info.config.vocab_size:
+    tokenizer = load_tokenizer(path, info)
+    cfg = info.config
+    if tokenizer.vocab_size != cfg.vocab_size or tokenizer.source_vocab_size != cfg.source_vocab:
+        names = ", ".join(f.name for f in tokenizer_files(path))
         raise ModelDirError(
-            f"{path}: sentencepiece.model has {tokenizer.vocab_size} pieces, "
-            f"config.json says vocab_size={info.config.vocab_size}"
+            f"{path}: the vocabulary ({names}) has {tokenizer.source_vocab_size} source and "
+            f"{tokenizer.vocab_size} target pieces, config.json says {cfg.source_vocab} and "
+            f"{cfg.vocab_size}: the vocabulary does not match the weights"
         )
     for lang, ids in info.target_prefix.items():
-        if ids != [tokenizer.control_id(target_token(lang))]:
+        if tokenizer.mapped:
+            if not all(0 <= i < tokenizer.source_vocab_size for i in ids):
+                raise ModelDirError(f"{path}: target_prefix of {lang!r} has ids outside the vocabulary")
+        elif ids != [tokenizer.control_id(target_token(lang))]:
             raise ModelDirError(
                 f"{path}: target_prefix of {lang!r} in config.json is {ids}, but sentencepiece.model "
                 f"has {target_token(lang)} at {tokenizer.control_id(target_token(lang))}"

@@ -70,22 +70,32 @@ class Packing:
         return out.view(self.batch, self.length, -1)
 
 
-class SinusoidalPositions(nn.Module):
-    """Fixed sin/cos position encodings of the paper (section 3.5); a buffer, not a parameter."""
+def sinusoids(max_positions: int, d_model: int, *, halves: bool = False) -> Tensor:
+    """The paper's sin/cos table (section 3.5), (max_positions, d_model): frequency i in dimensions
+    2i (sin) and 2i+1 (cos), or with ``halves`` sin in the first half and cos in the second
+    (Marian, fairseq and CTranslate2 lay it out so)."""
+    pos = torch.arange(max_positions, dtype=torch.float32)[:, None]
+    inv_freq = torch.exp(torch.arange(0, d_model, 2, dtype=torch.float32) * (-math.log(10000.0) / d_model))
+    sin, cos = torch.sin(pos * inv_freq), torch.cos(pos * inv_freq)  # each (P, D/2)
+    if halves:
+        return torch.cat([sin, cos], dim=1)
+    return torch.stack([sin, cos], dim=2).flatten(1)  # (P, D/2, 2) -> interleaved (P, D)
+
+
+class Positions(nn.Module):
+    """Position encodings: a fixed sinusoidal buffer (not in the checkpoint: a function of the
+    config) or, for ``positions="learned"``, a table in the weights."""
 
     table: Tensor
 
-    def __init__(self, max_positions: int, d_model: int) -> None:
+    def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
-        pos = torch.arange(max_positions, dtype=torch.float32)[:, None]
-        inv_freq = torch.exp(
-            torch.arange(0, d_model, 2, dtype=torch.float32) * (-math.log(10000.0) / d_model)
-        )
-        table = torch.zeros(max_positions, d_model)
-        table[:, 0::2] = torch.sin(pos * inv_freq)
-        table[:, 1::2] = torch.cos(pos * inv_freq)
-        # Not saved in the checkpoint: it is a function of the config.
-        self.register_buffer("table", table, persistent=False)
+        if cfg.positions == "learned":
+            self.table = nn.Parameter(torch.zeros(cfg.max_positions, cfg.d_model))
+        else:
+            halves = cfg.positions == "sinusoidal_halves"
+            table = sinusoids(cfg.max_positions, cfg.d_model, halves=halves)
+            self.register_buffer("table", table, persistent=False)
 
     def forward(self, positions: Tensor) -> Tensor:
         return self.table[positions]
@@ -177,17 +187,25 @@ class CrossAttention(nn.Module):
         return self.out(merge_heads(y[:, :, None]))  # (R, 1, D)
 
 
+ACTIVATION_FUNCTIONS: dict[str, Callable[[Tensor], Tensor]] = {
+    "relu": F.relu,  # the paper's
+    "swish": F.silu,  # x * sigmoid(x): Marian (OPUS-MT)
+    "gelu": F.gelu,  # the erf form
+}
+
+
 class FeedForward(nn.Module):
-    """Position-wise FFN(x) = max(0, x W1 + b1) W2 + b2."""
+    """Position-wise FFN(x) = act(x W1 + b1) W2 + b2; act is ReLU in the paper."""
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.fc1 = nn.Linear(cfg.d_model, cfg.d_ff)
         self.fc2 = nn.Linear(cfg.d_ff, cfg.d_model)
+        self.act = ACTIVATION_FUNCTIONS[cfg.activation]
         self.dropout = nn.Dropout(cfg.activation_dropout)
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.fc2(self.dropout(F.relu(self.fc1(x))))
+        return self.fc2(self.dropout(self.act(self.fc1(x))))
 
 
 class AddNorm(nn.Module):

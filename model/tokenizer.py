@@ -1,6 +1,6 @@
-"""SentencePiece wrapper with fixed special ids.
+"""SentencePiece wrapper: text to model ids and back.
 
-The ids are part of the model directory format and never change:
+In the models we train, the ids are SentencePiece's and part of the model directory format:
 
 ======  ====  ==========================================
 piece   id    use
@@ -33,38 +33,92 @@ def target_token(lang: str) -> str:
 
 
 class Tokenizer:
-    def __init__(self, path: str | Path) -> None:
-        path = Path(path)
-        if not path.is_file():
-            raise FileNotFoundError(f"SentencePiece model not found: {path}")
-        self.path = path
-        self.sp = spm.SentencePieceProcessor()
-        try:
-            self.sp.Load(str(path))
-        except (OSError, RuntimeError) as e:
-            raise ValueError(f"{path}: not a valid SentencePiece model ({e})") from e
-        got = (self.sp.pad_id(), self.sp.unk_id(), self.sp.bos_id(), self.sp.eos_id())
-        if got != (PAD_ID, UNK_ID, BOS_ID, EOS_ID):
-            raise ValueError(f"{path}: special ids (pad, unk, bos, eos) are {got}, expected (0, 1, 2, 3)")
+    """Text to model ids and back.
+
+    Our trained models: one joint SentencePiece model whose ids are the model's (``path`` alone;
+    the special ids above). Imported models (OPUS-MT, Argos): a SentencePiece model per side (or
+    one for both) whose *pieces* are mapped to the model's ids through the toolkit's vocabulary
+    lists (``source_vocab``, ``target_vocab``: the pieces in id order), as Marian and CTranslate2
+    do; a piece the vocabulary lacks is ``unk_id``. ``skip_ids``: ids that decode to nothing
+    (specials, language tokens) in that case; SentencePiece's own controls are skipped otherwise.
+    """
+
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        target: str | Path | None = None,
+        source_vocab: Sequence[str] | None = None,
+        target_vocab: Sequence[str] | None = None,
+        unk_id: int = UNK_ID,
+        skip_ids: Iterable[int] = (),
+    ) -> None:
+        self.path = Path(path)
+        self.sp = _load(self.path)
+        self.target_sp = self.sp if target is None else _load(Path(target))
+        self.mapped = source_vocab is not None
+        if not self.mapped:
+            if target is not None or target_vocab is not None:
+                raise ValueError("separate source and target SentencePiece models need vocabulary lists")
+            got = (self.sp.pad_id(), self.sp.unk_id(), self.sp.bos_id(), self.sp.eos_id())
+            if got != (PAD_ID, UNK_ID, BOS_ID, EOS_ID):
+                raise ValueError(f"{path}: special ids (pad, unk, bos, eos) are {got}, expected (0, 1, 2, 3)")
+            return
+        assert source_vocab is not None
+        self.source_vocab = list(source_vocab)
+        self.target_vocab = list(source_vocab if target_vocab is None else target_vocab)
+        self.source_index = {p: i for i, p in enumerate(self.source_vocab)}
+        self.target_index = (
+            self.source_index if target_vocab is None else {p: i for i, p in enumerate(self.target_vocab)}
+        )
+        self.unk_id = unk_id
+        self.skip = frozenset(skip_ids)
 
     @property
     def vocab_size(self) -> int:
-        return int(self.sp.GetPieceSize())
+        """Of the target side (the output projection's rows)."""
+        return len(self.target_vocab) if self.mapped else int(self.sp.GetPieceSize())
+
+    @property
+    def source_vocab_size(self) -> int:
+        return len(self.source_vocab) if self.mapped else int(self.sp.GetPieceSize())
 
     # One call per text, not SentencePiece's list form: that one starts a thread pool per call,
     # ~300 us even for a single sentence (9 us for the text alone), holding the GIL meanwhile.
-    def encode(self, texts: list[str]) -> list[list[int]]:
-        """Token ids without bos/eos (the model adds those where it needs them)."""
-        return [list(self.sp.Encode(text)) for text in texts]
+    def encode(self, texts: list[str], *, target: bool = False) -> list[list[int]]:
+        """Token ids without bos/eos (the model adds those where it needs them); ``target``: with
+        the target side's model and vocabulary (training data)."""
+        sp = self.target_sp if target else self.sp
+        if not self.mapped:
+            return [list(sp.Encode(text)) for text in texts]
+        index, unk = (self.target_index if target else self.source_index), self.unk_id
+        return [[index.get(p, unk) for p in sp.Encode(text, out_type=str)] for text in texts]
 
     def decode(self, ids: list[list[int]]) -> list[str]:
-        return [str(self.sp.Decode([i for i in seq if i > EOS_ID])) for seq in ids]
+        """Target ids to text; special and control ids decode to nothing."""
+        if not self.mapped:
+            return [str(self.sp.Decode([i for i in seq if i > EOS_ID])) for seq in ids]
+        vocab, skip = self.target_vocab, self.skip
+        return [str(self.target_sp.DecodePieces([vocab[i] for i in seq if i not in skip])) for seq in ids]
 
-    def pieces(self, ids: list[int]) -> list[str]:
-        return [str(p) for p in self.sp.IdToPiece(ids)]
+    def pieces(self, ids: list[int], *, source: bool = False) -> list[str]:
+        """The pieces of target ids (of source ids with ``source``)."""
+        if not self.mapped:
+            return [str(p) for p in self.sp.IdToPiece(ids)]
+        vocab = self.source_vocab if source else self.target_vocab
+        return [vocab[i] for i in ids]
+
+    def vocabulary(self, *, source: bool = False) -> list[str]:
+        """Every piece in id order (what CTranslate2 is given)."""
+        if not self.mapped:
+            return [str(self.sp.IdToPiece(i)) for i in range(self.vocab_size)]
+        return list(self.source_vocab if source else self.target_vocab)
 
     def control_id(self, piece: str) -> int | None:
-        """The id of control symbol ``piece`` (e.g. ``target_token("en")``), None if it has none."""
+        """The source id of control symbol ``piece`` (``target_token("en")``, OPUS-MT's
+        ``>>fra<<``), None if it has none."""
+        if self.mapped:
+            return self.source_index.get(piece)
         i = int(self.sp.PieceToId(piece))
         return i if self.sp.IdToPiece(i) == piece and self.sp.IsControl(i) else None
 
@@ -104,3 +158,14 @@ class Tokenizer:
             hard_vocab_limit=False,
         )
         return model_prefix.with_suffix(".model")
+
+
+def _load(path: Path) -> spm.SentencePieceProcessor:
+    if not path.is_file():
+        raise FileNotFoundError(f"SentencePiece model not found: {path}")
+    sp = spm.SentencePieceProcessor()
+    try:
+        sp.Load(str(path))
+    except (OSError, RuntimeError) as e:
+        raise ValueError(f"{path}: not a valid SentencePiece model ({e})") from e
+    return sp

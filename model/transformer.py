@@ -20,7 +20,7 @@ from model.layers import (
     DecoderLayer,
     EncoderLayer,
     Packing,
-    SinusoidalPositions,
+    Positions,
 )
 
 # Inference packs the encoder's real tokens when padding is at least this share of the batch.
@@ -41,16 +41,21 @@ class Transformer(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.cfg = cfg
-        self.embed_scale = math.sqrt(cfg.d_model)
-        # Target embedding; with tie_embeddings it is also the source embedding and the output projection.
+        self.embed_scale = math.sqrt(cfg.d_model) if cfg.scale_embeddings else 1.0
+        # Target embedding; also the source embedding with share_embeddings and the output projection
+        # with tie_output.
         self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model, padding_idx=cfg.pad_id)
         self.src_embed = (
-            None if cfg.tie_embeddings else nn.Embedding(cfg.vocab_size, cfg.d_model, padding_idx=cfg.pad_id)
+            None
+            if cfg.share_embeddings
+            else nn.Embedding(cfg.source_vocab, cfg.d_model, padding_idx=cfg.pad_id)
         )
-        self.out_proj = None if cfg.tie_embeddings else nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
-        # Set by model.runtime.prepack for CPU inference: the tied projection with its weight pre-packed.
+        self.out_proj = None if cfg.tie_output else nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        self.output_bias = nn.Parameter(torch.zeros(cfg.vocab_size)) if cfg.output_bias else None
+        # Set by model.runtime.prepack for CPU inference: the output projection (and its bias) with
+        # its weight prepared.
         self.logits_proj: nn.Module | None = None
-        self.positions = SinusoidalPositions(cfg.max_positions, cfg.d_model)
+        self.positions = Positions(cfg)
         self.dropout = nn.Dropout(cfg.dropout)
         # ModuleList registers the layers; the annotation tells type checkers what they hold.
         self.encoder: list[EncoderLayer] = nn.ModuleList(  # type: ignore[assignment]
@@ -82,12 +87,17 @@ class Transformer(nn.Module):
         emb = self.src_embed if source and self.src_embed is not None else self.embed
         return self.dropout(emb(ids) * self.embed_scale + self.positions(positions))
 
+    @property
+    def output_weight(self) -> Tensor:
+        """(V, D): the output projection's weight, the target embedding's when tied."""
+        return self.out_proj.weight if self.out_proj is not None else self.embed.weight
+
     def _logits(self, x: Tensor) -> Tensor:
         if self.decoder_norm is not None:
             x = self.decoder_norm(x)
         if self.logits_proj is not None:
             return self.logits_proj(x)
-        return self.out_proj(x) if self.out_proj is not None else F.linear(x, self.embed.weight)
+        return F.linear(x, self.output_weight, self.output_bias)
 
     # -- encoder ----------------------------------------------------------------------------------
     def encode(self, src: Tensor) -> EncoderOutput:

@@ -148,7 +148,8 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory, spm_model: Path, tokeniz
         eos_boost=1.5,
         vocab_size=tokenizer.vocab_size,
         pre_norm=True,
-        tie_embeddings=False,
+        share_embeddings=False,
+        tie_output=False,
     )
     info = ModelInfo(
         config=model.cfg, source_lang="de", target_lang="en", training={"note": "random weights"}

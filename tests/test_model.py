@@ -94,7 +94,7 @@ def alone(model: Transformer, source_kv: Tensor, src_mask: Tensor, tgt: Tensor) 
 def test_step_by_step_decoding_matches_full_decode(
     make_model: MakeModel, pre_norm: bool, tie_embeddings: bool
 ) -> None:
-    model = make_model(seed=0, pre_norm=pre_norm, tie_embeddings=tie_embeddings)
+    model = make_model(seed=0, pre_norm=pre_norm, share_embeddings=tie_embeddings, tie_output=tie_embeddings)
     src = sources([7, 3, 5])  # padded batch: rows of different source lengths
     tgt = targets(3, 9)
     with torch.inference_mode():
@@ -392,3 +392,32 @@ def test_strip_dropout_changes_no_output(make_model: MakeModel) -> None:
         stripped = transformer.strip_dropout(model)
         assert not any(isinstance(m, torch.nn.Dropout) for m in stripped.modules())
         assert torch.equal(stripped.decode(tgt, stripped.encode(src)), before)
+
+
+def test_positions_layouts_are_the_papers_formula_interleaved_or_in_halves() -> None:
+    from model.layers import sinusoids
+
+    p, d = 7, 8
+    pos, i = torch.arange(p, dtype=torch.float64)[:, None], torch.arange(d // 2, dtype=torch.float64)
+    angle = pos / 10000 ** (2 * i / d)  # (P, D/2): PE(pos, 2i) = sin, PE(pos, 2i+1) = cos
+    inter = torch.zeros(p, d, dtype=torch.float64)
+    inter[:, 0::2], inter[:, 1::2] = torch.sin(angle), torch.cos(angle)
+    torch.testing.assert_close(sinusoids(p, d).double(), inter, atol=1e-6, rtol=0)
+    halves = torch.cat([torch.sin(angle), torch.cos(angle)], dim=1)
+    torch.testing.assert_close(sinusoids(p, d, halves=True).double(), halves, atol=1e-6, rtol=0)
+
+
+def test_a_config_written_with_tie_embeddings_reads_as_shared_and_tied() -> None:
+    from model.config import ModelConfig
+
+    untied = ModelConfig.from_dict({"vocab_size": 64, "d_model": 32, "n_heads": 4, "tie_embeddings": False})
+    assert (untied.share_embeddings, untied.tie_output) == (False, False)
+    assert ModelConfig.from_dict({"vocab_size": 64, "d_model": 32, "n_heads": 4}).tie_output
+
+
+def test_learned_positions_and_output_bias_are_weights_and_sinusoids_are_not() -> None:
+    from tests.conftest import tiny_config
+
+    learned = Transformer(tiny_config(positions="learned", output_bias=True)).state_dict()
+    assert learned["positions.table"].shape == (128, 32) and learned["output_bias"].shape == (64,)
+    assert "positions.table" not in Transformer(tiny_config(positions="sinusoidal_halves")).state_dict()

@@ -27,19 +27,28 @@ def test_available_on_this_build() -> None:
 
 
 @pytest.mark.parametrize("intel", [True, False])
-@pytest.mark.parametrize("tie_embeddings", [True, False])
+@pytest.mark.parametrize(("tie_embeddings", "output_bias"), [(True, False), (False, True)])
 def test_prepacked_model_computes_the_same_logits(
-    make_model: Callable[..., Transformer], tie_embeddings: bool, intel: bool, monkeypatch: pytest.MonkeyPatch
+    make_model: Callable[..., Transformer],
+    tie_embeddings: bool,
+    output_bias: bool,
+    intel: bool,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr(model.runtime.prepack, "_intel_cpu", lambda: intel)
-    plain = make_model(seed=2, tie_embeddings=tie_embeddings)
-    packed = make_model(seed=2, tie_embeddings=tie_embeddings)
+    kinds = {"share_embeddings": tie_embeddings, "tie_output": tie_embeddings, "output_bias": output_bias}
+    plain = make_model(seed=2, **kinds)
+    packed = make_model(seed=2, **kinds)
+    for m in (plain, packed):
+        if m.output_bias is not None:  # a bias the packed projection must add, not zeros
+            with torch.no_grad():
+                m.output_bias.copy_(torch.linspace(-1, 1, m.cfg.vocab_size))
     assert prepack(packed)
     for layer in packed.decoder:  # per-token layers packed; once-per-input ones left to MKL on Intel
         assert isinstance(layer.self_attn.qkv, PackedLinear) and isinstance(layer.ff.fc2, PackedLinear)
         assert isinstance(layer.cross_attn.kv, torch.nn.Linear) == intel
     assert isinstance(packed.encoder[0].ff.fc1, torch.nn.Linear) == intel
-    assert isinstance(packed.logits_proj, PackedLinear) == tie_embeddings
+    assert isinstance(packed.logits_proj, PackedLinear)
     src = torch.randint(4, plain.cfg.vocab_size, (3, 7))
     src[1, 5:] = PAD_ID
     tgt = torch.randint(4, plain.cfg.vocab_size, (3, 5))
@@ -110,8 +119,8 @@ def test_int8_linear_is_close_to_the_float_layer() -> None:
 def test_int8_model_keeps_its_state_dict_and_close_logits(
     make_model: Callable[..., Transformer], tie_embeddings: bool
 ) -> None:
-    plain = make_model(seed=3, tie_embeddings=tie_embeddings)
-    quantized = make_model(seed=3, tie_embeddings=tie_embeddings)
+    plain = make_model(seed=3, share_embeddings=tie_embeddings, tie_output=tie_embeddings)
+    quantized = make_model(seed=3, share_embeddings=tie_embeddings, tie_output=tie_embeddings)
     before = {k: v.clone() for k, v in quantized.state_dict().items()}
     assert prepack(quantized, int8=True)
     for layer in quantized.decoder:
@@ -119,7 +128,7 @@ def test_int8_model_keeps_its_state_dict_and_close_logits(
     for enc_layer in quantized.encoder:  # the encoder too, and the cross-attention K/V projection
         assert isinstance(enc_layer.self_attn.qkv, Int8Linear) and isinstance(enc_layer.ff.fc2, Int8Linear)
     assert isinstance(quantized.decoder[0].cross_attn.kv, Int8Linear)
-    assert isinstance(quantized.logits_proj if tie_embeddings else quantized.out_proj, Int8Linear)
+    assert isinstance(quantized.logits_proj, Int8Linear)  # the output projection, tied or not
     after = quantized.state_dict()
     assert after.keys() == before.keys() and all(torch.equal(after[k], v) for k, v in before.items())
     src = torch.randint(4, plain.cfg.vocab_size, (3, 7))

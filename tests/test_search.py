@@ -205,7 +205,9 @@ def assert_same_hypotheses(a: list[list[Hypothesis]], b: list[list[Hypothesis]])
 def test_greedy_equals_argmax_over_the_whole_prefix(make_model: Callable[..., Transformer]) -> None:
     """The greedy path (``Beam.extend``) against the definition: per input, no cache, no batch,
     append the argmax of ``decode`` over the whole prefix until eos or the length limit."""
-    model = make_model(seed=1, sharpen=2.0, eos_boost=1.5, tie_embeddings=False, pre_norm=True)
+    model = make_model(
+        seed=1, sharpen=2.0, eos_boost=1.5, share_embeddings=False, tie_output=False, pre_norm=True
+    )
     sources = random_sources(model.cfg.vocab_size, [3, 9, 5, 12, 2, 7], seed=3)
     options = DecodeOptions(beam_size=1, max_length_a=1.5, max_length_b=5)
     got = real_decode(model, sources, options)
@@ -291,7 +293,9 @@ def test_running_batch_without_greedy_scores_decodes_the_same_tokens(
 ) -> None:
     """End to end: the service's unscored greedy rows (no candidates asked of the step) decode
     exactly the tokens of scored ones, and report scores of 0."""
-    model = make_model(seed=1, sharpen=2.0, eos_boost=1.5, tie_embeddings=False, pre_norm=True)
+    model = make_model(
+        seed=1, sharpen=2.0, eos_boost=1.5, share_embeddings=False, tie_output=False, pre_norm=True
+    )
     sources = random_sources(model.cfg.vocab_size, [4, 11, 7, 2], seed=5)
     options = DecodeOptions(beam_size=1, max_length_a=1.5, max_length_b=5)
     runner = load_runner(model, top=2, capacity=8, positions=options.positions(128), compile=False)
@@ -362,7 +366,7 @@ def rescore(model: Transformer, src: list[int], tokens: list[int]) -> float:
 def test_n_best_sorted_distinct_and_scored_correctly(
     make_model: Callable[..., Transformer], length_penalty: float
 ) -> None:
-    model = make_model(seed=1, sharpen=2.0, eos_boost=1.5, tie_embeddings=False)
+    model = make_model(seed=1, sharpen=2.0, eos_boost=1.5, share_embeddings=False, tie_output=False)
     sources = [[10, 11, 12, 13, EOS_ID], [20, 21, 22, 23, 24, 25, EOS_ID], [30, EOS_ID]]
     options = DecodeOptions(
         beam_size=4, n_best=3, length_penalty=length_penalty, max_length_a=1.0, max_length_b=4
@@ -501,7 +505,9 @@ def test_inputs_are_independent_of_their_batch(
     """Each input's search result is the same alone and in a batch of other inputs: all joined at
     once (padded to the longest source), or joining as others leave (a cache of two inputs' rows:
     rows at different steps side by side, finished rows replaced by the last ones)."""
-    model = make_model(seed=1, sharpen=2.0, eos_boost=1.5, tie_embeddings=False, pre_norm=True)
+    model = make_model(
+        seed=1, sharpen=2.0, eos_boost=1.5, share_embeddings=False, tie_output=False, pre_norm=True
+    )
     sources = random_sources(model.cfg.vocab_size, [4, 6, 2, 9, 5], seed=7)
     options = DecodeOptions(beam_size=beam_size, n_best=beam_size, max_length_a=1.5, max_length_b=5)
     alone = [real_decode(model, [s], options)[0] for s in sources]

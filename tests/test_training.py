@@ -253,4 +253,4 @@ def test_train_cli_bad_input_gives_a_clear_error(
 def test_multi30k_config_is_valid() -> None:
     cfg = TrainConfig.load(REPO / "training" / "configs" / "multi30k_de_en.toml")
     assert (cfg.data.source_lang, cfg.data.target_lang) == ("de", "en")
-    assert cfg.model.tie_embeddings and math.isclose(cfg.train.label_smoothing, 0.1)
+    assert cfg.model.tie_output and math.isclose(cfg.train.label_smoothing, 0.1)

@@ -11,6 +11,7 @@ says why and leaves nothing in OUT_DIR.
 from __future__ import annotations
 
 import argparse
+import importlib
 import shlex
 import sys
 from pathlib import Path
@@ -35,10 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     command = shlex.join(["python", "-m", "model.convert", *argv])
     try:
-        if args.kind == "marian":
-            from model.convert import marian as converter
-        else:
-            from model.convert import argos as converter  # type: ignore[no-redef]
+        converter = importlib.import_module(f"model.convert.{args.kind}")  # torch only when needed
         out = converter.convert(
             args.src, args.out, source=args.source, target=args.target, force=args.force, command=command
         )

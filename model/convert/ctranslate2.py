@@ -36,7 +36,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from model.checkpoint import SPM_FILE, ModelDirError, load_model, load_tokenizer, read_info
+from model.checkpoint import ModelDirError, load_model, load_tokenizer, read_info, tokenizer_files
 from model.decoding.options import DecodeOptions, ctranslate2_options
 from model.transformer import Transformer
 
@@ -61,25 +61,34 @@ def _norm(spec: Any, module: nn.LayerNorm) -> None:
     spec.beta = _np(module.bias)
 
 
-def build_spec(model: Transformer, pieces: list[str]) -> TransformerSpec:
-    """The CTranslate2 specification holding ``model``'s weights; ``pieces`` is the vocabulary in id
-    order (shared by source and target)."""
-    from ctranslate2.specs import transformer_spec
+def build_spec(
+    model: Transformer, pieces: list[str], source_pieces: list[str] | None = None
+) -> TransformerSpec:
+    """The CTranslate2 specification holding ``model``'s weights; ``pieces`` is the target
+    vocabulary in id order, ``source_pieces`` the source's when it has its own."""
+    from ctranslate2.specs import common_spec, transformer_spec
 
     cfg = model.cfg
+    activation = {
+        "relu": common_spec.Activation.RELU,
+        "swish": common_spec.Activation.SWISH,
+        "gelu": common_spec.Activation.GELU,
+    }[cfg.activation]
     spec = transformer_spec.TransformerSpec.from_config(
-        (cfg.encoder_layers, cfg.decoder_layers), cfg.n_heads, pre_norm=cfg.pre_norm
+        (cfg.encoder_layers, cfg.decoder_layers), cfg.n_heads, pre_norm=cfg.pre_norm, activation=activation
     )
-    positions = _np(model.positions.table)  # (max_positions, D): row i is position i, as ours
+    # Every layout of ours (model.layers.Positions) exported as the table it is: (max_positions, D),
+    # row i for position i.
+    positions = _np(model.positions.table)
     src_embed = model.src_embed if model.src_embed is not None else model.embed
     spec.encoder.embeddings[0].weight = _np(src_embed.weight)  # a list: CT2 allows several sources
     spec.decoder.embeddings.weight = _np(model.embed.weight)
     for stack in (spec.encoder, spec.decoder):
-        stack.scale_embeddings = True  # x * sqrt(D), as Transformer._embed
+        stack.scale_embeddings = cfg.scale_embeddings  # x * sqrt(D), as Transformer._embed
         stack.position_encodings.encodings = positions
-    out_weight = model.out_proj.weight if model.out_proj is not None else model.embed.weight
-    spec.decoder.projection.weight = _np(out_weight)
-    spec.decoder.projection.bias = np.zeros(cfg.vocab_size, dtype=np.float32)
+    spec.decoder.projection.weight = _np(model.output_weight)
+    bias = model.output_bias
+    spec.decoder.projection.bias = np.zeros(cfg.vocab_size, dtype=np.float32) if bias is None else _np(bias)
 
     for layer_spec, layer in zip(spec.encoder.layer, model.encoder, strict=True):
         _linear(layer_spec.self_attention.linear[0], layer.self_attn.qkv)  # fused [q; k; v]
@@ -103,12 +112,12 @@ def build_spec(model: Transformer, pieces: list[str]) -> TransformerSpec:
         _norm(spec.encoder.layer_norm, model.encoder_norm)
         _norm(spec.decoder.layer_norm, model.decoder_norm)
 
-    spec.register_source_vocabulary(pieces)
+    spec.register_source_vocabulary(pieces if source_pieces is None else source_pieces)
     spec.register_target_vocabulary(pieces)
     spec.config.bos_token = pieces[cfg.bos_id]
     spec.config.eos_token = pieces[cfg.eos_id]
-    spec.config.unk_token = pieces[1]
-    spec.config.decoder_start_token = pieces[cfg.bos_id]  # the decoder starts from bos, as ours
+    spec.config.unk_token = pieces[cfg.unk_id]
+    spec.config.decoder_start_token = pieces[cfg.bos_id]  # the decoder's first input, as ours
     spec.config.add_source_eos = True  # the encoder was trained on pieces + eos
     spec.config.layer_norm_epsilon = cfg.layer_norm_eps
     return spec
@@ -128,10 +137,10 @@ def export(
     """Convert ``model_dir`` to a CTranslate2 model in ``out`` (weights stored as ``quantization``),
     with ``options`` (default: ours) as CTranslate2's decoding options in ``OPTIONS_FILE``."""
     info = read_info(model_dir)
-    tokenizer = load_tokenizer(model_dir)
+    tokenizer = load_tokenizer(model_dir, info)
     model = load_model(model_dir, info)
-    pieces = [tokenizer.sp.id_to_piece(i) for i in range(tokenizer.vocab_size)]
-    spec = build_spec(model, pieces)
+    source = None if model.cfg.share_embeddings else tokenizer.vocabulary(source=True)
+    spec = build_spec(model, tokenizer.vocabulary(), source)
     out = Path(out)
     if out.exists() and any(out.iterdir()) and not force:
         raise FileExistsError(f"{out} exists and is not empty (use --force to overwrite)")
@@ -139,7 +148,9 @@ def export(
     spec.validate()
     spec.optimize(quantization=quantization)
     spec.save(str(out))
-    shutil.copyfile(Path(model_dir) / SPM_FILE, out / SPM_FILE)
+    for file in tokenizer_files(model_dir):  # CTranslate2 takes pieces: the caller tokenizes
+        if not (out / file.name).exists():  # its vocabulary files are its own, written by save()
+            shutil.copyfile(file, out / file.name)
     decoding = ctranslate2_options(options or DecodeOptions())
     (out / OPTIONS_FILE).write_text(json.dumps(decoding, indent=2) + "\n")
     return out

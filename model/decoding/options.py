@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from model.tokenizer import EOS_ID, Tokenizer
+from model.tokenizer import Tokenizer
 
 GUARD_MARGIN = 16  # candidates kept beyond 2K per row for the repetition guard to drop
 
@@ -54,12 +54,18 @@ class DecodeOptions:
         return min(self.max_input_tokens, max_positions - 1)
 
     def source_ids(
-        self, tokenizer: Tokenizer, texts: Sequence[str], *, prefix: Sequence[int], max_positions: int
+        self,
+        tokenizer: Tokenizer,
+        texts: Sequence[str],
+        *,
+        prefix: Sequence[int],
+        max_positions: int,
+        eos: int,
     ) -> list[list[int]]:
         """Each text's token ids after ``prefix`` (a multilingual model's target-language token),
-        truncated to ``input_limit``, then eos: what the model decodes."""
+        truncated to ``input_limit``, then the model's ``eos``: what the model decodes."""
         limit = self.input_limit(max_positions) - len(prefix)
-        return [[*prefix, *ids[:limit], EOS_ID] for ids in tokenizer.encode(list(texts))]
+        return [[*prefix, *ids[:limit], eos] for ids in tokenizer.encode(list(texts))]
 
     def candidates(self, max_beam_size: int) -> int:
         """Candidates a step keeps per row for beams of up to ``max_beam_size``: the best 2K

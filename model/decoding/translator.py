@@ -20,7 +20,7 @@ from model.decoding.search import Hypothesis
 from model.runtime.allocator import keep_freed_memory
 from model.runtime.prepack import prepack as prepack_linears
 from model.runtime.runners import Runner, load_runner
-from model.tokenizer import PAD_ID, Tokenizer
+from model.tokenizer import Tokenizer
 from model.transformer import Transformer, strip_dropout
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -171,12 +171,16 @@ class Translator:
         for a multilingual model preceded by ``target``'s token (``model.checkpoint.source_prefix``)."""
         prefix = source_prefix(self.info, target)
         return self.options.source_ids(
-            self.tokenizer, texts, prefix=prefix, max_positions=self.model.cfg.max_positions
+            self.tokenizer,
+            texts,
+            prefix=prefix,
+            max_positions=self.model.cfg.max_positions,
+            eos=self.model.cfg.eos_id,
         )
 
     def batch(self, sources: list[list[int]]) -> torch.Tensor:
         """Right-padded (B, S) tensor of source ids (``model.decoding.batch.pad_batch``)."""
-        return pad_batch(sources, PAD_ID, self.device)
+        return pad_batch(sources, self.model.cfg.pad_id, self.device)
 
     def _options(self, options: DecodeOptions | None, changes: dict[str, object]) -> DecodeOptions:
         chosen = (options or self.options).but(**{k: v for k, v in changes.items() if v is not None})

@@ -155,10 +155,9 @@ def prepack(model: Transformer, *, int8: bool = False) -> bool:
     if pack_inputs:
         for enc_layer in model.encoder:
             _replace_linears(enc_layer, kind)
-    if model.out_proj is not None:
-        model.out_proj = kind(model.out_proj.weight, None)  # type: ignore[assignment]
-    if model.out_proj is None:  # tied: the embedding matrix is also the output projection
-        model.logits_proj = kind(weight, None, keep=False)
+    # The output projection, the embedding's matrix when tied, with the output bias if any; its
+    # parameters stay where they are (the state_dict unchanged).
+    model.logits_proj = kind(model.output_weight, model.output_bias, keep=False)
     log.info(
         "linear layers prepared: %s",
         "all in int8 (per-row activation scales)"
