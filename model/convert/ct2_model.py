@@ -187,12 +187,12 @@ def read_model(directory: str | Path) -> CT2Model:
     if not binary.is_file():
         raise ConversionError(f"{binary}: missing (is {directory} a CTranslate2 model?)")
     version, spec, revision, raw, aliases = read_binary(binary)
-    for alias, target in aliases:
-        if target not in raw:
-            raise ConversionError(f"{binary}: alias {alias} names {target}, which is not a variable")
-        raw[alias] = raw[target]
-        if f"{target}_scale" in raw:
-            raw[f"{alias}_scale"] = raw[f"{target}_scale"]
+    for alias, name in aliases:
+        if name not in raw:
+            raise ConversionError(f"{binary}: alias {alias} names {name}, which is not a variable")
+        raw[alias] = raw[name]
+        if f"{name}_scale" in raw:
+            raw[f"{alias}_scale"] = raw[f"{name}_scale"]
     variables = _dequantize(binary, raw)
 
     config: dict[str, Any] = {}
@@ -207,12 +207,16 @@ def read_model(directory: str | Path) -> CT2Model:
     shared = _find_vocabulary(directory, "shared_vocabulary")
     if shared is not None:
         tokens = _read_vocabulary(shared)
-        return CT2Model(directory, spec, revision, version, variables, config, tokens, tokens, True, (shared.name,))
+        return CT2Model(
+            directory, spec, revision, version, variables, config, tokens, tokens, True, (shared.name,)
+        )
     source = _find_vocabulary(directory, "source_vocabulary")
     target = _find_vocabulary(directory, "target_vocabulary")
     if source is None or target is None:
         if _find_vocabulary(directory, "source_1_vocabulary") is not None:
-            raise ConversionError(f"{directory}: several source vocabularies (source factors) are not supported")
+            raise ConversionError(
+                f"{directory}: several source vocabularies (source factors) are not supported"
+            )
         raise ConversionError(
             f"{directory}: no vocabulary (shared_vocabulary.json/.txt, or source_vocabulary and "
             "target_vocabulary .json/.txt)"
