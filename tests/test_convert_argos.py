@@ -215,7 +215,7 @@ def greedy(
     ct2_dir: Path, ours: Path, sentences: list[str], *, compute: str, quantization: str = "none"
 ) -> tuple[list[list[int]], list[list[int]]]:
     """(our token ids, CTranslate2's token ids) of greedy translations, given the same input:
-    our tokenization of each sentence, with the eos our model appends."""
+    our tokenization of each sentence, with an eos where the model's sources end with one."""
     tr = Translator.load(ours, device="cpu", prepack=False, quantization=quantization, options=GREEDY)
     mine = [r.tokens[0] for r in tr.translate_batch(sentences)]
     source = [tr.tokenizer.pieces(ids, source=True) for ids in tr.source_ids(sentences)]
@@ -330,7 +330,7 @@ def test_prenorm_spec_with_computed_positions(work: dict[str, Any], activation: 
     assert model["pre_norm"] and model["activation"] == activation and model["layer_norm_eps"] == 1e-6
     assert not model["share_embeddings"] and not model["tie_output"] and not model["output_bias"]
     assert (model["pad_id"], model["bos_id"]) == (0, 1)
-    assert "add_source_eos" in cfg["training"]["note"]  # OpenNMT-py's sources have no eos; ours do
+    assert model["source_eos"] is False  # OpenNMT-py's sources have no eos, as CTranslate2 reads them
     from safetensors.torch import load_file
 
     table = load_file(ours / "model.safetensors")["positions.table"]

@@ -157,12 +157,6 @@ def _write(
     name = f"{meta.get('from_name', source)} → {meta.get('to_name', target)}"
     origin = f"Argos Translate package {src.name} (package_version {meta.get('package_version', '?')})"
     training = {"origin": origin, "licence": licence, "command": command}
-    if not imported.source_eos:
-        # Our model always ends a source with eos; CTranslate2 (and so argos-translate) gives this
-        # model none. Recorded so that a difference in translations can be traced to it.
-        training["note"] = (
-            "the original reads sources without a final </s> (add_source_eos false); we add one"
-        )
     info = ModelInfo(imported.config, source, target, training)
 
     save_file(
@@ -181,8 +175,6 @@ def _write(
         f"- Made by: `{command or 'model.convert.argos.convert'}`",
         f"- Architecture: {_summary(imported)}",
     ]
-    if "note" in training:
-        card.append(f"- Note: {training['note']}")
     if readme.is_file():
         card += [
             "",

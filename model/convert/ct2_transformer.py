@@ -93,7 +93,6 @@ class Imported:
     source_vocabulary: list[str]
     target_vocabulary: list[str]
     shared_vocabulary: bool
-    source_eos: bool  # whether CTranslate2 was told to end sources with eos (add_source_eos)
 
 
 def builtin_sinusoids(positions: int, depth: int) -> torch.Tensor:
@@ -382,10 +381,12 @@ def _vocabularies(
             vocab_size=len(tgt_vocab), source_vocab_size=0 if shared else len(src_vocab),
             share_embeddings=share_emb, tie_output=tie, output_bias=output_bias,
             layer_norm_eps=float(conf.get("layer_norm_epsilon") or 1e-5), **cfg, **ids,
+            # Whether CTranslate2 ends sources with eos: not for OpenNMT-py's models (most Argos ones).
+            source_eos=bool(conf.get("add_source_eos", False)),
         )  # fmt: skip
     except ValueError as e:
         raise ConversionError(f"{ct2.path}: {e}") from e
-    return Imported(config, state, src_vocab, tgt_vocab, shared, bool(conf.get("add_source_eos", False)))
+    return Imported(config, state, src_vocab, tgt_vocab, shared)
 
 
 def _grow(matrix: torch.Tensor) -> torch.Tensor:
