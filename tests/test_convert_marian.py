@@ -137,7 +137,9 @@ def test_greedy_output_is_transformers_generate(marian: Any, variant: str) -> No
     expected = hf_greedy(hf_dir, hf_inputs(variant, texts, target_of(variant) or "en"))
     assert [r.tokens[0] for r in got] == expected
     tokenizer = transformers.MarianTokenizer.from_pretrained(hf_dir)
-    assert [r.hypotheses[0] for r in got] == tokenizer.batch_decode(expected, skip_special_tokens=True)
+    # MarianTokenizer strips its text; SentencePiece keeps the space of an output ending in "▁".
+    texts_of = [r.hypotheses[0].strip() for r in got]
+    assert texts_of == tokenizer.batch_decode(expected, skip_special_tokens=True)
     assert sum(len(t) < LIMIT - 1 for t in expected) >= len(texts) // 2  # most end with eos
 
 

@@ -324,6 +324,7 @@ def _state_dict(
             tie_output=out is dec or torch.equal(out, dec),
             output_bias=bias is not None,
             layer_norm_eps=1e-5,  # nn.LayerNorm's default, which transformers' Marian uses
+            source_eos=True,  # MarianTokenizer ends every source with </s>
             pad_id=int(pad),
             unk_id=vocab.index("<unk>"),
             bos_id=int(hf.get("decoder_start_token_id", pad)),
