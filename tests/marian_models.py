@@ -173,7 +173,8 @@ def make_marian_dir(out: Path, options: MarianOptions, *, cache: Path, sentences
     if options.logits_bias:
         model.final_logits_bias.normal_(0.0, 0.5)
     # Marian has no <pad> (transformers' conversion added it), and CTranslate2 drops it from the
-    # vocabulary: its softmax has no pad term, transformers' (and ours) has exp(logit of pad). In a
+    # vocabulary: its softmax has no pad term, transformers' has exp(logit of pad) (ours masks it:
+    # model.convert.marian). In a
     # real OPUS-MT model that term is negligible (pad's logit is 0, the likely tokens' 10 to 20);
     # in these tiny ones it is not and would move beam scores, so pad's logit is put out of reach.
     model.final_logits_bias[0, pad] = -100.0

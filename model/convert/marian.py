@@ -322,7 +322,7 @@ def _state_dict(
             scale_embeddings=bool(hf.get("scale_embedding", False)),
             share_embeddings=same and target_vocab == vocab,
             tie_output=out is dec or torch.equal(out, dec),
-            output_bias=bias is not None,
+            output_bias=True,  # final_logits_bias, and pad's mask below
             layer_norm_eps=1e-5,  # nn.LayerNorm's default, which transformers' Marian uses
             source_eos=True,  # MarianTokenizer ends every source with </s>
             pad_id=int(pad),
@@ -338,13 +338,19 @@ def _state_dict(
         state["src_embed.weight"] = enc
     if not cfg.tie_output:
         state["out_proj.weight"] = out
-    if bias is not None:
-        state["output_bias"] = bias.reshape(-1)
+    # <pad> is not in Marian's own vocabulary (the conversion to transformers appended it), and
+    # neither Marian, CTranslate2 nor transformers' generate (bad_words_ids) ever produce it: its
+    # logit is masked so that ours do not either, and its probability mass is not normalised over.
+    state["output_bias"] = torch.zeros(cfg.vocab_size) if bias is None else bias.reshape(-1).clone()
+    state["output_bias"][cfg.pad_id] = PAD_LOGIT
     if table is not None:
         state["positions.table"] = table
     _check_leftovers(weights)
     _check_shapes(cfg, state)
     return cfg, state
+
+
+PAD_LOGIT = -1e9  # what CTranslate2 imports of Argos use too: finite, so no inf - inf anywhere
 
 
 def _check_leftovers(weights: dict[str, torch.Tensor]) -> None:
