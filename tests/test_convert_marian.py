@@ -26,7 +26,7 @@ from model.convert.marian import convert
 from model.decoding.options import DecodeOptions, ctranslate2_options
 from model.translator import Translator
 from tests.conftest import compile_cache_dir, under_ci
-from tests.marian_models import MarianOptions, data_dir, make_marian_dir, read_gz
+from tests.marian_models import MarianOptions, data_dir, read_gz
 
 transformers = pytest.importorskip("transformers")
 REPO = Path(__file__).resolve().parents[1]
@@ -59,18 +59,9 @@ LIMIT = 48  # output tokens, eos included, on every side: no a * source + b budg
 
 
 @pytest.fixture(scope="session")
-def marian(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], tuple[Path, Path]]:
+def marian(marian_dirs: Callable[[MarianOptions], tuple[Path, Path]]) -> Callable[[str], tuple[Path, Path]]:
     """``marian(variant)``: (the transformers directory, our converted directory), made once."""
-    root = tmp_path_factory.mktemp("marian")
-    made: dict[str, tuple[Path, Path]] = {}
-
-    def get(variant: str) -> tuple[Path, Path]:
-        if variant not in made:
-            hf = make_marian_dir(root / f"opus-mt-{variant}", VARIANTS[variant], cache=root / "spm")
-            made[variant] = hf, convert(hf, root / f"ours-{variant}", command="test")
-        return made[variant]
-
-    return get
+    return lambda variant: marian_dirs(VARIANTS[variant])
 
 
 def sentences_de(n: int = 20) -> list[str]:

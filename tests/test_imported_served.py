@@ -10,10 +10,12 @@ request reaches the wrong model or target token, or a neighbour in the running b
 
 from __future__ import annotations
 
+import functools
 import os
+import shutil
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -23,10 +25,9 @@ from fastapi.testclient import TestClient
 
 from app.config import Settings
 from app.metrics import Metrics
-from model.convert.marian import convert
 from model.translator import Translator
 from tests.conftest import under_ci
-from tests.marian_models import MarianOptions, data_dir, make_marian_dir, read_gz
+from tests.marian_models import MarianOptions, data_dir, read_gz
 from tests.test_api import make_settings, serve
 
 pytest.importorskip("transformers")
@@ -38,12 +39,13 @@ BILINGUAL, MULTILINGUAL = "opus-mt-de-en", "opus-mt-de-mul"
 
 
 @pytest.fixture(scope="module")
-def shelf(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def shelf(
+    tmp_path_factory: pytest.TempPathFactory, marian_dirs: Callable[[MarianOptions], tuple[Path, Path]]
+) -> Path:
     """A folder of two converted OPUS-MT models: de->en, and de->{en, fr, cs} by target token."""
-    work, folder = tmp_path_factory.mktemp("hf"), tmp_path_factory.mktemp("imported")
+    folder = tmp_path_factory.mktemp("imported")
     for name, options in ((BILINGUAL, MarianOptions()), (MULTILINGUAL, MarianOptions(multilingual=True))):
-        hf = make_marian_dir(work / name, options, cache=work / "spm")
-        convert(hf, folder / name, command="test")
+        shutil.copytree(marian_dirs(options)[1], folder / name)
     return folder
 
 
@@ -59,10 +61,14 @@ def client(settings: Settings) -> Iterator[TestClient]:
         yield c
 
 
+@functools.cache
+def translator(model_dir: Path, settings: Settings) -> Translator:
+    return Translator.load(model_dir, device="cpu", quantization="int8", options=settings.decode_options())
+
+
 def library(shelf: Path, settings: Settings, name: str, texts: list[str], target: str) -> list[str]:
     """What the library translates ``texts`` into, decoding as the service does."""
-    tr = Translator.load(shelf / name, device="cpu", quantization="int8", options=settings.decode_options())
-    return [r.hypotheses[0] for r in tr.translate_batch(texts, target=target)]
+    return [r.hypotheses[0] for r in translator(shelf / name, settings).translate_batch(texts, target=target)]
 
 
 def post(client: TestClient, texts: list[str], target: str) -> list[str]:
