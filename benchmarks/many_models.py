@@ -7,8 +7,8 @@ weights each) are written once into a folder (``--out``, reused when it is there
 own pair: x->en and en->x for N/2 languages. The tokenizer is the shipped model's SentencePiece
 model, mapped through a 58,101-piece ``shared_vocabulary.json`` (its 8,000 pieces, then fillers it
 never produces), as imported OPUS-MT models are. Random weights never choose eos: every output runs
-to its length limit (``max_length_a`` x source + ``max_length_b`` tokens), so sentences/s are lower
-than with a trained model of this size, the same for every run here.
+to its length limit, set here to 12 tokens (``NMT_MAX_LENGTH_A=0``, ``NMT_MAX_LENGTH_B=12``), the
+same for every run.
 
 For each set (the first 2 models, then all N) a server is started as deployed (``uvicorn
 app.main:app``, the default settings: one worker per core, int8; ``NMT_COMPILE=false`` unless
@@ -151,7 +151,10 @@ def point(
         "NMT_MODEL_DIR": ",".join(str(d.resolve()) for d in dirs),
         "NMT_COMPILE": "true" if compile else "false",
         "NMT_COMPILE_CACHE_DIR": str(tmp / "compiled"),
-        "NMT_MAX_OUTPUT_TOKENS": "64",
+        # Random weights never choose eos: every output is cut at 12 tokens, a short sentence's length.
+        "NMT_MAX_LENGTH_A": "0",
+        "NMT_MAX_LENGTH_B": "12",
+        "NMT_REQUEST_TIMEOUT_S": "120",
     }
     log = tmp / f"uvicorn-{len(dirs)}-{'before' if repo else 'after'}.log"
     started = time.perf_counter()
@@ -203,8 +206,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--out", type=Path, default=Path(tempfile.gettempdir()) / "nmt-many-models")
     parser.add_argument("--models", type=int, nargs="+", default=[2, 20], help="model counts, one point each")
-    parser.add_argument("--connections", type=int, default=32)
-    parser.add_argument("--duration", type=float, default=30.0)
+    parser.add_argument("--connections", type=int, default=16)
+    parser.add_argument("--duration", type=float, default=20.0)
     parser.add_argument("--compile", action="store_true", help="the compiled step (NMT_COMPILE=true)")
     parser.add_argument("--before", type=Path, help="another checkout: its server for the 2-model point too")
     parser.add_argument("--env", action="append", default=[], help="NMT_X=VALUE for the server, repeatable")
