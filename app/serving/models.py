@@ -134,7 +134,10 @@ class ModelTable:
                     break
                 self.evict(other)
         started = time.monotonic()
-        translator = self.opener(self.specs[name])
+        # Outside inference mode, which the worker's loop runs in: weights made under it are
+        # inference tensors, and exporting the step to compile it fails on those.
+        with torch.inference_mode(False):
+            translator = self.opener(self.specs[name])
         seconds = time.monotonic() - started
         size = self._sizes[name] = weight_bytes(translator.model)
         runner = translator.runner

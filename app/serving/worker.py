@@ -218,8 +218,7 @@ def serve_worker(
         metrics = process_metrics(metrics_dir)
         inbox = Inbox(metrics)
         table = model_table(settings, models, metrics)
-        with torch.inference_mode():
-            loaded = table.load_at_start()
+        loaded = table.load_at_start()
         executor = Executor.from_settings(table, inbox, settings, metrics=metrics)
     except Exception as e:  # the front end fails its start-up with this reason
         with contextlib.suppress(OSError):
