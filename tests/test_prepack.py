@@ -10,6 +10,7 @@ import pytest
 import sacrebleu
 import torch
 
+import model.decoding.translator
 import model.runtime.prepack
 from model.cache import KVCache
 from model.layers import KEY_ALIGN
@@ -138,10 +139,13 @@ def test_int8_model_keeps_its_state_dict_and_close_logits(
     assert (got - want).abs().max() < 0.05 * want.abs().max()
 
 
-def test_translator_quantization_options(model_dir: Path) -> None:
+def test_translator_quantization_options(model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     assert Translator.load(model_dir, device="cpu").quantization == "none"
-    auto = Translator.load(model_dir, device="cpu", quantization="auto")
-    assert auto.quantization == "int8" and isinstance(auto.model.decoder[0].ff.fc1, Int8Linear)
+    for fast, expected in ((True, "int8"), (False, "none")):  # auto: int8 where the CPU makes it pay
+        monkeypatch.setattr(model.decoding.translator, "int8_is_fast", lambda fast=fast: fast)
+        auto = Translator.load(model_dir, device="cpu", quantization="auto")
+        assert auto.quantization == expected
+        assert isinstance(auto.model.decoder[0].ff.fc1, Int8Linear) == (expected == "int8")
     half = Translator.load(model_dir, device="cpu", dtype="bfloat16", quantization="auto")
     assert half.quantization == "none"
     with pytest.raises(ValueError, match="float32"):

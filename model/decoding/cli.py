@@ -3,7 +3,7 @@
     python -m model.translate --model DIR [--input FILE] [--output FILE] [--beam-size 5] ...
     python -m model.translate --model MULTILINGUAL_DIR --target en ...   # a multilingual model needs --target
 
-Its defaults are the service's (``DecodeOptions``, int8 on CPU, the compiled step, 64 rows at a
+Its defaults are the service's (``DecodeOptions``, int8 on CPUs with VNNI, the compiled step, 64 rows at a
 time), so a line translates here as the service translates it.
 
 Line *i* of the output is the translation of line *i* of the input, so the output can be paired
@@ -119,8 +119,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--quantization",
         choices=QUANTIZATIONS,
         default="auto",
-        help="int8: the linear layers in int8 (CPU, float32; faster); auto: int8 where it "
-        "applies, as the service (default auto)",
+        help="int8: the linear layers in int8 (CPU, float32); auto: int8 on CPUs with int8 "
+        "dot-product instructions (VNNI, AMX), as the service (default auto)",
     )
     parser.add_argument(
         "--no-compile",

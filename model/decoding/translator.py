@@ -18,6 +18,7 @@ from model.decoding.batch import decode, pad_batch
 from model.decoding.options import DecodeOptions
 from model.decoding.search import Hypothesis
 from model.runtime.allocator import keep_freed_memory
+from model.runtime.prepack import int8_is_fast
 from model.runtime.prepack import prepack as prepack_linears
 from model.runtime.runners import Runner, load_runner
 from model.tokenizer import Tokenizer
@@ -103,8 +104,8 @@ class Translator:
         ``prepack``: on CPU in float32, pre-pack the linear layers' weights for oneDNN
         (``model.runtime.prepack``; faster decoding, same results up to float rounding).
         ``quantization``: ``"int8"`` runs the linear layers in int8 instead (CPU and float32 only;
-        faster, each row quantized on its own); ``"auto"`` is int8 where that applies and this
-        torch build supports it, else none.
+        faster, each row quantized on its own); ``"auto"`` is int8 where that applies, this
+        torch build supports it and the CPU has int8 dot-product instructions (VNNI, AMX), else none.
         ``options``: the default decoding (``DecodeOptions``); ``capacity``: rows decoded together;
         ``max_beam_size``: the largest beam a call may ask for (the step keeps 2x that many
         candidates per row); ``compile``: compile the decoding step (``model.runtime.runners``;
@@ -122,7 +123,10 @@ class Translator:
         model = strip_dropout(load_model(model_dir, info, device=dev, dtype=resolve_dtype(dtype)))
         if dev.type == "cpu":
             keep_freed_memory()  # CPU decoding allocates and frees large buffers at every step
-        # prepack_linears checks that this build runs int8 at all; "auto" falls back to float32.
+        # prepack_linears checks that this build runs int8 at all; "auto" falls back to float32
+        # there, and on CPUs without int8 dot-product instructions, where int8 is the slower.
+        if quantization == "auto" and not int8_is_fast():
+            quantization = "none"
         if quantization != "none" and cpu_float32 and prepack_linears(model, int8=True):
             quantization = "int8"
         elif quantization == "int8":
