@@ -41,8 +41,9 @@ class Settings(BaseSettings):
 
     # The model directories to serve: comma-separated paths, each a model directory or a directory
     # of model directories (every subdirectory with a config.json, by name; app.served). By default
-    # every model shipped in artifacts/: both directions where both are shipped, for ~1.7 GiB more
-    # memory per model with two workers each (the torch runtime and compiled step of each worker).
+    # every model shipped in artifacts/: both directions where both are shipped. Every worker
+    # serves every model: each model adds its weights (and compiled step) to each worker's memory,
+    # not workers of its own (NMT_WORKER_MODEL_MEMORY_MB bounds it).
     model_dir: Annotated[tuple[Path, ...], NoDecode] = (Path("artifacts"),)
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
@@ -122,16 +123,24 @@ class Settings(BaseSettings):
     max_output_tokens: PositiveInt = _DECODE.max_output_tokens
     no_repeat_ngram_size: NonNegativeInt = _DECODE.no_repeat_ngram_size  # 0: off
 
-    # Model worker processes, each with its own running batch and model thread; the server process
-    # keeps HTTP, the queue and metrics (app/serving). 0: one per usable core on CPU (one thread
-    # each: the most sentences/s, and no thread waits for another that the HTTP side preempted),
-    # one on a GPU.
+    # Model worker processes, each serving every model (a running batch per model it is
+    # translating, one model thread); the server process keeps HTTP, the queues and metrics
+    # (app/serving). 0: one per usable core on CPU (one thread each: the most sentences/s, and no
+    # thread waits for another that the HTTP side preempted), one on a GPU. Not per model: 20 models
+    # on 2 cores are 2 workers.
     replicas: Annotated[int, Field(ge=0)] = 0
     # torch intra-op threads per worker; 0 = the usable cores shared out among the workers.
     threads: Annotated[int, Field(ge=0)] = 0
-    # A worker that is the only one with work (every other idle for 50 ms) runs on the
-    # threads of all its model's workers (replicas x threads): a lone request is not held to one
-    # core while the others sleep (app/serving/cores.py; same translations on any thread count).
+    # What the models' weights held by one worker may take, in MiB (measured as loaded: int8 and
+    # packed copies included). 0: no limit, every model loaded when the workers start. Otherwise
+    # the models that fit are loaded at start, the others when a sentence first needs them (that
+    # sentence waits for the load, and so do the worker's other models' batches), the least
+    # recently used idle model evicted to make room (app/serving/models.py). Each worker holds its
+    # own copy: the workers' weights take up to NMT_REPLICAS times this.
+    worker_model_memory_mb: NonNegativeInt = 0
+    # A worker that is the only one with work (every other idle for 50 ms) runs on the threads
+    # of all the workers (replicas x threads): a lone request is not held to one core while the
+    # others sleep (app/serving/cores.py; same translations on any thread count).
     idle_cores: bool = True
     warmup: bool = True
     # Each decoding step as one compiled graph (model.runtime.runners): on CPU exported and compiled

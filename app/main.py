@@ -1,8 +1,8 @@
 """The FastAPI application: ``uvicorn app.main:app`` serves the model directories in ``NMT_MODEL_DIR``.
 
 This process is the HTTP front end: it parses and checks requests, tokenizes, admits or refuses,
-and routes sentences to model workers, child processes that hold a model each and decode
-(``app.serving``; each model its own workers); it never runs a model itself. Importing this
+and routes sentences to model workers, child processes that decode (``app.serving``; each worker
+serves every model, loading one when a sentence first needs it); it never runs a model itself. Importing this
 module is cheap: settings are read and the workers started in the lifespan, so a bad setting or a
 broken model directory stops the server at start with a one-line message and a non-zero exit
 status, instead of an import traceback or a server that answers 500s.
@@ -19,6 +19,7 @@ import signal
 import threading
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
+from dataclasses import replace
 from types import FrameType
 from typing import Any, NoReturn
 
@@ -37,9 +38,9 @@ from app.metrics import Metrics, process_metrics
 from app.middleware import RequestMetricsMiddleware
 from app.routes import detect, files, frontend, health, info, languages, metrics, translate
 from app.served import ServedModel, find_model_dirs, model_names
-from app.serving.cores import CoreBoard, CoreShare
+from app.serving.cores import CoreBoard
 from app.serving.handle import WorkerProcess
-from app.serving.protocol import ModelSpec
+from app.serving.protocol import ModelDescription, ModelSpec
 from app.serving.router import Router
 from app.serving.scheduler import Scheduler
 from app.shedding import TURNS, passed, refused, take_turn
@@ -69,12 +70,10 @@ def read_settings(app: FastAPI) -> Settings:
 
 
 def worker_count(settings: Settings) -> int:
-    """Workers of each model: ``NMT_REPLICAS``, or else one per usable core on CPU and one on a GPU.
-
-    Per model, so that each model alone can use every core (one single-threaded worker per core
-    is the fastest way to run one model, README "Why processes"): with two models on 2 cores, four
-    workers. A worker with nothing to translate sleeps on its pipe: idle models cost memory (a copy
-    of the model and the torch runtime per worker), not CPU."""
+    """Workers, every one serving every model: ``NMT_REPLICAS``, or else one per usable core on CPU
+    and one on a GPU (one single-threaded worker per core is the fastest way to run a model,
+    docs/architecture.md "Worker processes"). Not per model: more models add weights to each
+    worker's memory, not processes. A worker with nothing to translate sleeps on its pipe."""
     if settings.replicas:
         return settings.replicas
     on_gpu = settings.device.startswith("cuda") or (settings.device == "auto" and cuda_available())
@@ -82,8 +81,8 @@ def worker_count(settings: Settings) -> int:
 
 
 def worker_threads(settings: Settings) -> int:
-    """torch threads of each worker: ``NMT_THREADS``, or else the usable cores shared out among one
-    model's workers."""
+    """torch threads of each worker: ``NMT_THREADS``, or else the usable cores shared out among the
+    workers."""
     return settings.threads or max(1, len(os.sched_getaffinity(0)) // worker_count(settings))
 
 
@@ -128,8 +127,8 @@ def open_models(settings: Settings) -> list[tuple[ModelSpec, ModelInfo, Tokenize
         fail(f"cannot load model: {e}")
 
 
-def record_model(metrics: Metrics, model: ServedModel, seconds: float) -> None:
-    metrics.model_load.labels(model.name).set(seconds)
+def record_model(metrics: Metrics, model: ServedModel) -> None:
+    """The model's description (its load time is the workers' to record, as they load it)."""
     metrics.model_info.labels(
         model=model.name,
         source=model.info.source_lang,
@@ -198,29 +197,24 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         fail(f"invalid configuration: {e}")
     app.state.keys = keys
     opened = open_models(settings)  # checked here too, so that a broken directory is named first
+    specs = tuple(spec for spec, _, _ in opened)
     threads, count = worker_threads(settings), worker_count(settings)
-    # A lone worker may run on its model's other workers' threads too (app/serving/cores.py).
-    board = CoreBoard(count * len(opened)) if settings.idle_cores else None
-
-    def cores(slot: int) -> CoreShare | None:
-        return None if board is None else board.share(slot, own=threads, alone=count * threads)
-
-    workers = {
-        spec.name: [
-            WorkerProcess(
-                settings,
-                spec,
-                threads=threads,
-                metrics_dir=str(metrics.directory),
-                name=f"nmt-{spec.name}-{i}",
-                cores=cores(m * count + i),
-            )
-            for i in range(count)
-        ]
-        for m, (spec, _, _) in enumerate(opened)
-    }
+    # A lone worker may run on the other workers' threads too (app/serving/cores.py).
+    board = CoreBoard(count) if settings.idle_cores else None
+    workers = [
+        WorkerProcess(
+            settings,
+            specs,
+            threads=threads,
+            metrics_dir=str(metrics.directory),
+            name=f"nmt-worker-{i}",
+            cores=None if board is None else board.share(i, own=threads, alone=count * threads),
+        )
+        for i in range(count)
+    ]
     scheduler = Scheduler(
-        [w for mine in workers.values() for w in mine],
+        workers,
+        models=[spec.name for spec in specs],
         max_queue=settings.max_queue,
         max_batch_size=settings.max_batch_size,
         metrics=metrics,
@@ -231,9 +225,9 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         fail(f"cannot start a model worker: {e}")
     try:
         models = []
+        descriptions = workers[0].descriptions  # the models loaded at start (the first one at least)
         for spec, model_info, tokenizer in opened:
-            description = workers[spec.name][0].description
-            assert description is not None  # reported when it started
+            description = descriptions.get(spec.name) or on_demand(settings, descriptions)
             on_cpu_as_if_gpu = count == 1 < len(os.sched_getaffinity(0)) and not settings.replicas
             if on_cpu_as_if_gpu and not description.device.startswith("cuda"):
                 logger.warning(
@@ -250,7 +244,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
                 workers=count,
                 options=settings.decode_options(),
             )
-            record_model(metrics, model, scheduler.pools[spec.name].start_seconds)
+            record_model(metrics, model)
             models.append(model)
         router = Router(models)
         quiet_garbage_collector()
@@ -265,12 +259,15 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
             app.state.ready = True
             for model in models:
                 logger.info(
-                    "serving %s (%s) on %s with %d worker(s)",
+                    "serving %s (%s) on %s, %s",
                     model.name,
                     ", ".join(f"{s}->{t}" for s, t in model.info.directions),
                     model.description.device,
-                    count,
+                    "loaded" if model.description.at_start else "loaded on its first request",
                 )
+            logger.info(
+                "%d worker(s), each serving every model, started in %.1f s", count, scheduler.start_seconds
+            )
             if router.pivots:
                 logger.info(
                     "through English: %s", ", ".join(f"{r.source}->{r.target}" for r in router.pivots)
@@ -283,6 +280,21 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         app.state.ready = False
         scheduler.stop()
         keys.close()
+
+
+def on_demand(settings: Settings, loaded: dict[str, ModelDescription]) -> ModelDescription:
+    """The description of a model the workers load on its first request (it did not fit in
+    ``NMT_WORKER_MODEL_MEMORY_MB`` beside those loaded at start): where and in what it will run, as
+    for those (one torch build, one device, the same settings)."""
+    like = next(iter(loaded.values()))
+    return replace(
+        like,
+        decoding="compiled" if settings.compile else "eager",
+        compile_seconds=0.0,
+        at_start=False,
+        load_seconds=0.0,
+        weight_bytes=0,
+    )
 
 
 def prepare_detection(router: Router[ServedModel]) -> None:

@@ -14,10 +14,11 @@ first value is created, so a process has one set of metrics: ``process_metrics()
 several apps in one process share that set and compare counts before and after.)
 
 Names carry their unit (``_seconds``, ``_sentences``, ``_tokens``); counters end in ``_total``.
-What belongs to one model (its queue, its workers' batches, tokens and sentences, its start-up)
-carries a ``model`` label, the model directory's name (``app.served.model_names``); the HTTP
-metrics do not (a pivot request goes through two models). Code that records for one model (a
-worker, a model's queue in the scheduler) uses ``Metrics.of_model(name)``: the same metrics with
+What belongs to one model (its queue, its batches in the workers, tokens and sentences, its loads
+and evictions) carries a ``model`` label, the model directory's name (``app.served.model_names``); the HTTP
+metrics do not (a pivot request goes through two models), nor do the workers' restarts (every
+worker serves every model). Code that records for one model (a model's lane in a worker, its queue
+in the scheduler) uses ``Metrics.of_model(name)``: the same metrics with
 that label filled in.
 """
 
@@ -97,10 +98,10 @@ class Metrics:
             [MODEL],
             registry=None,
         )
+        # Not per model: every worker serves every model.
         self.worker_restarts = Counter(
             "nmt_worker_restarts_total",
             "Model worker processes started again after they exited",
-            [MODEL],
             registry=None,
         )
         self.queue_wait = Histogram(
@@ -150,9 +151,21 @@ class Metrics:
         )
         self.model_load = Gauge(
             "nmt_model_load_seconds",
-            "Time to start a model's workers (load, compile and warm up)",
+            "Time a worker last took to load the model (weights, compiled or loaded step, warm-up)",
             [MODEL],
             multiprocess_mode="livemax",
+            registry=None,
+        )
+        self.model_loads = Counter(
+            "nmt_model_loads_total",
+            "Times a worker loaded the model (at start, or on demand after it was evicted)",
+            [MODEL],
+            registry=None,
+        )
+        self.model_evictions = Counter(
+            "nmt_model_evictions_total",
+            "Times a worker evicted the model to keep its models within NMT_WORKER_MODEL_MEMORY_MB",
+            [MODEL],
             registry=None,
         )
         # A gauge of value 1 labelled with the description: what an Info metric is on the wire (Info
@@ -195,7 +208,6 @@ class Metrics:
     # The metrics recorded for one model: every one labelled ``model`` but the description.
     PER_MODEL = (
         "retried",
-        "worker_restarts",
         "queue_wait",
         "batch_size",
         "decode_steps",
@@ -204,6 +216,8 @@ class Metrics:
         "queue_depth",
         "active_sequences",
         "model_load",
+        "model_loads",
+        "model_evictions",
     )
 
     def of_model(self, name: str) -> Metrics:

@@ -73,6 +73,7 @@ class ServedModel:
             prefix=source_prefix(self.info, target),
             max_positions=self.info.config.max_positions,
             eos=self.info.config.eos_id,
+            source_eos=self.info.config.source_eos,
         )
 
     def texts(self, results: list[Hypotheses]) -> list[list[str]]:

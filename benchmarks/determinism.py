@@ -27,6 +27,7 @@ import sacrebleu
 import torch
 
 from app.serving.executor import Executor
+from app.serving.models import ModelTable
 from app.serving.protocol import SentenceJob
 from app.serving.worker import Inbox
 from benchmarks.common import DATA, DEFAULT_MODEL
@@ -58,7 +59,7 @@ def served(translator: Translator, sentences: list[str], beams: list[int], seed:
     each step, in a shuffled order, greedy and beam rows side by side (the step: ``translator``'s
     runner, compiled or eager as it was made)."""
     inbox = Inbox()
-    executor = Executor(translator, inbox, max_batch_size=64)
+    executor = Executor(ModelTable.single(translator), inbox, max_batch_size=64)
     sources = translator.source_ids(sentences)
     rng = random.Random(seed)
     pending = [

@@ -33,6 +33,7 @@ class ModelConfig:
     tie_output: bool = True  # the output projection is the target embedding
     output_bias: bool = False  # a bias on the output projection (Marian's final_logits_bias)
     layer_norm_eps: float = 1e-5
+    source_eos: bool = True  # sources end with eos (ours, Marian); OpenNMT-py's (most Argos) do not
     # Special ids. Our trained models use SentencePiece's ids (model.tokenizer: 0..3); imported ones
     # keep their toolkit's. bos_id is the decoder's first input: Marian starts from pad.
     pad_id: int = 0

@@ -99,7 +99,11 @@ class Tokenizer:
         if not self.mapped:
             return [str(self.sp.Decode([i for i in seq if i > EOS_ID])) for seq in ids]
         vocab, skip = self.target_vocab, self.skip
-        return [str(self.target_sp.DecodePieces([vocab[i] for i in seq if i not in skip])) for seq in ids]
+        # Stripped as Marian's and argos-translate's detokenizers do: an output ending in a lone
+        # "▁" piece would otherwise keep a trailing space.
+        return [
+            str(self.target_sp.DecodePieces([vocab[i] for i in seq if i not in skip])).strip() for seq in ids
+        ]
 
     def pieces(self, ids: list[int], *, source: bool = False) -> list[str]:
         """The pieces of target ids (of source ids with ``source``)."""

@@ -12,6 +12,7 @@ import shutil
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -166,3 +167,25 @@ def model_dir_copy(model_dir: Path, tmp_path: Path) -> Path:
 @pytest.fixture(scope="session")
 def translator(model_dir: Path) -> Translator:
     return Translator.load(model_dir, device="cpu")
+
+
+@pytest.fixture(scope="session")
+def marian_dirs(tmp_path_factory: pytest.TempPathFactory) -> Callable[[Any], tuple[Path, Path]]:
+    """``marian_dirs(MarianOptions(...))``: (a small transformers MarianMTModel directory trained
+    here, tests/marian_models.py; the model directory ``model.convert.marian`` makes of it), made
+    once per session for each set of options: the converter's tests and the serving tests share
+    them (each takes seconds of training)."""
+    from model.convert.marian import convert
+    from tests.marian_models import make_marian_dir
+
+    root = tmp_path_factory.mktemp("marian")
+    made: dict[Any, tuple[Path, Path]] = {}
+
+    def get(options: Any) -> tuple[Path, Path]:
+        if options not in made:
+            name = f"opus-mt-{len(made)}"
+            hf = make_marian_dir(root / name, options, cache=root / "spm")
+            made[options] = hf, convert(hf, root / f"{name}-ours", command="test")
+        return made[options]
+
+    return get

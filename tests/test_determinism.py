@@ -25,6 +25,7 @@ import torch
 
 from app.config import Settings
 from app.serving.executor import Executor
+from app.serving.models import ModelTable
 from app.serving.protocol import SentenceJob
 from app.serving.worker import Inbox, open_translator
 from benchmarks.common import DATA, DEFAULT_MODEL
@@ -108,7 +109,7 @@ def served(translator: Translator, sentences: list[str], beams: list[int], seed:
     """Best tokens of each sentence through a worker's executor: 0-6 arrivals before each step, in a
     shuffled order, greedy and beam rows side by side."""
     inbox = Inbox()
-    executor = Executor(translator, inbox, max_batch_size=64)
+    executor = Executor(ModelTable.single(translator), inbox, max_batch_size=64)
     rng = random.Random(seed)
     pending = [
         SentenceJob(i, i, src, beam, 1, None, time.monotonic())

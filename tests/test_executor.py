@@ -19,6 +19,7 @@ from conftest import SENTENCES, compile_cache_dir, synthetic_sentences
 
 from app.metrics import Metrics, process_metrics
 from app.serving.executor import JOIN_RATIO, JOIN_WAIT_STEPS, Executor, Job
+from app.serving.models import ModelTable
 from app.serving.protocol import SentenceJob
 from app.serving.scheduler import Hypotheses
 from app.serving.worker import Inbox
@@ -84,7 +85,7 @@ def make_executor(request: pytest.FixtureRequest) -> Callable[..., Executor]:
     def make(translator: Translator, inbox: Inbox, **options: Any) -> Executor:
         if request.param == "compiled":
             translator = compiled_twin(translator)
-        return Executor(translator, inbox, **options)
+        return Executor(ModelTable.single(translator, MODEL), inbox, **options)
 
     return make
 
@@ -93,7 +94,7 @@ def job(
     translator: Translator, text: str, beam_size: int = 1, n_best: int = 1, deadline: float | None = None
 ) -> SentenceJob:
     src = translator.source_ids([text])[0]
-    return SentenceJob(next(_ids), 0, src, beam_size, n_best, deadline, time.monotonic())
+    return SentenceJob(next(_ids), 0, src, beam_size, n_best, deadline, time.monotonic(), MODEL)
 
 
 def drive(
@@ -130,11 +131,11 @@ def scores(outcome: Hypotheses | BaseException) -> list[float]:
     return [s for _, s in outcome]
 
 
-MODEL = "m"  # the model label of what these executors record (a worker records for its model)
+MODEL = "m"  # the model of these executors' jobs: the label of what they record
 
 
 def metrics() -> Metrics:
-    return process_metrics().of_model(MODEL)
+    return process_metrics()  # (each model's recorded with its label: MODEL's here)
 
 
 def sample(name: str, labels: dict[str, str] | None = None) -> float:
@@ -166,10 +167,10 @@ def test_jobs_joining_a_running_batch_get_what_they_get_alone(
     executor = make_executor(translator, inbox, max_batch_size=32, metrics=metrics())
     admit = executor._admit
 
-    def recording_admit(jobs: list[Any]) -> None:
+    def recording_admit(jobs: list[Any], lane: Any) -> None:
         if executor.busy:
             joined_running.extend(j.id for j in jobs)
-        admit(jobs)
+        admit(jobs, lane)
 
     monkeypatch.setattr(executor, "_admit", recording_admit)
     steps, rows = sample("nmt_batch_size_sequences_count"), sample("nmt_batch_size_sequences_sum")
@@ -224,8 +225,8 @@ def test_the_running_batch_stays_within_its_limits(
     seen: list[tuple[int, int, int]] = []  # (rows, rows x source width, jobs) after each admission
     admit = executor._admit
 
-    def recording_admit(jobs: list[Any]) -> None:
-        admit(jobs)
+    def recording_admit(jobs: list[Any], lane: Any) -> None:
+        admit(jobs, lane)
         run = executor.running
         seen.append((run.rows, run.rows * run.width, len(run)))
 
@@ -383,7 +384,7 @@ def test_a_failed_step_fails_only_the_running_jobs(
     endless: Translator, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     inbox = Inbox()
-    executor = Executor(endless, inbox)
+    executor = Executor(ModelTable.single(endless, MODEL), inbox)
     texts = synthetic_sentences(10, seed=3)[::2]
     running = [job(endless, t, 1 + i % 2) for i, t in enumerate(texts)]
     inbox.add(running)
@@ -419,7 +420,7 @@ def test_jobs_whose_admission_fails_are_answered(
     endless: Translator, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     inbox = Inbox()
-    executor = Executor(endless, inbox)
+    executor = Executor(ModelTable.single(endless, MODEL), inbox)
     encode = endless.model.encode
     calls = 0
 
@@ -464,12 +465,13 @@ def test_inbox_drops_cancelled_and_expired_jobs_and_forgets_them() -> None:
     abandoned = sample("nmt_sentences_total", {"outcome": "abandoned"})
     now = time.monotonic()
     keep, cancelled, expired, later = (
-        SentenceJob(i, 0, [5, 2], 1, 1, deadline, now)
+        SentenceJob(i, 0, [5, 2], 1, 1, deadline, now, MODEL)
         for i, deadline in enumerate([None, None, now - 1, now + 60])
     )
     inbox.add([keep, cancelled, expired, later])
     inbox.cancel([cancelled.id, 99])  # an id it does not know is ignored
-    taken = inbox.take(lambda j: True)
+    assert inbox.take(lambda j: True, "another model") == []
+    taken = inbox.take(lambda j: True, MODEL)
     assert ids(taken) == ids([keep, later])
     assert sample("nmt_sentences_total", {"outcome": "abandoned"}) == abandoned + 2
     assert not inbox.release(cancelled) and not inbox.release(expired)

@@ -56,7 +56,8 @@ ARCHITECTURES = {
         "positions": "sinusoidal_halves",
         "output_bias": True,
     },
-    "gelu, learned positions, unscaled": {
+    "gelu, learned positions, unscaled": {  # and sources without eos (OpenNMT-py's, Argos)
+        "source_eos": False,
         "activation": "gelu",
         "positions": "learned",
         "scale_embeddings": False,
@@ -67,11 +68,11 @@ ARCHITECTURES = {
 
 @pytest.mark.parametrize(
     ("architecture", "beam_size"),
-    # Beam 4 where CTranslate2's own ranking and stopping rules (which ours do not copy) happen to
-    # agree on these random weights; on the pre-norm and swish ones they part at a near-tie after
-    # ~30 repeated tokens.
-    [(name, 1) for name in ARCHITECTURES]
-    + [("post-norm, tied", 4), ("gelu, learned positions, unscaled", 4)],
+    # Beam 4 on the shipped architecture only: on these random weights outputs run to the length
+    # cap, where the engines differ by design: ours ends every hypothesis with eos at the cap and
+    # scores it (fairseq's rule), CTranslate2 cuts it there, so near-ties rank differently.
+    # tests/test_convert_marian.py compares beams on trained models that end by themselves.
+    [(name, 1) for name in ARCHITECTURES] + [("post-norm, tied", 4)],
 )
 def test_random_model_translates_the_same(
     spm_model: Path, tokenizer: Tokenizer, tmp_path: Path, architecture: str, beam_size: int

@@ -1,6 +1,7 @@
 """The scheduler in the front end, with fake workers: admission, dispatch in rows to the least-loaded
-worker, fair order, answers in request order, failures, deadlines, withdrawal, and retries when a
-worker exits. No model: a fake worker records what it is sent, and the test answers for it."""
+worker, fair order (across requests, and across models sharing the workers), answers in request
+order, failures, deadlines, withdrawal, and retries when a worker exits. No model: a fake worker
+records what it is sent, and the test answers for it."""
 
 from __future__ import annotations
 
@@ -16,19 +17,19 @@ import pytest
 import app.serving.scheduler as scheduler_module
 from app.metrics import process_metrics
 from app.serving.errors import DeadlineExceeded, EngineError, EngineStopped, QueueFull, TooLarge
-from app.serving.protocol import Answers, Cancel, Done, Failed, SentenceJob, ToWorker, Translate
+from app.serving.protocol import Answers, Cancel, Done, Failed, Loaded, SentenceJob, ToWorker, Translate
 from app.serving.scheduler import MAX_ATTEMPTS, Hypotheses, Request, Scheduler
 
 EOS = 2
-MODEL = "m"  # the model of the fake workers, unless a test says otherwise
+MODEL = "m"  # the model served, unless a test says otherwise
 
 
 class FakeWorker:
-    """A worker without a process: it records what it is sent; the test answers in its name."""
+    """A worker without a process (serving every model): it records what it is sent; the test
+    answers in its name."""
 
-    def __init__(self, name: str, *, running: bool = True, model: str = MODEL) -> None:
+    def __init__(self, name: str, *, running: bool = True) -> None:
         self.name = name
-        self.model = model
         self.running = running
         self.listener: Any = None
         self.sent: list[ToWorker] = []  # every message, in order
@@ -110,10 +111,18 @@ async def until(condition: Callable[[], bool], timeout: float = 5.0) -> None:
         await asyncio.sleep(0.001)
 
 
-def scheduler(workers: list[FakeWorker], *, max_batch_size: int = 2, max_queue: int = 1000) -> Scheduler:
-    """A scheduler with the process's metrics; each worker holds max_batch_size * 1.5 rows."""
+def scheduler(
+    workers: list[FakeWorker],
+    *,
+    max_batch_size: int = 2,
+    max_queue: int = 1000,
+    models: tuple[str, ...] = (MODEL,),
+) -> Scheduler:
+    """A scheduler of ``models`` with the process's metrics; each worker holds max_batch_size * 1.5
+    rows."""
     return Scheduler(
         workers,
+        models=models,
         max_queue=max_queue,
         max_batch_size=max_batch_size,
         prefetch=0.5,
@@ -124,6 +133,11 @@ def scheduler(workers: list[FakeWorker], *, max_batch_size: int = 2, max_queue: 
 def sample(name: str, labels: dict[str, str] | None = None, model: str = MODEL) -> float:
     """A metric of ``model`` (every one the scheduler records is labelled with its model)."""
     return process_metrics().sample(name, {"model": model, **(labels or {})})
+
+
+def restarts_so_far() -> float:
+    """Workers started again (not per model: every worker serves every model)."""
+    return process_metrics().sample("nmt_worker_restarts_total")
 
 
 @pytest.fixture
@@ -377,7 +391,7 @@ def test_sentences_of_a_worker_that_exits_go_to_another_one() -> None:
     async def main() -> None:
         w1, w2 = FakeWorker("w1"), FakeWorker("w2")
         s = scheduler([w1, w2], max_batch_size=4)  # 6 rows each
-        retried, restarts = sample("nmt_retried_sentences_total"), sample("nmt_worker_restarts_total")
+        retried, restarts = sample("nmt_retried_sentences_total"), restarts_so_far()
         task = asyncio.create_task(s.translate(sources(4), beam_size=1, n_best=1))
         await asyncio.sleep(0)
         assert len(w1.pending) == len(w2.pending) == 2
@@ -389,7 +403,7 @@ def test_sentences_of_a_worker_that_exits_go_to_another_one() -> None:
         w2.answer(*w2.pending.values())
         assert await task == [echo(src) for src in sources(4)]  # nothing lost, nothing failed
         await until(lambda: w1.running)
-        assert w1.starts == 1 and sample("nmt_worker_restarts_total") == restarts + 1
+        assert w1.starts == 1 and restarts_so_far() == restarts + 1
 
     run(main)
 
@@ -399,7 +413,7 @@ def test_sentences_of_the_only_worker_wait_until_it_is_back() -> None:
     async def main() -> None:
         worker = FakeWorker("w")
         s = scheduler([worker], max_batch_size=2)  # 3 rows
-        retried, restarts = sample("nmt_retried_sentences_total"), sample("nmt_worker_restarts_total")
+        retried, restarts = sample("nmt_retried_sentences_total"), restarts_so_far()
         request = s.submit(sources(4), beam_size=1, n_best=1)
         worker.answer(worker.given()[1])
         lost = [job.id for job in worker.given()[2:] + worker.given()[:1]]  # the 3rd went out 2nd
@@ -412,7 +426,7 @@ def test_sentences_of_the_only_worker_wait_until_it_is_back() -> None:
         assert sample("nmt_retried_sentences_total") == retried + 3
         worker.gate.set()
         await until(lambda: worker.running)
-        assert worker.starts == 2 and sample("nmt_worker_restarts_total") == restarts + 1
+        assert worker.starts == 2 and restarts_so_far() == restarts + 1
         again = [job.id for job in worker.given()[4:]]
         assert sorted(again) == sorted(lost) and s.waiting == 0  # back in their order
         assert again == sorted(lost)
@@ -514,42 +528,115 @@ def test_a_finished_request_is_freed_without_the_garbage_collector() -> None:
     run(main)
 
 
-# -- several models ----------------------------------------------------------------------------------
-def test_each_model_has_its_own_workers_and_queue() -> None:
-    """A document for one model fills that model's workers and queue; a one-line request for another
-    model goes to that model's idle worker at once, and no sentence reaches a worker of another model."""
+# -- several models sharing the workers ------------------------------------------------------------
+def test_each_model_has_its_own_queue_and_a_request_for_one_never_waits_behind_anothers_backlog() -> None:
+    """A document for model a fills the worker and a's queue; a one-line request for model b goes to
+    the same, full worker at once (it holds nothing of b), past a's sentences waiting."""
 
     async def main() -> None:
-        a, b = FakeWorker("a1", model="a"), FakeWorker("b1", model="b")
-        s = scheduler([a, b], max_batch_size=2)  # 3 rows per worker
+        worker = FakeWorker("w")
+        s = scheduler([worker], max_batch_size=2, models=("a", "b"))  # 3 rows
         document = s.submit(sources(10), beam_size=1, n_best=1, model="a")
-        assert len(a.pending) == 3 and not b.pending and s.waiting == 7
+        assert len(worker.pending) == 3 and s.waiting == 7
         line = s.submit(sources(1, tag=1), beam_size=1, n_best=1, model="b")
-        assert [job.src[0] for job in b.pending.values()] == [101]  # at once, past a's 7 waiting
-        b.answer(*b.pending.values())
+        b_jobs = [job for job in worker.pending.values() if job.model == "b"]
+        assert [job.src[0] for job in b_jobs] == [101] and s.waiting == 7  # at once, past a's 7
+        worker.answer(*b_jobs)
         assert line.future.result() == [echo(sources(1, tag=1)[0])]
         assert sample("nmt_queue_depth_sentences", model="a") == 7
         assert sample("nmt_queue_depth_sentences", model="b") == 0
         while not document.done:
-            a.answer(*a.pending.values())
-            assert not b.pending
+            worker.answer(*worker.pending.values())
         assert document.future.result() == [echo(src) for src in sources(10)]
+        assert {job.model for job in worker.given()} == {"a", "b"}
+
+    run(main)
+
+
+def test_freed_rows_go_to_the_model_with_the_fewest_rows_in_the_workers_hands() -> None:
+    """Fair across models: backlogs of 20 sentences for a and 3 for b, one worker of 3 rows. Each
+    time rows free up, the next sentence comes from the model with the fewest rows given out
+    (taking turns when equal), so b's sentences are not held behind a's 20: b's request is done
+    after a few answers, not after a's document."""
+
+    async def main() -> None:
+        worker = FakeWorker("w")
+        s = scheduler([worker], max_batch_size=2, models=("a", "b"))  # 3 rows
+        big = s.submit(sources(20), beam_size=1, n_best=1, model="a")
+        small = s.submit(sources(3, tag=1), beam_size=1, n_best=1, model="b")
+        given = lambda: [job.model for job in worker.given()]  # noqa: E731
+        assert given() == ["a", "a", "a", "b"]  # b's first at once, however full the worker
+        answered = 0
+        while not small.done:
+            worker.answer(next(iter(worker.pending.values())))  # the oldest first
+            answered += 1
+            assert answered <= 8, given()
+        # Freed rows go to the model with fewer rows out; with equal shares (1 each) the models take
+        # turns: a went first (b had just been served), then b.
+        assert given()[4:6] == ["a", "b"]
+        assert small.future.result() == [echo(src) for src in sources(3, tag=1)]
+        while not big.done:
+            worker.answer(*worker.pending.values())
+        assert big.future.result() == [echo(src) for src in sources(20)]
+
+    run(main)
+
+
+def test_a_sentence_goes_to_a_worker_that_holds_its_model_loaded() -> None:
+    """Workers say which models they hold (``Loaded``): a sentence goes to one that holds its model,
+    where one may take it, rather than make another worker load the model."""
+
+    async def main() -> None:
+        w1, w2 = FakeWorker("w1"), FakeWorker("w2")
+        s = scheduler([w1, w2], max_batch_size=4, models=("a", "b"))  # 6 rows each
+        s.on_message(w2, Loaded(("b",)))
+        s.on_message(w1, Loaded(("a",)))
+        s.submit(sources(2), beam_size=1, n_best=1, model="b")
+        s.submit(sources(2, tag=1), beam_size=1, n_best=1, model="a")
+        assert {job.model for job in w2.given()} == {"b"} and {job.model for job in w1.given()} == {"a"}
+        s.submit(sources(8, tag=2), beam_size=1, n_best=1, model="b")  # 4 more rows fit in w2, not 8
+        assert [job.model for job in w2.given()].count("b") == 6
+        assert [job.model for job in w1.given()].count("b") == 4  # the rest: w1 loads b
+
+    run(main)
+
+
+@pytest.mark.usefixtures("no_restart_delay")
+def test_a_worker_that_exits_gives_back_the_sentences_of_every_model() -> None:
+    async def main() -> None:
+        w1, w2 = FakeWorker("w1"), FakeWorker("w2")
+        s = scheduler([w1, w2], max_batch_size=8, models=("a", "b"))  # 12 rows each
+        retried = {m: sample("nmt_retried_sentences_total", model=m) for m in ("a", "b")}
+        first = s.submit(sources(4), beam_size=1, n_best=1, model="a")
+        second = s.submit(sources(4, tag=1), beam_size=1, n_best=1, model="b")
+        assert {job.model for job in w1.pending.values()} == {"a", "b"}
+        lost = dict(w1.pending)
+        w1.crash()
+        assert set(lost) <= set(w2.pending)  # given again at once, to the live worker
+        for m in ("a", "b"):
+            mine = sum(job.model == m for job in lost.values())
+            assert sample("nmt_retried_sentences_total", model=m) == retried[m] + mine
+        while w2.pending:
+            w2.answer(*w2.pending.values())
+        assert first.future.result() == [echo(src) for src in sources(4)]
+        assert second.future.result() == [echo(src) for src in sources(4, tag=1)]
+        assert s.active == 0 and all(m.rows == 0 for m in s.models.values())
 
     run(main)
 
 
 def test_the_queue_limit_counts_every_models_sentences_and_a_second_hop_is_never_refused() -> None:
     async def main() -> None:
-        a, b = FakeWorker("a1", model="a"), FakeWorker("b1", model="b")
-        s = scheduler([a, b], max_batch_size=2, max_queue=4)
-        s.submit(sources(3), beam_size=1, n_best=1, model="a")  # given to a1
+        worker = FakeWorker("w")
+        s = scheduler([worker], max_batch_size=2, max_queue=4, models=("a", "b"))
+        s.submit(sources(3), beam_size=1, n_best=1, model="a")  # given to the worker
         s.submit(sources(4, tag=4), beam_size=1, n_best=1, model="a")  # waiting: the queue is full
         assert s.waiting == 4 and not s.enter()
         with pytest.raises(QueueFull):
             s.submit(sources(1, tag=1), beam_size=1, n_best=1, model="b")
         # A pivot's second hop: its sentences were counted when its request was admitted.
         hop = s.submit(sources(1, tag=2), beam_size=1, n_best=1, model="b", admitted=True)
-        b.answer(*b.pending.values())
+        worker.answer(*[job for job in worker.pending.values() if job.model == "b"])
         assert hop.future.result() == [echo(sources(1, tag=2)[0])]
         with pytest.raises(TooLarge):  # (still refused: it could never fit)
             s.submit(sources(5, tag=3), beam_size=1, n_best=1, model="b", admitted=True)
@@ -559,52 +646,51 @@ def test_the_queue_limit_counts_every_models_sentences_and_a_second_hop_is_never
 
 def test_requests_name_their_model_unless_there_is_only_one() -> None:
     async def main() -> None:
-        s = scheduler([FakeWorker("a1", model="a"), FakeWorker("b1", model="b")])
+        s = scheduler([FakeWorker("w")], models=("a", "b"))
         for model in (None, "c"):
             with pytest.raises(ValueError, match="models: a, b"):
                 s.submit(sources(1), beam_size=1, n_best=1, model=model)
         only = scheduler([FakeWorker("w")])
-        assert only.submit(sources(1), beam_size=1, n_best=1).pool.model == MODEL
+        request = only.submit(sources(1), beam_size=1, n_best=1)
+        assert request.model.name == MODEL and request.sentences[0].job.model == MODEL
 
     run(main)
 
 
-def test_alive_only_while_every_model_has_a_running_worker(no_restart_delay: None) -> None:
+def test_alive_while_some_worker_runs(no_restart_delay: None) -> None:
     async def main() -> None:
-        a1, a2, b = FakeWorker("a1", model="a"), FakeWorker("a2", model="a"), FakeWorker("b1", model="b")
-        s = scheduler([a1, a2, b])
+        w1, w2 = FakeWorker("w1"), FakeWorker("w2")
+        s = scheduler([w1, w2], models=("a", "b"))
         assert s.alive
-        a1.crash()
-        assert s.alive  # a2 still serves model a
-        b.crash()
-        assert not s.alive  # nothing serves model b until it is back
-        await until(lambda: b.running and a1.running)
+        w1.crash()
+        assert s.alive  # w2 serves every model meanwhile
+        w2.crash()
+        assert not s.alive  # nothing serves any model until one is back
+        await until(lambda: w1.running and w2.running)
         assert s.alive
-        assert sample("nmt_worker_restarts_total", model="b") >= 1
 
     run(main)
 
 
-def test_start_starts_a_models_first_worker_alone_and_the_models_side_by_side() -> None:
-    """The first worker of a model compiles its decoding step; the others wait and load it from the
-    cache. Models start side by side."""
+def test_start_starts_the_first_worker_alone_then_the_others() -> None:
+    """The first worker compiles every model's decoding step; the others wait and load them from
+    the cache."""
 
     async def main() -> None:
-        a1, a2 = FakeWorker("a1", model="a", running=False), FakeWorker("a2", model="a", running=False)
-        b1 = FakeWorker("b1", model="b", running=False)
-        for worker in (a1, a2, b1):
+        w1, w2, w3 = (FakeWorker(f"w{i}", running=False) for i in (1, 2, 3))
+        for worker in (w1, w2, w3):
             worker.gate = asyncio.Event()
-        s = scheduler([a1, a2, b1])
+        s = scheduler([w1, w2, w3], models=("a", "b"))
         starting = asyncio.ensure_future(s.start())
-        await until(lambda: a1.starts == 1 and b1.starts == 1)
+        await until(lambda: w1.starts == 1)
         await asyncio.sleep(0.01)
-        assert a2.starts == 0  # not before a1 is ready
-        assert a1.gate is not None and b1.gate is not None and a2.gate is not None
-        a1.gate.set()
-        await until(lambda: a2.starts == 1)
-        b1.gate.set()
-        a2.gate.set()
-        assert await starting == ["a1 ready", "a2 ready", "b1 ready"]
-        assert s.pools["a"].start_seconds > 0 and s.alive
+        assert w2.starts == 0 and w3.starts == 0  # not before w1 is ready
+        assert w1.gate is not None and w2.gate is not None and w3.gate is not None
+        w1.gate.set()
+        await until(lambda: w2.starts == 1 and w3.starts == 1)  # together
+        w2.gate.set()
+        w3.gate.set()
+        assert await starting == ["w1 ready", "w2 ready", "w3 ready"]
+        assert s.start_seconds > 0 and s.alive
 
     run(main)

@@ -1,8 +1,9 @@
 """Training checkpoints: the full state for an exact resume, and the average of the last ones.
 
 ``checkpoints/step_*.pt`` holds the model, optimizer and scheduler states, ``TrainState`` (step,
-epoch, position in the epoch), every process's RNG state, and the sha256 of the vocabulary the
-run trains with (a resume with another vocabulary is refused).
+epoch, position in the epoch), every process's RNG state, the sha256 of the vocabulary the
+run trains with (a resume with another vocabulary is refused), and the model directory a
+fine-tuning run started from ("init", "" for none).
 """
 
 from __future__ import annotations
@@ -37,6 +38,8 @@ def save_checkpoint(
     rng: list[Any],
     keep: int,
     vocab_sha256: str,
+    *,
+    init: Path | None = None,
 ) -> Path:
     path = out / "checkpoints" / f"step_{state.step:08d}.pt"
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -47,6 +50,7 @@ def save_checkpoint(
         "state": asdict(state),
         "rng": rng,
         "vocab_sha256": vocab_sha256,
+        "init": str(init.resolve()) if init is not None else "",
     }
     tmp = path.with_suffix(".tmp")
     torch.save(blob, tmp)

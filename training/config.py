@@ -121,6 +121,9 @@ class TrainConfig:
     data: DataConfig = field(default_factory=DataConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     train: TrainParams = field(default_factory=TrainParams)
+    # The keys each table set (the others are defaults): fine-tuning (``training.finetune``) takes
+    # what the file leaves out from the initial model instead.
+    given: dict[str, set[str]] = field(default_factory=dict, compare=False)
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any], source: str = "<dict>") -> TrainConfig:
@@ -132,6 +135,7 @@ class TrainConfig:
                 data=_build(DataConfig, raw.get("data", {}), f"{source} [data]"),
                 model=_build(ModelConfig, raw.get("model", {}), f"{source} [model]"),
                 train=_build(TrainParams, raw.get("train", {}), f"{source} [train]"),
+                given={name: set(raw.get(name, {})) for name in ("data", "model", "train")},
             )
         except ConfigError:
             raise

@@ -22,7 +22,6 @@ import torch
 
 from model.checkpoint import ModelDirError, ModelInfo
 from model.decoding.options import DecodeOptions
-from model.tokenizer import PAD_ID
 from model.transformer import Transformer
 from model.translator import Translator
 from training.config import TrainParams
@@ -96,7 +95,7 @@ def validate(
         for batch in iterate([direction], plan):
             batch = batch.to(device)
             logits = model(batch.src, batch.tgt_in)
-            loss, nll = label_smoothed_nll(logits, batch.tgt_out, p.label_smoothing, PAD_ID)
+            loss, nll = label_smoothed_nll(logits, batch.tgt_out, p.label_smoothing, model.cfg.pad_id)
             d_loss, d_nll, d_tokens = d_loss + float(loss), d_nll + float(nll), d_tokens + batch.n_tokens
         sources, references = corpus.valid_text(direction)
         n = p.valid_max_sentences or len(sources)

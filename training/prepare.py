@@ -1,6 +1,6 @@
 """Raw parallel text -> a prepared corpus: token arrays on disk, which training reads batches from.
 
-    python -m training.prepare --config C [--data-dir D] [--out O | --prepared-dir P]
+    python -m training.prepare --config C [--data-dir D] [--out O | --prepared-dir P] [--init MODEL_DIR]
 
 ``training.train`` does this itself on first use; running it beforehand (e.g. once, on shared
 storage, before a multi-node job) gives the same directory, which training then finds and reuses.
@@ -9,6 +9,8 @@ A prepared corpus is one directory, ``<prepared_dir>/data-<key>/``:
 
     manifest.json               what it holds: files, directions, counts, filters, inputs' fingerprint
     sentencepiece.model         the vocabulary its tokens are of
+    tokenizer/                  instead, when fine-tuning (``--init``): the initial model's tokenizer
+                                files and config.json (its special ids, directions and target tokens)
     {file}.tokens               token ids of every line of one input file, concatenated
                                 (uint16, int32 for vocabularies over 65,535 pieces)
     {file}.offsets              int64, lines + 1: line i is tokens[offsets[i]:offsets[i + 1]]
@@ -16,16 +18,17 @@ A prepared corpus is one directory, ``<prepared_dir>/data-<key>/``:
     {split}.{src}-{tgt}.sizes   int32: their padded size in a batch (source + target + 2)
     {valid file}.txt            the validation text, for BLEU
 
-(``{file}`` is the input's name without .gz: ``train.de``). The vocabulary is trained (unless given)
-on a sample of the training text and cached beside it in ``<prepared_dir>/vocab-<key>/``.
+(``{file}`` is the input's name without .gz: ``train.de``; when fine-tuning, with ``.source`` or
+``.target`` after it: a model may tokenize the two sides differently). The vocabulary is trained
+(unless given) on a sample of the training text and cached beside it in ``<prepared_dir>/vocab-<key>/``.
 
 Everything streams: input lines are read (plain or gzip), encoded and appended in chunks, and the
 vocabulary's sample is drawn by reservoir sampling, so memory stays flat whatever the corpus size.
 A key is a hash of everything the result depends on (the input files' paths, sizes and
-modification times; the vocabulary's bytes or its training settings; directions, splits and
-filters): a changed input is prepared afresh, never reused by mistake. A directory is written
-under a temporary name and renamed when complete, so an interrupted preparation leaves nothing
-that looks usable.
+modification times; the vocabulary's bytes or its training settings, or the initial model's
+tokenizer files and special ids; directions, splits and filters): a changed input is prepared
+afresh, never reused by mistake. A directory is written under a temporary name and renamed when
+complete, so an interrupted preparation leaves nothing that looks usable.
 """
 
 from __future__ import annotations
@@ -47,11 +50,12 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
-from model.checkpoint import ModelInfo, source_prefix
+from model.checkpoint import CONFIG_FILE, ModelDirError, ModelInfo, load_tokenizer, read_info, source_prefix
 from model.config import ModelConfig
 from model.tokenizer import Tokenizer, target_token
 from training.arrays import DiskArray, token_dtype
 from training.config import ConfigError, DataConfig, from_command_line
+from training.finetune import apply_init, copy_tokenizer, tokenizer_sha256
 from training.text import (
     DataError,
     Sources,
@@ -68,6 +72,7 @@ __all__ = ["DataError", "main", "prepare", "prepared_corpus"]
 FORMAT = 1
 MANIFEST = "manifest.json"
 SPM_FILE = "sentencepiece.model"
+TOKENIZER_DIR = "tokenizer"  # fine-tuning: the initial model's tokenizer files and config.json
 SELECT_LINES = 1 << 20  # lines whose pairs are filtered per numpy pass
 
 
@@ -151,26 +156,36 @@ def target_prefixes(
 def model_info(
     config: ModelConfig, pairs: list[tuple[str, str]], prefixes: dict[str, list[int]]
 ) -> ModelInfo:
-    """The metadata of a model over ``pairs``: bilingual for one direction, multilingual for more."""
-    if len(pairs) == 1:
+    """The metadata of a model over ``pairs``: bilingual for one direction without target tokens,
+    multilingual for more (or for one of a multilingual model's directions, when fine-tuning it)."""
+    if len(pairs) == 1 and not prefixes:
         return ModelInfo(config, *pairs[0])
     return ModelInfo.multilingual(config, pairs, prefixes)
 
 
 # -- encoding --------------------------------------------------------------------------------------
-def encode_file(tokenizer: Tokenizer, path: Path, prefix: Path, dtype: np.dtype[Any]) -> tuple[int, int]:
-    """Encode every line of ``path`` into ``prefix``.tokens / .offsets; returns (lines, tokens)."""
+def encode_file(
+    tokenizer: Tokenizer, path: Path, prefix: Path, dtype: np.dtype[Any], *, target: bool = False
+) -> tuple[int, int]:
+    """Encode every line of ``path`` (as the target side: ``target``) into ``prefix``.tokens /
+    .offsets; returns (lines, tokens)."""
     lines, tokens = 0, 0
     with open(f"{prefix}.tokens", "wb") as tok_file, open(f"{prefix}.offsets", "wb") as off_file:
         off_file.write(np.zeros(1, np.int64).tobytes())
         for block in stream_lines(path, f"encoding {path.name}"):
-            ids = tokenizer.sp.Encode(block)  # the list form: one call per chunk, not per line
+            ids = _encode(tokenizer, block, target)
             lengths = np.fromiter(map(len, ids), np.int64, len(ids))
             flat = np.fromiter(itertools.chain.from_iterable(ids), dtype, int(lengths.sum()))
             tok_file.write(flat.tobytes())
             off_file.write((tokens + np.cumsum(lengths)).tobytes())
             lines, tokens = lines + len(ids), tokens + int(lengths.sum())
     return lines, tokens
+
+
+def _encode(tokenizer: Tokenizer, block: list[str], target: bool) -> list[list[int]]:
+    if tokenizer.mapped:  # pieces mapped to the model's ids, one side's or the other's
+        return tokenizer.encode(block, target=target)
+    return tokenizer.sp.Encode(block)  # type: ignore[no-any-return]  # the list form: one call per chunk
 
 
 @dataclass
@@ -233,11 +248,13 @@ def _publish(tmp: Path, final: Path) -> Path:
     return final
 
 
-def corpus_spec(data: DataConfig, sources: Sources, vocab_sha: str) -> dict[str, Any]:
-    """Everything a prepared corpus depends on (its key is a hash of this)."""
+def corpus_spec(data: DataConfig, sources: Sources, vocab_sha: str, *, init: bool = False) -> dict[str, Any]:
+    """Everything a prepared corpus depends on (its key is a hash of this). ``vocab_sha``: the
+    SentencePiece model's sha256, or with ``init`` the initial model's ``tokenizer_sha256``."""
     return {
         "format": FORMAT,
         "vocab_sha256": vocab_sha,
+        **({"tokenizer": "init"} if init else {}),
         "directions": [f"{s}-{t}" for s, t in sources.pairs],
         "splits": sources.splits,
         "max_tokens_per_sentence": data.max_tokens_per_sentence,
@@ -249,23 +266,41 @@ def corpus_spec(data: DataConfig, sources: Sources, vocab_sha: str) -> dict[str,
     }
 
 
+def init_tokenizer(init: str | Path) -> tuple[ModelInfo, str]:
+    """The initial model's metadata and ``tokenizer_sha256`` (``ModelDirError`` if it has none)."""
+    info = read_info(init)
+    return info, tokenizer_sha256(init, info)
+
+
 def prepare(
-    data: DataConfig, root: str | Path, *, vocab: str | Path | None = None, log: Log = _stderr
+    data: DataConfig,
+    root: str | Path,
+    *,
+    vocab: str | Path | None = None,
+    init: str | Path | None = None,
+    log: Log = _stderr,
 ) -> Path:
     """The prepared corpus of ``data`` under ``root``: found by its key, or built.
 
     ``vocab``: the SentencePiece model to use (else ``data.spm_model``, else one trained on a
-    sample of the training text and cached in ``root`` too).
+    sample of the training text and cached in ``root`` too). ``init``: fine-tuning, the model
+    directory whose tokenizer (and special ids, target tokens) to use instead.
     """
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
     sources = Sources.find(data)
-    vocab = (
-        Path(vocab or data.spm_model) if (vocab or data.spm_model) else vocabulary(data, sources, root, log)
-    )
-    if not vocab.is_file():
-        raise DataError(f"{vocab}: SentencePiece model not found")
-    spec = corpus_spec(data, sources, sha256_file(vocab))
+    if init is not None:
+        vocab = Path(init)
+        spec = corpus_spec(data, sources, init_tokenizer(init)[1], init=True)
+    else:
+        vocab = (
+            Path(vocab or data.spm_model)
+            if (vocab or data.spm_model)
+            else vocabulary(data, sources, root, log)
+        )
+        if not vocab.is_file():
+            raise DataError(f"{vocab}: SentencePiece model not found")
+        spec = corpus_spec(data, sources, sha256_file(vocab))
     final = root / f"data-{_key(spec)}"
     if (final / MANIFEST).is_file():
         log(f"prepared data: reusing {final}")
@@ -273,7 +308,7 @@ def prepare(
     start = time.perf_counter()
     tmp = _temporary(root, final.name)
     try:
-        manifest = _build(data, sources, vocab, spec, tmp, log)
+        manifest = _build(data, sources, vocab, spec, tmp, log, init=init is not None)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -284,38 +319,53 @@ def prepare(
 
 
 def _build(
-    data: DataConfig, sources: Sources, vocab: Path, spec: dict[str, Any], out: Path, log: Log
+    data: DataConfig, sources: Sources, vocab: Path, spec: dict[str, Any], out: Path, log: Log, *, init: bool
 ) -> dict[str, Any]:
-    shutil.copyfile(vocab, out / SPM_FILE)
-    if vocab.with_suffix(".vocab").is_file():
-        shutil.copyfile(vocab.with_suffix(".vocab"), out / "sentencepiece.vocab")
-    try:
-        tokenizer = Tokenizer(out / SPM_FILE)
-    except ValueError as e:
-        raise DataError(str(e)) from e
-    prefixes = target_prefixes(tokenizer, sources.pairs, vocab)
-    info = model_info(ModelConfig(vocab_size=tokenizer.vocab_size), sources.pairs, prefixes)
-    dtype = token_dtype(tokenizer.vocab_size)
+    """Encode the corpus with the SentencePiece model ``vocab``, or with ``init`` the tokenizer of
+    the model directory ``vocab`` (its files and config.json copied into ``out``/tokenizer)."""
+    if init:
+        prefixes, config, tokenizer = _init_tokenizer(vocab, out / TOKENIZER_DIR)
+    else:
+        shutil.copyfile(vocab, out / SPM_FILE)
+        if vocab.with_suffix(".vocab").is_file():
+            shutil.copyfile(vocab.with_suffix(".vocab"), out / "sentencepiece.vocab")
+        try:
+            tokenizer = Tokenizer(out / SPM_FILE)
+        except ValueError as e:
+            raise DataError(str(e)) from e
+        prefixes = target_prefixes(tokenizer, sources.pairs, vocab)
+        config = ModelConfig(vocab_size=tokenizer.vocab_size)
+    info = model_info(config, sources.pairs, prefixes)
+    dtype = token_dtype(max(config.vocab_size, config.source_vocab))
+
+    def side(path: Path, target: bool) -> str:  # the file id of one side's tokens
+        return f"{file_id(path)}.{'target' if target else 'source'}" if init else file_id(path)
+
     files: dict[str, dict[str, Any]] = {}
     for role in ("train", "valid"):
-        for fid, path in sources.files(role).items():
-            lines, tokens = encode_file(tokenizer, path, out / fid, dtype)
-            files[fid] = {"path": str(path), "lang": language_of(path), "lines": lines, "tokens": tokens}
-            if role == "valid":  # validation BLEU translates the text and scores against the text
-                with (out / f"{fid}.txt").open("w", encoding="utf-8") as f:
-                    for block in stream_lines(path):
-                        f.write("".join(line + "\n" for line in block))
+        for src_path, tgt_path in sources.sides[role].values():
+            for path, target in ((src_path, False), (tgt_path, True)):
+                fid = side(path, target)
+                if fid in files:
+                    continue
+                lines, tokens = encode_file(tokenizer, path, out / fid, dtype, target=target)
+                files[fid] = {"path": str(path), "lang": language_of(path), "lines": lines, "tokens": tokens}
+                if role == "valid":  # validation BLEU translates the text and scores against the text
+                    with (out / f"{fid}.txt").open("w", encoding="utf-8") as f:
+                        for block in stream_lines(path):
+                            f.write("".join(line + "\n" for line in block))
     directions: dict[str, dict[str, Any]] = {}
     for role, split in sources.splits.items():
         directions[role] = {}
         for name, (src_path, tgt_path) in sources.sides[role].items():
-            src, tgt = files[file_id(src_path)], files[file_id(tgt_path)]
+            src_id, tgt_id = side(src_path, False), side(tgt_path, True)
+            src, tgt = files[src_id], files[tgt_id]
             if src["lines"] != tgt["lines"]:
                 counts = f"{src_path} has {src['lines']} lines but {tgt_path} has {tgt['lines']}"
                 raise DataError(f"{counts}: files are not parallel")
             stats = select_pairs(
-                DiskArray(out / f"{file_id(src_path)}.offsets", np.int64),
-                DiskArray(out / f"{file_id(tgt_path)}.offsets", np.int64),
+                DiskArray(out / f"{src_id}.offsets", np.int64),
+                DiskArray(out / f"{tgt_id}.offsets", np.int64),
                 out / f"{split}.{name}",
                 prefix_len=len(source_prefix(info, name.split("-")[1])),
                 max_tokens=data.max_tokens_per_sentence if role == "train" else 10**9,
@@ -329,11 +379,11 @@ def _build(
                 )
                 if not stats.kept:
                     raise DataError(f"{data.dir}: no usable training pairs for {name} in split '{split}'")
-            directions[role][name] = {"src": file_id(src_path), "tgt": file_id(tgt_path), **asdict(stats)}
+            directions[role][name] = {"src": src_id, "tgt": tgt_id, **asdict(stats)}
     return {
         "format": FORMAT,
         "spec": spec,
-        "vocab_size": tokenizer.vocab_size,
+        "vocab_size": config.vocab_size,
         "token_dtype": dtype.name,
         "target_prefix": prefixes,
         "files": files,
@@ -341,7 +391,21 @@ def _build(
     }
 
 
-def check_matches(data: DataConfig, corpus: Path, vocab: str | Path | None) -> None:
+def _init_tokenizer(model_dir: Path, out: Path) -> tuple[dict[str, list[int]], ModelConfig, Tokenizer]:
+    """Copy the tokenizer of ``model_dir`` (and its config.json) into ``out`` and open it there:
+    (target-language tokens, the model's config, the tokenizer)."""
+    copy_tokenizer(model_dir, out)
+    shutil.copyfile(model_dir / CONFIG_FILE, out / CONFIG_FILE)
+    try:
+        info = read_info(out)
+        return info.target_prefix, info.config, load_tokenizer(out, info)
+    except ModelDirError as e:
+        raise DataError(f"--init {model_dir}: {e}") from e
+
+
+def check_matches(
+    data: DataConfig, corpus: Path, vocab: str | Path | None, init: str | Path | None = None
+) -> None:
     """A prepared corpus given as it is (``prepared_dir`` holding manifest.json) must hold what
     the config asks for: ``ConfigError`` naming what differs."""
     spec = json.loads((corpus / MANIFEST).read_text())["spec"]
@@ -351,7 +415,9 @@ def check_matches(data: DataConfig, corpus: Path, vocab: str | Path | None) -> N
         "max_tokens_per_sentence": data.max_tokens_per_sentence,
         "max_length_ratio": data.max_length_ratio,
     }
-    if vocab or data.spm_model:
+    if init is not None:
+        wanted["vocab_sha256"] = init_tokenizer(init)[1]
+    elif vocab or data.spm_model:
         wanted["vocab_sha256"] = sha256_file(Path(vocab or data.spm_model))
     differ = [f"{k} is {spec.get(k)!r} there, {v!r} here" for k, v in wanted.items() if spec.get(k) != v]
     if differ:
@@ -359,16 +425,21 @@ def check_matches(data: DataConfig, corpus: Path, vocab: str | Path | None) -> N
 
 
 def prepared_corpus(
-    data: DataConfig, out: Path, *, vocab: str | Path | None = None, log: Log = _stderr
+    data: DataConfig,
+    out: Path,
+    *,
+    vocab: str | Path | None = None,
+    init: str | Path | None = None,
+    log: Log = _stderr,
 ) -> Path:
     """Where training finds its prepared corpus: ``data.prepared_dir`` itself when it is one, else
     the one for this config under ``data.prepared_dir`` (default ``<out>/prepared``), built if missing."""
     root = Path(data.prepared_dir) if data.prepared_dir else out / "prepared"
     if (root / MANIFEST).is_file():
-        check_matches(data, root, vocab)
+        check_matches(data, root, vocab, init)
         log(f"prepared data: using {root} as it is")
         return root
-    return prepare(data, root, vocab=vocab, log=log)
+    return prepare(data, root, vocab=vocab, init=init, log=log)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -379,13 +450,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--prepared-dir", help="prepare under this directory instead (overrides data.prepared_dir)"
     )
+    ap.add_argument("--init", help="fine-tuning: tokenize with this model directory's tokenizer")
     args = ap.parse_args(argv)
     try:
         cfg, out = from_command_line(
             args.config, data_dir=args.data_dir, prepared_dir=args.prepared_dir, out=args.out
         )
-        path = prepared_corpus(cfg.data, out)
-    except (ConfigError, DataError) as e:
+        if args.init:
+            apply_init(cfg, read_info(args.init), args.init)
+        path = prepared_corpus(cfg.data, out, init=args.init)
+    except (ConfigError, DataError, ModelDirError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(path)

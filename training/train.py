@@ -1,6 +1,7 @@
 """Train a Transformer on parallel text and export a model directory.
 
     python -m training.train --config training/configs/multi30k_de_en.toml [--data-dir D] [--out D] [--resume]
+    python -m training.train --init MODEL_DIR --data-dir D [--config C] [--out D] [--resume]   # fine-tune
     torchrun --nproc_per_node N -m training.train --config ...      # data parallel (gloo on CPU, NCCL on GPU)
 
 The raw parallel files are prepared into token arrays on disk on first use (training.prepare;
@@ -9,6 +10,11 @@ train_log.jsonl, training_curve.png, checkpoints/step_*.pt (training state: mode
 scheduler, step, data position, RNG), prepared/ (the cached prepared data, unless data.prepared_dir
 says elsewhere), and model/ (the exported model directory, weights averaged over the last
 checkpoints).
+
+``--init MODEL_DIR`` fine-tunes that model instead (``training.finetune``): its architecture,
+weights, tokenizer and special ids; the log's first validation (step 0) scores it as it was. The
+output then has no sentencepiece.model of its own: the model's tokenizer files are copied into the
+prepared corpus (tokenizer/) and into model/.
 """
 
 from __future__ import annotations
@@ -35,8 +41,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
-from model.checkpoint import ModelDirError, ModelInfo, save_model_dir
-from model.tokenizer import PAD_ID
+from model.checkpoint import ModelDirError, ModelInfo, load_model, read_info, save_model_dir
 from model.transformer import Transformer
 from training.checkpoints import (
     TrainState,
@@ -50,6 +55,7 @@ from training.checkpoints import (
 from training.config import ConfigError, TrainConfig, from_command_line
 from training.data import Batch, DataError, PreparedCorpus, iterate
 from training.evaluate import validate
+from training.finetune import DEFAULT_CONFIG, apply_init, attribution
 from training.loss import label_smoothed_nll
 from training.plot import plot_curve
 from training.prepare import prepared_corpus, sha256_file
@@ -115,15 +121,33 @@ def setup_distributed(device: str) -> Dist:
 
 # -- data ------------------------------------------------------------------------------------------
 def open_corpus(
-    cfg: TrainConfig, out: Path, dist: Dist, *, resume: bool, log: Callable[[str], None]
+    cfg: TrainConfig,
+    out: Path,
+    dist: Dist,
+    *,
+    resume: bool,
+    log: Callable[[str], None],
+    init: Path | None = None,
 ) -> PreparedCorpus:
     """The prepared corpus for ``cfg``: found in the cache, or prepared by the main process while
     the others wait. A resumed run keeps its own vocabulary (``out``/sentencepiece.model), unless
-    the config names one (``data.spm_model``): the checkpoint then tells whether it is the same."""
+    the config names one (``data.spm_model``): the checkpoint then tells whether it is the same.
+    Fine-tuning (``init``) tokenizes with the initial model's tokenizer."""
     vocab = out / "sentencepiece.model"
+    if init is not None:
+        path = dist.on_main(lambda: prepared_corpus(cfg.data, out, init=init, log=log))
+        return _open_prepared(path, dist)
     resumed = bool(resume and vocab.is_file() and checkpoint_paths(out) and not cfg.data.spm_model)
     resume_vocab = vocab if resumed else None
     path = dist.on_main(lambda: prepared_corpus(cfg.data, out, vocab=resume_vocab, log=log))
+    corpus = _open_prepared(path, dist)
+    if dist.main and (not vocab.is_file() or sha256_file(vocab) != corpus.vocab_sha256):
+        shutil.copyfile(corpus.spm_path, vocab)  # the run's vocabulary, beside its checkpoints
+    dist.barrier()
+    return corpus
+
+
+def _open_prepared(path: Path, dist: Dist) -> PreparedCorpus:
     try:
         corpus = PreparedCorpus(path)
     except DataError as e:
@@ -133,9 +157,6 @@ def open_corpus(
             f"{e}: process {dist.rank} cannot read what the main process prepared; with several "
             "machines the output (or prepared) directory must be on storage every machine sees"
         ) from e
-    if dist.main and (not vocab.is_file() or sha256_file(vocab) != corpus.vocab_sha256):
-        shutil.copyfile(corpus.spm_path, vocab)  # the run's vocabulary, beside its checkpoints
-    dist.barrier()
     return corpus
 
 
@@ -159,9 +180,16 @@ class TrainResult:
     valid: dict[str, float]
 
 
-def train(cfg: TrainConfig, out: str | Path, *, resume: bool = False) -> TrainResult:
+def train(
+    cfg: TrainConfig, out: str | Path, *, resume: bool = False, init: str | Path | None = None
+) -> TrainResult:
+    """Train ``cfg`` into ``out``; ``init``: fine-tune that model directory (``training.finetune``)."""
     out = Path(out)
     p = cfg.train
+    init = Path(init) if init is not None else None
+    init_info = read_info(init) if init is not None else None
+    if init is not None and init_info is not None:
+        apply_init(cfg, init_info, str(init))
     dist = setup_distributed(p.device)
     device = dist.device
 
@@ -172,14 +200,26 @@ def train(cfg: TrainConfig, out: str | Path, *, resume: bool = False) -> TrainRe
     if dist.main:
         out.mkdir(parents=True, exist_ok=True)
     dist.barrier()
-    corpus = open_corpus(cfg, out, dist, resume=resume, log=log)
-    cfg.model.vocab_size = corpus.tokenizer.vocab_size  # the vocabulary decides the embedding size
-    torch.manual_seed(p.seed)  # the same initial weights in every process...
-    model = Transformer(cfg.model)
+    corpus = open_corpus(cfg, out, dist, resume=resume, log=log, init=init)
+    if init is not None and init_info is not None:
+        model = load_model(init, ModelInfo(cfg.model, init_info.source_lang, init_info.target_lang))
+        model.train()
+        # The model's own directions and target tokens, whichever of them the data covers.
+        info = ModelInfo(
+            cfg.model,
+            init_info.source_lang,
+            init_info.target_lang,
+            multilingual_directions=init_info.multilingual_directions,
+            target_prefix=init_info.target_prefix,
+        )
+    else:
+        cfg.model.vocab_size = corpus.tokenizer.vocab_size  # the vocabulary decides the embedding size
+        torch.manual_seed(p.seed)  # the same initial weights in every process...
+        model = Transformer(cfg.model)
+        info = corpus.info(cfg.model)
     torch.manual_seed(p.seed + 1000 * (dist.rank + 1))  # ...but different dropout masks
     random.seed(p.seed + dist.rank)
     model.to(device)
-    info = corpus.info(cfg.model)
     n_params = sum(t.numel() for t in model.parameters())
     log(f"model: {n_params / 1e6:.2f}M parameters on {device} x{dist.world}")
 
@@ -193,8 +233,12 @@ def train(cfg: TrainConfig, out: str | Path, *, resume: bool = False) -> TrainRe
         blob = load_checkpoint(ckpts[-1])
         if blob.get("vocab_sha256", corpus.vocab_sha256) != corpus.vocab_sha256:
             raise ConfigError(
-                f"{ckpts[-1]} was trained with another vocabulary than {corpus.spm_path}: "
-                "resume with the run's own sentencepiece.model (or start a new run)"
+                f"{ckpts[-1]} was trained with another vocabulary than {corpus.tokenizer_files[0]}: "
+                + (
+                    f"resume with the --init it was started with ({blob['init']})"
+                    if blob.get("init")
+                    else "resume with the run's own sentencepiece.model (or start a new run)"
+                )
             )
         model.load_state_dict(blob["model"])
         opt.load_state_dict(blob["optimizer"])
@@ -206,10 +250,14 @@ def train(cfg: TrainConfig, out: str | Path, *, resume: bool = False) -> TrainRe
             log(f"checkpoint was written by {len(blob['rng'])} process(es): RNG streams start afresh")
         log(f"resumed from {ckpts[-1]} (step {state.step}, epoch {state.epoch + 1})")
     elif resume:
-        log(f"--resume: no checkpoint in {out / 'checkpoints'}, starting from scratch")
+        log(f"--resume: no checkpoint in {out / 'checkpoints'}, starting from {init or 'scratch'}")
     log_path = out / "train_log.jsonl"
     if dist.main:
         _truncate_log(log_path, state.step)  # drop lines an interrupted run wrote after its last checkpoint
+        if init is not None and state.step == 0:  # the initial model as it is: what fine-tuning improves on
+            initial = validate(model, corpus, info, cfg.train, device)
+            _append_log(log_path, {"kind": "valid", "step": 0, "epoch": 0, **initial})
+            log(_describe_valid(0, 0, initial).replace("epoch 0", f"initial model {init}", 1))
 
     ddp = DistributedDataParallel(model) if dist.world > 1 else None
     net: nn.Module = ddp if ddp is not None else model
@@ -250,7 +298,9 @@ def train(cfg: TrainConfig, out: str | Path, *, resume: bool = False) -> TrainRe
             torch_dist.all_gather_object(gathered, rng[0])
             rng = gathered
         if dist.main:
-            save_checkpoint(out, model, opt, sched, state, rng, p.keep_checkpoints, corpus.vocab_sha256)
+            save_checkpoint(
+                out, model, opt, sched, state, rng, p.keep_checkpoints, corpus.vocab_sha256, init=init
+            )
         last_ckpt_step = state.step
         dist.barrier()
 
@@ -266,7 +316,9 @@ def train(cfg: TrainConfig, out: str | Path, *, resume: bool = False) -> TrainRe
                 break
             t0 = time.perf_counter()
             group = list(itertools.islice(batches, p.accum_steps))
-            loss, nll, ntok = _optimizer_step(net, ddp, opt, sched, scaler, group, p, amp_dtype, device)
+            loss, nll, ntok = _optimizer_step(
+                net, ddp, opt, sched, scaler, group, p, amp_dtype, device, cfg.model.pad_id
+            )
             state.train_time_s += time.perf_counter() - t0
             state.batch_in_epoch += len(group)
             state.step += 1
@@ -300,7 +352,7 @@ def train(cfg: TrainConfig, out: str | Path, *, resume: bool = False) -> TrainRe
         checkpoint()
     model_dir = None
     if dist.main:
-        model_dir = _export(out, model, corpus, cfg, info, state, valid, dist, log)
+        model_dir = _export(out, model, corpus, cfg, info, state, valid, dist, log, init, init_info)
         if log_path.exists():
             plot_curve(log_path, out / "training_curve.png")
     dist.barrier()
@@ -317,6 +369,7 @@ def _optimizer_step(
     p: Any,
     amp_dtype: torch.dtype | None,
     device: torch.device,
+    pad_id: int,
 ) -> tuple[float, float, int]:
     """Accumulate gradients over ``batches``, then one clipped Adam step. Returns summed loss, NLL, tokens."""
     ntok = sum(b.n_tokens for b in batches)
@@ -328,7 +381,7 @@ def _optimizer_step(
         autocast = torch.autocast("cuda", dtype=amp_dtype) if amp_dtype is not None else nullcontext()
         with sync, autocast:
             logits = net(batch.src, batch.tgt_in)
-            loss, nll = label_smoothed_nll(logits, batch.tgt_out, p.label_smoothing, PAD_ID)
+            loss, nll = label_smoothed_nll(logits, batch.tgt_out, p.label_smoothing, pad_id)
         scaler.scale(loss / ntok).backward()  # mean over the group's tokens
         loss_sum, nll_sum = loss_sum + float(loss.detach()), nll_sum + float(nll.detach())
     if p.clip_norm > 0:
@@ -387,8 +440,11 @@ def _export(
     valid: dict[str, Any],
     dist: Dist,
     log: Callable[[str], None],
+    init: Path | None = None,
+    init_info: ModelInfo | None = None,
 ) -> Path:
-    """Average the last checkpoints' weights into a copy of the model and write the model directory."""
+    """Average the last checkpoints' weights into a copy of the model and write the model directory
+    (fine-tuning: with the initial model's tokenizer files, and its record under "init")."""
     paths = checkpoint_paths(out)[-cfg.train.average_last :]
     export = Transformer(cfg.model)
     export.load_state_dict(average_checkpoints(paths))
@@ -408,14 +464,24 @@ def _export(
     dtype = torch.float16 if cfg.train.export_dtype == "float16" else torch.float32
     if info.is_multilingual:
         info.training["train_pairs_per_direction"] = {d.name: len(d) for d in corpus.train}
-    path = save_model_dir(out / "model", export, info, corpus.spm_path, dtype=dtype)
+    if init is not None and init_info is not None:
+        record = attribution(init, init_info)
+        # Who made the weights this one starts from, and under which licence, at the top level too.
+        info.training.update({k: record[k] for k in ("origin", "licence") if k in record})
+        info.training["init"] = record
+    path = save_model_dir(out / "model", export, info, corpus.tokenizer_source, dtype=dtype)
     log(f"exported {path} (average of {len(paths)} checkpoint(s))")
     return path
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m training.train", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--config", required=True, help="TOML file with [data], [model] and [train] tables")
+    ap.add_argument("--config", help="TOML file with [data], [model] and [train] tables")
+    ap.add_argument(
+        "--init",
+        help="fine-tune this model directory (its architecture, weights and tokenizer); "
+        "--config defaults to training/configs/finetune.toml",
+    )
     ap.add_argument("--data-dir", help="directory of {split}.{lang}[.gz] files (overrides data.dir)")
     ap.add_argument("--out", help="output directory (default: runs/<config name>)")
     ap.add_argument("--resume", action="store_true", help="continue from the last checkpoint in --out")
@@ -424,11 +490,17 @@ def main(argv: list[str] | None = None) -> int:
         help="where prepared data is cached, or a prepared corpus (overrides data.prepared_dir)",
     )
     args = ap.parse_args(argv)
+    if args.config is None and args.init is None:
+        ap.error("--config is required (or --init MODEL_DIR, to fine-tune)")
+    if args.config is None and args.data_dir is None:
+        ap.error("--init without --config: --data-dir says where the fine-tuning data is")
+    config = args.config or str(DEFAULT_CONFIG)
+    out_default = args.out or (f"runs/finetune-{Path(args.init).name}" if args.config is None else None)
     try:
         cfg, out = from_command_line(
-            args.config, data_dir=args.data_dir, prepared_dir=args.prepared_dir, out=args.out
+            config, data_dir=args.data_dir, prepared_dir=args.prepared_dir, out=out_default
         )
-        train(cfg, out, resume=args.resume)
+        train(cfg, out, resume=args.resume, init=args.init)
     except (ConfigError, DataError, ModelDirError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

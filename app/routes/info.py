@@ -36,6 +36,13 @@ def describe_model(model: ServedModel) -> dict[str, Any]:
         # on CPU).
         "decoding": description.decoding,
         "compile_seconds": description.compile_seconds,
+        # "at start": every worker loaded it before the service was ready; "on first request": it
+        # did not fit in NMT_WORKER_MODEL_MEMORY_MB beside those, and a worker loads it when a
+        # sentence needs it (that request waits for the load, about load_seconds of a model this
+        # size; a worker evicts its least recently used idle model to make room).
+        "loaded": "at start" if description.at_start else "on first request",
+        "load_seconds": description.load_seconds,  # in a worker, at start (0: not loaded yet)
+        "weight_mb": round(description.weight_bytes / 2**20, 1),  # in each worker that holds it
     }
 
 
@@ -64,7 +71,10 @@ async def info(settings: SettingsDep, routes: RouterDep) -> dict[str, Any]:
             "max_batch_size": settings.max_batch_size,
             "max_batch_tokens": settings.max_batch_tokens,
             "max_queue": settings.max_queue,  # all models together
-            "replicas": settings.replicas,  # workers per model, each its own batch (0: one per core)
+            # worker processes, each serving every model with a batch per model (0: one per core)
+            "replicas": settings.replicas,
+            # the models' weights one worker may hold, in MiB (0: no limit, all loaded at start)
+            "worker_model_memory_mb": settings.worker_model_memory_mb,
         },
         "decoding": asdict(settings.decode_options()),
         "limits": {

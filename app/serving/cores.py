@@ -3,12 +3,12 @@
 Each worker is single-threaded by default, one per core: under load that is the most sentences/s
 (README, "Why processes"). But a request that arrives alone, the web page's translate-as-you-type,
 then runs on one core while the others sleep. The ``CoreBoard`` tells each worker whether it is
-alone: a small array in shared memory with one slot per worker process (of every model), holding
+alone: a small array in shared memory with one slot per worker process, holding
 ``inf`` while that worker has sentences in hand (running or waiting) and, while it sleeps, the
 ``time.monotonic()`` at which it went to sleep (one clock for every process of the machine). Before
 every iteration a worker writes its slot and reads the others'; when they have all slept for
-``QUIET_S`` it runs with the threads of every worker of its model (``alone``), otherwise with its
-own (``own``). No lock: each slot is written by one process, and a stale read costs one step at the
+``QUIET_S`` it runs with the threads of every worker (``alone``), otherwise with its own
+(``own``). No lock: each slot is written by one process, and a stale read costs one step at the
 other thread count.
 
 Why ``QUIET_S``: with two clients in a closed loop, each worker sleeps a millisecond between one
@@ -19,7 +19,7 @@ sharing two cores. A neighbour idle for ``QUIET_S`` is one that no client keeps 
 
 The number of threads did not change a bit of the results: the encoder's output and the compiled
 step's on 1 and 2 threads, int8 and float32 (``tests/test_determinism.py`` checks it). On a GPU,
-one worker per model by default, ``alone`` is ``own``: nothing changes there.
+one worker by default, ``alone`` is ``own``: nothing changes there.
 
 No torch here: the front end makes the board. A worker sets its torch threads to what ``update``
 answers (``app.serving.worker``).

@@ -1,4 +1,5 @@
-"""A worker's running batch: when sentences join and leave it (the scheduler decided their order).
+"""A worker's running batches, one per model it is translating: when sentences join and leave
+them (the scheduler decided their order), and which model steps next.
 
 Continuous (iteration-level) batching for the encoder-decoder: before every decoding step, waiting
 sentences are encoded and join the running batch, and after every step, sentences that finished
@@ -6,32 +7,43 @@ leave it and their results go back at once. The batch itself, how a step runs an
 chooses are ``model.decoding.batch.RunningBatch``'s, the same driver the library and the CLI use:
 this module adds what a service needs around it (admission within the batch limits, cancellation
 and deadlines, metrics, and a failed step failing only the running sentences). Everything here
-runs on one thread, the one that loaded the model (``app.serving.worker``).
+runs on one thread, the one that loads the models (``app.serving.worker``).
+
+Several models: each model with sentences in this worker has a running batch of its own (a
+``Lane``), and the models step in turn, one step each, round-robin over those with rows running
+or sentences waiting, so that every model progresses whatever the others' backlogs. A model not
+held yet is loaded at its turn (``app.serving.models.ModelTable``: the other models wait for the
+load). A lane whose batch empties is dropped, its cache with it: an idle model holds its weights,
+not a cache. ``max_batch_size`` bounds the rows of all the running batches together (the memory of
+their caches and the time of a round), except that a model with no rows running always takes one
+sentence: no model waits for another model's batch to drain.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from collections import deque
 from collections.abc import Callable
 from typing import Protocol
 
 from app.config import Settings
 from app.metrics import Metrics
+from app.serving.models import LoadedModel, ModelTable
 from app.serving.scheduler import Hypotheses
 from model.decoding.batch import JOIN_RATIO, JOIN_WAIT_STEPS, RunningBatch, Source
 from model.decoding.search import Hypothesis
-from model.decoding.translator import Translator
 
 log = logging.getLogger(__name__)
 
-__all__ = ["JOIN_RATIO", "JOIN_WAIT_STEPS", "Executor", "Job", "JobSource", "Outcome"]
+__all__ = ["JOIN_RATIO", "JOIN_WAIT_STEPS", "Executor", "Job", "JobSource", "Lane", "Outcome"]
 
 
 class Job(Protocol):
     """One sentence to translate, as the worker's inbox holds it."""
 
     id: int
+    model: str  # the model that translates it (``ModelTable``'s name)
     src: list[int]  # source ids, eos included
     beam_size: int
     n_best: int
@@ -41,12 +53,14 @@ class Job(Protocol):
 
 
 class JobSource(Protocol):
-    """Where jobs wait to join the batch (``app.serving.worker.Inbox``)."""
+    """Where jobs wait to join a batch, one queue per model (``app.serving.worker.Inbox``)."""
 
     @property
-    def waiting(self) -> int: ...
+    def waiting(self) -> int: ...  # every model's
 
-    def take(self, fits: Callable[[Job], bool]) -> list[Job]: ...
+    def waiting_for(self, model: str) -> int: ...
+
+    def take(self, fits: Callable[[Job], bool], model: str = "") -> list[Job]: ...
 
     def release(self, job: Job) -> bool: ...  # the job left the batch; False if nobody waits for it
 
@@ -55,10 +69,33 @@ class JobSource(Protocol):
 Outcome = tuple[Job, Hypotheses | BaseException]
 
 
+class Lane:
+    """One model's running batch in this worker, and its metrics."""
+
+    def __init__(self, model: LoadedModel, metrics: Metrics | None) -> None:
+        translator = model.translator
+        self.model = model
+        self.metrics = metrics
+        # Room for the largest batch, or for one input's beams; greedy hypotheses' scores are not
+        # returned by the service, so greedy rows skip the normalisation.
+        self.running: RunningBatch[Job] = RunningBatch(
+            translator.model,
+            translator.runner,
+            capacity=translator.capacity,
+            options=translator.options,
+            greedy_scores=False,
+        )
+        self.joining: list[Job] = []  # taken from the source, being encoded into the batch
+
+    @property
+    def name(self) -> str:
+        return self.model.name
+
+
 class Executor:
     def __init__(
         self,
-        translator: Translator,
+        models: ModelTable,
         source: JobSource,
         *,
         max_batch_size: int = 64,
@@ -67,38 +104,29 @@ class Executor:
     ) -> None:
         """
         Args:
-            translator: the model, its decoding step (eager or compiled, chosen when it was loaded)
-                and its ``DecodeOptions`` (a job's beam size and n-best are its own).
-            max_batch_size: rows (sequences, each beam counted) in the running batch.
-            max_batch_tokens: padded source tokens x rows in the running batch (bounds the
+            models: the models, loaded or loaded on demand, each with its decoding step (eager or
+                compiled, chosen when it was loaded) and its ``DecodeOptions`` (a job's beam size
+                and n-best are its own).
+            max_batch_size: rows (sequences, each beam counted) in the running batches, all models
+                together (a model with none running takes one job however many rows).
+            max_batch_tokens: padded source tokens x rows in a model's running batch (bounds the
                 cross-attention of a step).
+            metrics: the process's metrics; each model records with its ``model`` label.
         """
-        self.translator = translator
-        self.model = translator.model
+        self.models = models
         self.source = source
         self.max_batch_size = max_batch_size
         self.max_batch_tokens = max_batch_tokens
         self.metrics = metrics
-        self.running = self._empty()
-        self._joining: list[Job] = []  # taken from the source, being encoded into the batch
-
-    def _empty(self) -> RunningBatch[Job]:
-        # Room for the largest batch, or for one input's beams; greedy hypotheses' scores are not
-        # returned by the service, so greedy rows skip the normalisation.
-        return RunningBatch(
-            self.model,
-            self.translator.runner,
-            capacity=self.translator.capacity,
-            options=self.translator.options,
-            greedy_scores=False,
-        )
+        self.lanes: dict[str, Lane] = {}  # the models with a running batch
+        self._turns = deque(models.names)  # round-robin: the model at the left steps next
 
     @classmethod
     def from_settings(
-        cls, translator: Translator, source: JobSource, settings: Settings, *, metrics: Metrics | None
+        cls, models: ModelTable, source: JobSource, settings: Settings, *, metrics: Metrics | None
     ) -> Executor:
         return cls(
-            translator,
+            models,
             source,
             max_batch_size=settings.max_batch_size,
             max_batch_tokens=settings.max_batch_tokens,
@@ -107,87 +135,141 @@ class Executor:
 
     @property
     def busy(self) -> bool:
-        """A batch is running."""
-        return len(self.running) > 0
+        """Some batch is running."""
+        return any(len(lane.running) for lane in self.lanes.values())
+
+    @property
+    def rows(self) -> int:
+        """Rows running, every model's."""
+        return sum(lane.running.rows for lane in self.lanes.values())
+
+    @property
+    def running(self) -> RunningBatch[Job]:
+        """The running batch of a worker's only model (tests, benchmarks)."""
+        [name] = self.models.names
+        return self.lane(name).running
+
+    def lane(self, name: str) -> Lane:
+        """``name``'s lane, made (and the model loaded: ``ModelTable.load``) if it has none."""
+        lane = self.lanes.get(name)
+        if lane is None:
+            model = self.models.load(name, busy=self.lanes)
+            bound = self.metrics.of_model(name) if self.metrics is not None else None
+            lane = self.lanes[name] = Lane(model, bound)
+        else:
+            self.models.get(name)  # (most recently used)
+        return lane
+
+    def _next(self) -> str | None:
+        """The next model in turn with rows running or jobs waiting; None when there is none."""
+        for _ in range(len(self._turns)):
+            name = self._turns[0]
+            self._turns.rotate(-1)
+            lane = self.lanes.get(name)
+            if (lane is not None and len(lane.running)) or self.source.waiting_for(name):
+                return name
+        return None
 
     def iteration(self) -> list[Outcome]:
-        """Admit, drop what nobody waits for, one decoding step, remove what finished. A failed step
-        fails the running jobs (and only those) instead of raising."""
-        try:
-            return self._iteration()
-        except Exception as e:  # a failed step must not take the worker down with it
-            log.exception("decoding step failed; failing the running batch")
-            failed = RuntimeError(f"translation failed: {e}")
-            jobs = [e.key for e in self.running.entries]
-            jobs += [j for j in self._joining if j not in jobs]
-            self.running, self._joining = self._empty(), []
-            self._gauge()
-            return [(job, failed) for job in jobs]
-
-    def _iteration(self) -> list[Outcome]:
-        self._joining = self._take()
-        self._admit(self._joining)
-        self._joining = []
-        self._drop_expired()
-        run = self.running
-        if not len(run):
-            self._gauge()
+        """One step of the next model in turn: admit its newcomers, drop what nobody waits for, one
+        decoding step, remove what finished. A failed step fails that model's running jobs (and
+        only those) instead of raising; a model that cannot be loaded fails its waiting jobs."""
+        name = self._next()
+        if name is None:
             return []
-        rows = run.rows
-        outcomes: list[Outcome] = [(job, self._finish(hyps)) for job, hyps in run.step()]
-        if self.metrics is not None:
-            self.metrics.batch_size.observe(rows)
-            self.metrics.decode_steps.inc()
-        self._gauge()
+        if name not in self.lanes:
+            try:
+                self.lane(name)
+            except Exception as e:  # its weights, its step: every job for it fails with the reason
+                log.exception("cannot load model %s; failing its sentences", name)
+                failed = RuntimeError(f"cannot load model {name}: {type(e).__name__}: {e}")
+                return [(job, failed) for job in self.source.take(lambda job: True, name)]
+        lane = self.lanes[name]
+        try:
+            outcomes = self._iteration(lane)
+        except Exception as e:  # a failed step must not take the worker down with it
+            log.exception("decoding step failed; failing the running batch of %s", name)
+            failed = RuntimeError(f"translation failed: {e}")
+            jobs = [e.key for e in lane.running.entries]
+            jobs += [j for j in lane.joining if j not in jobs]
+            self.lanes.pop(name)
+            self._gauge(lane, 0)
+            return [(job, failed) for job in jobs]
+        if not len(lane.running) and not self.source.waiting_for(name):
+            del self.lanes[name]  # idle: its cache goes, its weights stay (until ``trim``)
+            self.models.trim(busy=self.lanes)
         return outcomes
 
-    def _gauge(self) -> None:
-        if self.metrics is not None:
-            self.metrics.active_sequences.set(len(self.running))
+    def _iteration(self, lane: Lane) -> list[Outcome]:
+        lane.joining = self._take(lane)
+        self._admit(lane.joining, lane)
+        lane.joining = []
+        self._drop_expired(lane)
+        run = lane.running
+        if not len(run):
+            self._gauge(lane)
+            return []
+        rows = run.rows
+        outcomes: list[Outcome] = [(job, self._finish(hyps, lane)) for job, hyps in run.step()]
+        if lane.metrics is not None:
+            lane.metrics.batch_size.observe(rows)
+            lane.metrics.decode_steps.inc()
+        self._gauge(lane)
+        return outcomes
 
-    def _take(self) -> list[Job]:
-        """Waiting jobs that fit beside the running batch, in the scheduler's order."""
-        run = self.running
+    def _gauge(self, lane: Lane, value: int | None = None) -> None:
+        if lane.metrics is not None:
+            lane.metrics.active_sequences.set(len(lane.running) if value is None else value)
+
+    def _take(self, lane: Lane) -> list[Job]:
+        """Waiting jobs of the lane's model that fit beside the running batches, in the scheduler's
+        order."""
+        run = lane.running
         # Newcomers are encoded as one batch, so while a batch runs they join in groups rather than
         # one or two at every step.
-        if not run.joins_now(self.source.waiting):
+        if not run.joins_now(self.source.waiting_for(lane.name)):
             return []
+        others = self.rows - run.rows  # the other models' rows
         rows, width = run.rows, run.width
-        capacity = min(self.max_batch_size, self.translator.capacity)
+        capacity = lane.model.translator.capacity
 
         def fits(job: Job) -> bool:
             nonlocal rows, width
             new_width = max(width, len(job.src))
             new_rows = rows + job.beam_size
-            if rows and (new_rows > capacity or new_rows * new_width > self.max_batch_tokens):
+            if rows and (
+                new_rows > capacity
+                or others + new_rows > self.max_batch_size
+                or new_rows * new_width > self.max_batch_tokens
+            ):
                 return False  # an empty batch takes any one job, however large
             rows, width = new_rows, new_width
             return True
 
-        return self.source.take(fits)
+        return self.source.take(fits, lane.name)
 
-    def _admit(self, jobs: list[Job]) -> None:
-        """Encode ``jobs`` as one padded batch and add their rows to the running batch."""
+    def _admit(self, jobs: list[Job], lane: Lane) -> None:
+        """Encode ``jobs`` as one padded batch and add their rows to the lane's running batch."""
         if not jobs:
             return
-        if self.metrics is not None:
+        if lane.metrics is not None:
             now = time.monotonic()
             for job in jobs:
-                self.metrics.queue_wait.observe(now - job.enqueued)
-            self.metrics.input_tokens.inc(sum(len(j.src) for j in jobs))
-        self.running.add([Source(job, job.src, job.beam_size, job.n_best) for job in jobs])
+                lane.metrics.queue_wait.observe(now - job.enqueued)
+            lane.metrics.input_tokens.inc(sum(len(j.src) for j in jobs))
+        lane.running.add([Source(job, job.src, job.beam_size, job.n_best) for job in jobs])
 
-    def _drop_expired(self) -> None:
+    def _drop_expired(self, lane: Lane) -> None:
         """Remove jobs whose request was cancelled or whose deadline passed from the running batch."""
         now = time.monotonic()
-        dropped = self.running.drop(lambda job: job.expired(now))
+        dropped = lane.running.drop(lambda job: job.expired(now))
         for job in dropped:
             self.source.release(job)
-        if dropped and self.metrics is not None:
-            self.metrics.sentences.labels("abandoned").inc(len(dropped))
+        if dropped and lane.metrics is not None:
+            lane.metrics.sentences.labels("abandoned").inc(len(dropped))
 
-    def _finish(self, hyps: list[Hypothesis]) -> Hypotheses:
-        if self.metrics is not None:
-            self.metrics.generated_tokens.inc(len(hyps[0].tokens) + 1 if hyps else 0)
-            self.metrics.sentences.labels("translated").inc()
+    def _finish(self, hyps: list[Hypothesis], lane: Lane) -> Hypotheses:
+        if lane.metrics is not None:
+            lane.metrics.generated_tokens.inc(len(hyps[0].tokens) + 1 if hyps else 0)
+            lane.metrics.sentences.labels("translated").inc()
         return [(h.tokens, h.score) for h in hyps]

@@ -24,6 +24,7 @@ from app.serving.cores import CoreShare
 from app.serving.protocol import (
     Answers,
     FromWorker,
+    Loaded,
     ModelDescription,
     ModelSpec,
     Ready,
@@ -32,7 +33,7 @@ from app.serving.protocol import (
     ToWorker,
 )
 
-START_TIMEOUT_S = 300.0  # loading and warming up a worker
+START_TIMEOUT_S = 300.0  # loading and warming up a worker's models, each (so many more for many)
 STOP_TIMEOUT_S = 30.0
 # Worker processes are started from this thread: starting one (fork and exec) takes tens of
 # milliseconds that the event loop, answering requests meanwhile, should not wait for.
@@ -40,36 +41,37 @@ _SPAWNER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="nmt-spawner")
 
 
 class Listener(Protocol):
-    """Who hears a worker (the scheduler): its answers, and its exit while it was running."""
+    """Who hears a worker (the scheduler): its answers, the models it holds, and its exit while it
+    was running."""
 
-    def on_message(self, worker: WorkerProcess, message: Answers) -> None: ...
+    def on_message(self, worker: WorkerProcess, message: Answers | Loaded) -> None: ...
 
     def on_exit(self, worker: WorkerProcess) -> None: ...
 
 
 def _serve(
     settings: Settings,
-    spec: ModelSpec,
+    models: tuple[ModelSpec, ...],
     threads: int | None,
     metrics_dir: str,
     conn: Connection,
     cores: CoreShare | None,
 ) -> None:
-    """The child process's target: what imports torch and the model runs in the child only."""
+    """The child process's target: what imports torch and the models runs in the child only."""
     from app.serving.worker import serve_worker
 
-    serve_worker(settings, spec, threads, metrics_dir, conn, cores)
+    serve_worker(settings, models, threads, metrics_dir, conn, cores)
 
 
 class WorkerProcess:
-    """One worker process, seen from the front end's event loop: start it, send it messages, and
-    tell ``listener`` (the scheduler) what it answers (``on_message``) and when it exits
-    (``on_exit``)."""
+    """One worker process, serving every model of ``models``, seen from the front end's event loop:
+    start it, send it messages, and tell ``listener`` (the scheduler) what it answers and which
+    models it holds (``on_message``) and when it exits (``on_exit``)."""
 
     def __init__(
         self,
         settings: Settings,
-        spec: ModelSpec,
+        models: tuple[ModelSpec, ...],
         *,
         threads: int | None,
         metrics_dir: str,
@@ -78,30 +80,30 @@ class WorkerProcess:
     ) -> None:
         self.settings, self.threads, self.metrics_dir, self.name = settings, threads, metrics_dir, name
         self.cores = cores
-        self.spec = spec
-        self.model = spec.name  # the scheduler's key: this worker's model
+        self.models = models
         self.listener: Listener | None = None
         self.process: multiprocessing.process.BaseProcess | None = None
-        self.description: ModelDescription | None = None
+        # The models it loaded at start, as it described them when ready (the others load on demand).
+        self.descriptions: dict[str, ModelDescription] = {}
         self.running = False  # ready, and not stopped or exited since
         self._conn: Connection | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._ready: asyncio.Future[ModelDescription] | None = None
+        self._ready: asyncio.Future[dict[str, ModelDescription]] | None = None
 
     @property
     def pid(self) -> int | None:
         return None if self.process is None else self.process.pid
 
-    async def start(self) -> ModelDescription:
-        """Start the process and wait until its model is loaded and warm; ``RuntimeError`` with the
-        worker's reason if it fails."""
+    async def start(self) -> dict[str, ModelDescription]:
+        """Start the process and wait until the models it loads at start are loaded and warm (their
+        descriptions, by name); ``RuntimeError`` with the worker's reason if it fails."""
         # spawn, not fork: a forked copy of a process that has started OpenMP and torch's threads
         # can deadlock; the child imports what it needs afresh.
         context = multiprocessing.get_context("spawn")
         self._conn, child_conn = context.Pipe()
         self.process = context.Process(
             target=_serve,
-            args=(self.settings, self.spec, self.threads, self.metrics_dir, child_conn, self.cores),
+            args=(self.settings, self.models, self.threads, self.metrics_dir, child_conn, self.cores),
             name=self.name,
             daemon=True,
         )
@@ -112,12 +114,13 @@ class WorkerProcess:
         # Read in the event loop when the pipe is readable: no thread, no lock hand-over per message.
         self._loop.add_reader(self._conn.fileno(), self._read)
         try:
-            self.description = await asyncio.wait_for(asyncio.shield(self._ready), START_TIMEOUT_S)
+            timeout = START_TIMEOUT_S * len(self.models)
+            self.descriptions = await asyncio.wait_for(asyncio.shield(self._ready), timeout)
         except BaseException:
             self.stop()
             raise
         self.running = True
-        return self.description
+        return self.descriptions
 
     def send(self, message: ToWorker) -> bool:
         """Send ``message`` now; False if the worker is gone (its exit is being handled)."""
@@ -155,13 +158,13 @@ class WorkerProcess:
 
     def _dispatch(self, message: FromWorker) -> None:
         match message:
-            case Ready(description):
+            case Ready(models):
                 if self._ready is not None and not self._ready.done():
-                    self._ready.set_result(description)
+                    self._ready.set_result(dict(models))
             case StartFailed(reason):
                 if self._ready is not None and not self._ready.done():
                     self._ready.set_exception(RuntimeError(f"{self.name}: {reason}"))
-            case Answers():
+            case Answers() | Loaded():
                 if self.listener is not None:
                     self.listener.on_message(self, message)
 

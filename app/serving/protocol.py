@@ -14,9 +14,14 @@ front end -> worker (``ToWorker``):
 
 worker -> front end (``FromWorker``):
 
-- ``Ready``: the model is loaded and warm, and what it runs on;
+- ``Ready``: the models it loads at start are loaded and warm, and what they run on;
 - ``StartFailed``: it could not start, and why (the front end's start-up fails with the reason);
-- ``Answers``: after each decoding step that finished sentences, each one ``Done`` or ``Failed``.
+- ``Answers``: after each decoding step that finished sentences, each one ``Done`` or ``Failed``;
+- ``Loaded``: the models it holds now, after it loaded or evicted one (the scheduler prefers a
+  worker that holds a sentence's model).
+
+Every worker serves every model (``ModelSpec``s, given when it starts); a ``SentenceJob`` names its
+model, and the worker loads it on demand when it does not hold it (``app.serving.models``).
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ Hypotheses = list[tuple[list[int], float]]
 
 @dataclass(frozen=True, slots=True)
 class ModelSpec:
-    """The model a worker serves: its directory, and its name for the scheduler and metrics."""
+    """A model the workers serve: its directory, and its name for the scheduler, jobs and metrics."""
 
     name: str
     path: Path
@@ -45,6 +50,10 @@ class ModelDescription:
     quantization: str
     decoding: str = "eager"  # or "compiled": the step runner it chose (model.runtime.runners)
     compile_seconds: float = 0.0  # how long compiling the decoding step took at start-up
+    # Loaded when the workers started (False: on its first sentence, which waits for the load).
+    at_start: bool = True
+    load_seconds: float = 0.0  # loading it (weights, step, warm-up) in a worker, when measured
+    weight_bytes: int = 0  # what its loaded weights take in a worker (packed copies included)
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +67,7 @@ class SentenceJob:
     n_best: int
     deadline: float | None  # past it, nobody waits for the answer
     enqueued: float  # when the front end admitted it (the queue-wait metric)
+    model: str = ""  # the ``ModelSpec.name`` that translates it ("": a worker's only model)
 
     def past_deadline(self, now: float) -> bool:
         return self.deadline is not None and now > self.deadline
@@ -85,7 +95,8 @@ ToWorker = Translate | Cancel | Stop
 # -- worker -> front end ---------------------------------------------------------------------------
 @dataclass(frozen=True, slots=True)
 class Ready:
-    description: ModelDescription
+    # Each model it loaded at start, by name (at least the first); the others load on demand.
+    models: tuple[tuple[str, ModelDescription], ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,4 +121,9 @@ class Answers:
     results: tuple[Done | Failed, ...]
 
 
-FromWorker = Ready | StartFailed | Answers
+@dataclass(frozen=True, slots=True)
+class Loaded:
+    models: tuple[str, ...]  # the models the worker holds now, least recently used first
+
+
+FromWorker = Ready | StartFailed | Answers | Loaded

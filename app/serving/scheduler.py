@@ -3,9 +3,14 @@
 Plain Python on the event loop, no torch: it decides *what* runs next; the workers decide *how*
 (``app.serving.executor``, in processes of their own). A test drives it with fake workers.
 
-- **Models**: each worker serves one model (``Worker.model``); a model's workers and the sentences
-  waiting for them are its ``Pool``, so each model has its own running batches and its own queue,
-  and a request for one model never waits behind another model's.
+- **Models**: every worker serves every model (``app.serving.models``: a worker loads a model when
+  a sentence first needs it). Each model has its own queue (a ``ModelQueue``), and a worker with
+  free rows takes from the models' queues, first from the model with the fewest rows in the
+  workers' hands (round-robin among equals): a model that has nothing being translated goes first,
+  so a request for one model never waits behind another model's backlog. A worker holding no
+  sentence of a model takes one of its sentences however full it is (as an idle worker takes any
+  one sentence), so neither does it wait for another model's batches to drain; and a sentence goes
+  to a worker that holds its model loaded, where one has room, rather than make another load it.
 - **Admission** from exact counts, without asking anyone: at most ``max_queue`` sentences wait
   here for a worker, all models together (the gate below is passed before the body says which
   model a request is for); a request that does not fit is refused at once (``QueueFull``: 503 with
@@ -14,19 +19,20 @@ Plain Python on the event loop, no torch: it decides *what* runs next; the worke
   a place until it is admitted or refused, so that when one place frees up, one request is parsed,
   not every request that arrived meanwhile.
 - **Dispatch**: each worker is given sentences up to ``1 + prefetch`` times its running batch's
-  rows, as places free up: when an answer arrives, the next sentences leave in the same turn of
-  the event loop. Under overload a turn of the loop takes a few hundred milliseconds of HTTP work
-  (thousands of connections to read and refuse), and workers given half a batch ahead ran dry
-  meanwhile (0.63-0.73x capacity at 2,048 connections); two batches ahead cover it.
+  rows (all models together), as places free up: when an answer arrives, the next sentences
+  leave in the same turn of the event loop. Under overload a turn of the loop takes a few hundred
+  milliseconds of HTTP work (thousands of connections to read and refuse), and workers given half
+  a batch ahead ran dry meanwhile (0.63-0.73x capacity at 2,048 connections); two batches ahead
+  cover it.
 - **Fair order** (``app.serving.fairqueue``): round-robin over the requests that have sentences
   waiting, one sentence per request per turn, so a one-line request waits behind at most one
   sentence of each other request, not behind whole documents; a worker takes what it was given
   in the same order, so the sentences given ahead do not undo it.
 - **Deadlines and cancellation**: a request's sentences leave the queue, and its workers drop
   the ones they have, when its deadline passes or its client goes away.
-- **Retries**: a worker that exits (a crash, a kill) is started again; its sentences go back to the
-  head of the queue, for another worker or the same one once back (``MAX_ATTEMPTS`` in all):
-  nothing accepted is lost.
+- **Retries**: a worker that exits (a crash, a kill) is started again; its sentences, of every
+  model, go back to the head of their model's queue, for another worker or the same one once back
+  (``MAX_ATTEMPTS`` in all): nothing accepted is lost.
 """
 
 from __future__ import annotations
@@ -35,7 +41,7 @@ import asyncio
 import itertools
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -43,11 +49,20 @@ from app.metrics import Metrics
 from app.serving.errors import DeadlineExceeded, EngineError, EngineStopped, QueueFull, TooLarge
 from app.serving.fairqueue import FairQueue
 from app.serving.handle import Listener
-from app.serving.protocol import Answers, Cancel, Done, Hypotheses, SentenceJob, ToWorker, Translate
+from app.serving.protocol import (
+    Answers,
+    Cancel,
+    Done,
+    Hypotheses,
+    Loaded,
+    SentenceJob,
+    ToWorker,
+    Translate,
+)
 
 log = logging.getLogger("uvicorn.error").getChild("scheduler")
 
-__all__ = ["Hypotheses", "Request", "Scheduler", "Worker"]
+__all__ = ["Hypotheses", "ModelQueue", "Request", "Scheduler", "Worker"]
 
 MAX_ATTEMPTS = 3  # workers a sentence may be given to, when the ones before exited with it
 RESTART_DELAYS_S = (0.0, 1.0, 2.0, 5.0, 10.0, 30.0)  # before each try to start a worker again
@@ -55,10 +70,10 @@ PREFETCH = 2.0  # rows given to a worker beyond its running batch, in batches
 
 
 class Worker(Protocol):
-    """What the scheduler needs of a worker (``app.serving.handle.WorkerProcess``)."""
+    """What the scheduler needs of a worker (``app.serving.handle.WorkerProcess``): it serves every
+    model."""
 
     name: str
-    model: str  # the model it serves: workers of one model share its queue (a ``Pool``)
     running: bool  # started, ready, and not stopped or exited since
     listener: Listener | None  # told of its answers and its exit: the scheduler
 
@@ -67,6 +82,8 @@ class Worker(Protocol):
 
     def send(self, message: ToWorker) -> bool: ...
 
+    # What it reports when ready: a mapping whose keys are the models it loaded at start (a
+    # ``WorkerProcess``), or anything else (no model known to be loaded).
     async def start(self) -> Any: ...
 
     def stop(self) -> None: ...
@@ -79,7 +96,7 @@ class Request:
     n_best: int
     future: asyncio.Future[list[Hypotheses]]  # the n-best of each sentence, or why it failed
     results: list[Hypotheses | None]
-    pool: Pool  # the model that translates it
+    model: ModelQueue  # the model that translates it
     left: int = 0  # sentences not finished yet
     deadline: float | None = None  # time.monotonic()
     timer: asyncio.TimerHandle | None = None
@@ -111,27 +128,24 @@ class JobState:
 
 
 @dataclass(eq=False)
-class Pool:
-    """One model's workers, and the sentences waiting for them (fair order within the model)."""
+class ModelQueue:
+    """One model's sentences waiting for a worker (fair order within the model), and how many rows
+    of it the workers have in hand (its share of them)."""
 
-    model: str
+    name: str
     queue: FairQueue[JobState]  # admitted, not given to a worker yet
-    workers: list[WorkerState] = field(default_factory=list)
     metrics: Metrics | None = None  # labelled with the model (``Metrics.of_model``)
-    start_seconds: float = 0.0  # how long its workers took to start (load, compile, warm up)
-
-    @property
-    def alive(self) -> bool:
-        return any(s.worker.running for s in self.workers)
+    rows: int = 0  # given to workers, not finished
 
 
 @dataclass(eq=False)
 class WorkerState:
     worker: Worker
-    capacity: int  # rows it may hold
-    pool: Pool
+    capacity: int  # rows it may hold, every model's together
     sentences: dict[int, JobState] = field(default_factory=dict)  # given to it, not finished
     rows: int = 0
+    held: dict[str, int] = field(default_factory=dict)  # of ``rows``, each model's
+    loaded: frozenset[str] = frozenset()  # the models it holds loaded, as it last said
     # A send failed: the process is gone, but the event loop has not read its end of file yet
     # (``on_exit`` will). Nothing more is given to it until it is started again.
     unreachable: bool = False
@@ -144,31 +158,37 @@ class WorkerState:
     def free(self) -> int:
         return self.capacity - self.rows if self.usable else 0
 
+    def takes(self, model: str, rows: int) -> bool:
+        """Whether it may be given a sentence of ``model`` of ``rows`` rows: it has room, or it is
+        idle, or it holds nothing of that model (one sentence however full it is)."""
+        return self.usable and (self.free >= rows or not self.rows or not self.held.get(model))
+
 
 class Scheduler:
     def __init__(
         self,
         workers: Sequence[Worker],
         *,
+        models: Sequence[str],
         max_queue: int,
         max_batch_size: int,
         prefetch: float = PREFETCH,
         metrics: Metrics | None = None,
     ) -> None:
+        if not models:
+            raise ValueError("the scheduler needs at least one model")
         capacity = max_batch_size + int(max_batch_size * prefetch)
-        self.pools: dict[str, Pool] = {}  # by model, in the order of their first worker
-        self.workers: list[WorkerState] = []
+        self.models: dict[str, ModelQueue] = {
+            name: ModelQueue(name, FairQueue(), metrics.of_model(name) if metrics is not None else None)
+            for name in models
+        }
+        self._turns: list[ModelQueue] = list(self.models.values())  # who goes first among equals
+        self.workers = [WorkerState(worker, capacity) for worker in workers]
         for worker in workers:
-            pool = self.pools.get(worker.model)
-            if pool is None:
-                bound = metrics.of_model(worker.model) if metrics is not None else None
-                pool = self.pools[worker.model] = Pool(worker.model, FairQueue(), metrics=bound)
-            state = WorkerState(worker, capacity, pool)
-            pool.workers.append(state)
-            self.workers.append(state)
             worker.listener = self
         self.max_queue = max_queue
         self.metrics = metrics
+        self.start_seconds = 0.0  # how long the workers took to start (load, compile, warm up)
         self._ids = itertools.count()
         self._entered = 0  # requests let in by ``enter`` and not admitted or refused yet
         self._stopping = False
@@ -176,32 +196,31 @@ class Scheduler:
 
     # -- workers ---------------------------------------------------------------------------------------
     async def start(self) -> list[Any]:
-        """Start every worker (what each reports when ready, in order), the models side by side;
-        the first failure is raised, after stopping the others."""
-        reports: dict[WorkerState, Any] = {}
-        pools = [self._start_pool(pool, reports) for pool in self.pools.values()]
-        failures = [e for e in await asyncio.gather(*pools, return_exceptions=True) if e is not None]
-        if failures:
-            self.stop()
-            raise failures[0]
-        return [reports[state] for state in self.workers]
-
-    async def _start_pool(self, pool: Pool, reports: dict[WorkerState, Any]) -> BaseException | None:
-        """A model's first worker alone, then its others together: the first compiles the model's
-        decoding step (up to a minute of CPU), and the others load it from the on-disk cache in a
-        second instead of each compiling it again, with the CPU that the other models' workers and
-        other work on the machine need meanwhile. On 2 cores it is ready about as soon as with every
-        worker started at once (one model, empty cache: 60-69 s against 76 s). What failed, or None."""
+        """Start every worker (what each reports when ready, in order): the first alone, then the
+        others together. The first compiles each model's decoding step (up to a minute of CPU per
+        model), and the others load them from the on-disk cache in a second each instead of
+        compiling them again, with the CPU that other work on the machine needs meanwhile (one
+        model on 2 cores, empty cache: ready in 60-69 s against 76 s with every worker started at
+        once). The first failure is raised, after stopping the others."""
         started = time.monotonic()
-        first, *others = pool.workers
+        reports: list[Any] = []
+        first, *others = self.workers
         for group in ([first], others):
             done = await asyncio.gather(*(s.worker.start() for s in group), return_exceptions=True)
+            failures = [e for e in done if isinstance(e, BaseException)]
+            if failures:
+                self.stop()
+                raise failures[0]
             for state, report in zip(group, done, strict=True):
-                if isinstance(report, BaseException):
-                    return report
-                reports[state] = report
-        pool.start_seconds = time.monotonic() - started
-        return None
+                self._loaded(state, report)
+            reports += done
+        self.start_seconds = time.monotonic() - started
+        return reports
+
+    @staticmethod
+    def _loaded(state: WorkerState, report: Any) -> None:
+        """What a worker reported when ready: the models it loaded at start, if it says."""
+        state.loaded = frozenset(report) if isinstance(report, Mapping) else frozenset()
 
     def stop(self) -> None:
         """Stop the workers; whatever is not answered yet fails with ``EngineStopped``."""
@@ -212,14 +231,14 @@ class Scheduler:
             state.worker.stop()
         stopped = EngineStopped("the translation service stopped")
         given = {s.request for state in self.workers for s in state.sentences.values()}
-        queued = [owner for pool in self.pools.values() for owner in pool.queue.owners()]
+        queued = [owner for model in self.models.values() for owner in model.queue.owners()]
         for request in [*given, *queued]:
             self._fail(request, stopped)  # type: ignore[arg-type]
 
     @property
     def waiting(self) -> int:
         """Sentences in the queues, not given to a worker yet (every model's)."""
-        return sum(len(pool.queue) for pool in self.pools.values())
+        return sum(len(model.queue) for model in self.models.values())
 
     @property
     def active(self) -> int:
@@ -228,8 +247,9 @@ class Scheduler:
 
     @property
     def alive(self) -> bool:
-        """Every model has a worker running (one that exited is being started again meanwhile)."""
-        return not self._stopping and all(pool.alive for pool in self.pools.values())
+        """Some worker is running, so every model can be translated (each worker serves them all;
+        one that exited is being started again meanwhile)."""
+        return not self._stopping and any(s.worker.running for s in self.workers)
 
     # -- admission -------------------------------------------------------------------------------------
     def enter(self) -> bool:
@@ -264,7 +284,7 @@ class Scheduler:
         these sentences more than ``max_queue``, until they leave it)."""
         if self._stopping:
             raise EngineStopped("the translation service is shutting down")
-        pool = self._pool(model)
+        queue = self._model(model)
         n = len(sources)
         if n == 0:
             raise ValueError("a request needs at least one sentence")
@@ -274,27 +294,27 @@ class Scheduler:
             raise QueueFull(f"{self.waiting} sentences are waiting (limit {self.max_queue})")
         loop = asyncio.get_running_loop()
         now = time.monotonic()
-        request = Request(next(self._ids), beam_size, n_best, loop.create_future(), [None] * n, pool, left=n)
+        request = Request(next(self._ids), beam_size, n_best, loop.create_future(), [None] * n, queue, left=n)
         if timeout_s is not None:
             request.deadline = now + timeout_s
             request.timer = loop.call_later(timeout_s, self._expire, request, timeout_s)
-        rid, deadline = request.id, request.deadline
+        rid, deadline, name = request.id, request.deadline, queue.name
         request.sentences = [
-            JobState(SentenceJob(next(self._ids), rid, s, beam_size, n_best, deadline, now), request, k)
+            JobState(SentenceJob(next(self._ids), rid, s, beam_size, n_best, deadline, now, name), request, k)
             for k, s in enumerate(sources)
         ]
-        pool.queue.push(request, request.sentences)
-        self._queued(pool)
-        self._dispatch(pool)
+        queue.queue.push(request, request.sentences)
+        self._queued(queue)
+        self._dispatch()
         return request
 
-    def _pool(self, model: str | None) -> Pool:
-        if model is None and len(self.pools) == 1:
-            return next(iter(self.pools.values()))
-        pool = self.pools.get(model) if model is not None else None
-        if pool is None:
-            raise ValueError(f"no workers for model {model!r} (models: {', '.join(self.pools)})")
-        return pool
+    def _model(self, name: str | None) -> ModelQueue:
+        if name is None and len(self.models) == 1:
+            return next(iter(self.models.values()))
+        queue = self.models.get(name) if name is not None else None
+        if queue is None:
+            raise ValueError(f"no model {name!r} (models: {', '.join(self.models)})")
+        return queue
 
     def withdraw(self, request: Request) -> None:
         """Its client went away (or stopped waiting): drop what is left of it."""
@@ -319,43 +339,87 @@ class Scheduler:
             self.withdraw(request)
 
     # -- dispatch --------------------------------------------------------------------------------------
-    def _dispatch(self, pool: Pool) -> None:
-        """Give the model's waiting sentences to its workers with free rows, in the queue's order."""
-        batches: dict[int, list[JobState]] = {}
-        while (sentence := pool.queue.peek()) is not None:
-            state = max(pool.workers, key=lambda s: s.free)
-            if not state.usable or (state.free < sentence.rows and state.rows):
-                break  # (an idle worker takes any one sentence, however many rows)
-            pool.queue.pop()
+    def _dispatch(self) -> None:
+        """Give waiting sentences to the workers that may take them: each time from the model with
+        the fewest rows in the workers' hands (the first in turn among equals, which then goes last),
+        in its queue's order, to the worker that holds the model loaded, then to the one with the
+        most free rows."""
+        batches: dict[int, tuple[WorkerState, list[JobState]]] = {}
+        candidates = [m for m in self._turns if len(m.queue)]
+        touched: list[ModelQueue] = []
+        while candidates:
+            model = min(candidates, key=lambda m: m.rows)  # (the first of the least served)
+            sentence = model.queue.peek()
+            assert sentence is not None
+            state = self._worker_for(model.name, sentence.rows)
+            if state is None:
+                candidates.remove(model)  # none may take it now; the other models may still go
+                continue
+            model.queue.pop()
             sentence.worker = state
             sentence.attempts += 1
             state.sentences[sentence.id] = sentence
             state.rows += sentence.rows
-            batches.setdefault(id(state), []).append(sentence)
-        if not batches:
-            return
-        self._queued(pool)
-        for state in pool.workers:
-            given = batches.get(id(state))
-            if given and not state.worker.send(Translate(tuple(s.job for s in given))):
+            state.held[model.name] = state.held.get(model.name, 0) + sentence.rows
+            model.rows += sentence.rows
+            batches.setdefault(id(state), (state, []))[1].append(sentence)
+            self._turns.remove(model)  # its turn is over
+            self._turns.append(model)
+            candidates.remove(model)
+            if len(model.queue):
+                candidates.append(model)
+            if model not in touched:
+                touched.append(model)
+        for model in touched:
+            self._queued(model)
+        for state, given in batches.values():
+            if not state.worker.send(Translate(tuple(s.job for s in given))):
                 state.unreachable = True  # gone meanwhile: its exit is on its way
                 for sentence in given:
                     sentence.attempts -= 1  # it never reached the worker
                 self._lost(state)
 
-    def _queued(self, pool: Pool) -> None:
-        if pool.metrics is not None:
-            pool.metrics.queue_depth.set(len(pool.queue))
+    def _worker_for(self, model: str, rows: int) -> WorkerState | None:
+        """The worker a sentence of ``model`` goes to: among those that may take it, one that holds
+        the model loaded, then the one with the most free rows (the first among equals)."""
+        best: WorkerState | None = None
+        best_key = (False, 0)
+        for state in self.workers:
+            if not state.takes(model, rows):
+                continue
+            key = (model in state.loaded, state.free)
+            if best is None or key > best_key:
+                best, best_key = state, key
+        return best
+
+    def _queued(self, model: ModelQueue) -> None:
+        if model.metrics is not None:
+            model.metrics.queue_depth.set(len(model.queue))
+
+    def _release(self, state: WorkerState, sentence: JobState) -> None:
+        """``sentence`` is no longer in ``state``'s hands (answered, withdrawn or lost)."""
+        del state.sentences[sentence.id]
+        state.rows -= sentence.rows
+        name = sentence.request.model.name
+        state.held[name] -= sentence.rows
+        if not state.held[name]:
+            del state.held[name]
+        sentence.request.model.rows -= sentence.rows
+        sentence.worker = None
 
     # -- answers ---------------------------------------------------------------------------------------
-    def on_message(self, worker: Worker, message: Answers) -> None:
-        """A worker's answers: each sentence done with its n-best, or failed with the reason."""
+    def on_message(self, worker: Worker, message: Answers | Loaded) -> None:
+        """A worker's answers (each sentence done with its n-best, or failed with the reason), or
+        the models it holds now."""
         state = self._state(worker)
+        if isinstance(message, Loaded):
+            state.loaded = frozenset(message.models)
+            return
         for answer in message.results:
-            sentence = state.sentences.pop(answer.id, None)
+            sentence = state.sentences.get(answer.id)
             if sentence is None:
                 continue  # withdrawn meanwhile
-            state.rows -= sentence.rows
+            self._release(state, sentence)
             request = sentence.request
             if request.done:
                 continue
@@ -366,7 +430,7 @@ class Scheduler:
                     self._finish(request)
             else:
                 self._fail(request, EngineError(answer.reason))
-        self._dispatch(state.pool)
+        self._dispatch()
 
     def _finish(self, request: Request) -> None:
         if request.timer is not None:
@@ -386,17 +450,17 @@ class Scheduler:
         if request.timer is not None:
             request.timer.cancel()
             request.timer = None
-        pool = request.pool
-        dropped = pool.queue.drop(request)
+        model = request.model
+        dropped = model.queue.drop(request)
         if dropped:
-            if pool.metrics is not None:
-                pool.metrics.sentences.labels("abandoned").inc(len(dropped))
-            self._queued(pool)
+            if model.metrics is not None:
+                model.metrics.sentences.labels("abandoned").inc(len(dropped))
+            self._queued(model)
         cancels: dict[int, tuple[WorkerState, list[int]]] = {}
         for sentence in request.sentences:  # (not the workers' sentences: thousands under load)
             state = sentence.worker
             if state is not None and state.sentences.get(sentence.id) is sentence:
-                state.rows -= state.sentences.pop(sentence.id).rows
+                self._release(state, sentence)
                 cancels.setdefault(id(state), (state, []))[1].append(sentence.id)
         # JobState.request and Request.sentences form cycles: broken here, so that a finished
         # request is freed at once rather than by the cyclic garbage collector, whose full passes
@@ -406,7 +470,7 @@ class Scheduler:
         for state, sids in cancels.values():
             state.worker.send(Cancel(tuple(sids)))  # they stop costing model time
         if cancels:
-            self._dispatch(pool)
+            self._dispatch()
 
     # -- a worker that exits ---------------------------------------------------------------------------
     def on_exit(self, worker: Worker) -> None:
@@ -416,19 +480,20 @@ class Scheduler:
         state = self._state(worker)
         self._lost(state)
         state.unreachable = False  # ``running`` says when it is back
+        state.loaded = frozenset()
         task = asyncio.ensure_future(self._start_again(worker))
         self._restarts.add(task)
         task.add_done_callback(self._restarts.discard)
 
     def _lost(self, state: WorkerState) -> None:
-        """The worker is gone with its sentences: back to the head of the queue, in order, for the
-        other workers (or this one once it is back)."""
+        """The worker is gone with its sentences, of every model: back to the head of their model's
+        queue, in order, for the other workers (or this one once it is back)."""
         lost: dict[Request, list[JobState]] = {}
         for sentence in sorted(state.sentences.values(), key=lambda s: (s.request.id, s.index)):
-            sentence.worker = None
             lost.setdefault(sentence.request, []).append(sentence)
-        state.sentences.clear()
-        state.rows = 0
+        for sentence in list(state.sentences.values()):
+            self._release(state, sentence)
+        touched: set[ModelQueue] = set()
         for request, sentences in reversed(lost.items()):  # the oldest request ends up first
             if request.done:
                 continue
@@ -436,11 +501,14 @@ class Scheduler:
             if attempts >= MAX_ATTEMPTS:
                 self._fail(request, EngineError(f"a worker exited while translating it, {attempts} times"))
                 continue
-            if state.pool.metrics is not None:
-                state.pool.metrics.retried.inc(len(sentences))
-            state.pool.queue.push(request, sentences, first=True)
-        self._queued(state.pool)
-        self._dispatch(state.pool)
+            model = request.model
+            if model.metrics is not None:
+                model.metrics.retried.inc(len(sentences))
+            model.queue.push(request, sentences, first=True)
+            touched.add(model)
+        for model in touched:
+            self._queued(model)
+        self._dispatch()
 
     async def _start_again(self, worker: Worker) -> None:
         for attempt in itertools.count():
@@ -448,14 +516,14 @@ class Scheduler:
             if self._stopping:
                 return
             try:
-                await worker.start()
+                report = await worker.start()
             except (RuntimeError, TimeoutError) as e:  # it stays down meanwhile; deadlines still hold
                 log.error("%s could not be started again: %s", worker.name, e)
                 continue
-            pool = self._state(worker).pool
-            if pool.metrics is not None:
-                pool.metrics.worker_restarts.inc()
-            self._dispatch(pool)
+            self._loaded(self._state(worker), report)
+            if self.metrics is not None:
+                self.metrics.worker_restarts.inc()
+            self._dispatch()
             return
 
     def _state(self, worker: Worker) -> WorkerState:

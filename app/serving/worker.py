@@ -1,8 +1,9 @@
-"""A model worker, the child process's side: load the model, then translate what the front end
-sends until it says stop or goes away (the front end's side is ``app.serving.handle``; the messages
-are ``app.serving.protocol``'s).
+"""A model worker, the child process's side: load the models it holds at start, then translate
+what the front end sends, for any served model, until it says stop or goes away (the front end's
+side is ``app.serving.handle``; the messages are ``app.serving.protocol``'s). A model it does not
+hold is loaded when a sentence for it comes up (``app.serving.models``).
 
-The model loads on the process's main thread, which then runs every decoding step: one thread for
+The models load on the process's main thread, which then runs every decoding step: one thread for
 all torch work, as OpenMP slows down once two threads have started parallel regions. A second
 thread only reads the pipe into the ``Inbox``: it must keep reading even while the main thread
 blocks writing answers to a front end that is busy, or two full pipe buffers would block both
@@ -31,12 +32,13 @@ from app.metrics import Metrics, process_metrics
 from app.serving.cores import CoreShare
 from app.serving.executor import Executor, Job
 from app.serving.fairqueue import FairQueue
+from app.serving.models import ModelTable
 from app.serving.protocol import (
     Answers,
     Cancel,
     Done,
     Failed,
-    ModelDescription,
+    Loaded,
     ModelSpec,
     Ready,
     SentenceJob,
@@ -57,7 +59,7 @@ WARMUP_SENTENCES = ["Hallo Welt."]
 def open_translator(settings: Settings, model_dir: Path) -> Translator:
     """The model in ``model_dir`` as a worker runs it with ``settings``, its decoding step made
     (compiled or loaded from the cache where ``NMT_COMPILE``, on CPU and CUDA alike; eager where
-    compiling fails) and warmed up."""
+    compiling fails) and, where ``NMT_WARMUP``, warmed up."""
     translator = Translator.load(
         model_dir,
         device=settings.device,
@@ -70,17 +72,17 @@ def open_translator(settings: Settings, model_dir: Path) -> Translator:
         cache_dir=settings.compile_cache_dir,
     )
     translator.runner  # noqa: B018 - made now, before the worker reports ready
+    if settings.warmup:
+        warm_up(translator)
     return translator
 
 
-def describe(translator: Translator) -> ModelDescription:
-    runner = translator.runner
-    return ModelDescription(
-        device=str(translator.device),
-        dtype=str(translator.dtype).removeprefix("torch."),
-        quantization=translator.quantization,
-        decoding=runner.kind,
-        compile_seconds=round(runner.compile_seconds, 1),
+def model_table(settings: Settings, models: Sequence[ModelSpec], metrics: Metrics | None) -> ModelTable:
+    return ModelTable(
+        models,
+        lambda spec: open_translator(settings, spec.path),
+        budget_bytes=settings.worker_model_memory_mb << 20,
+        metrics=metrics,
     )
 
 
@@ -89,11 +91,11 @@ class HeldJob:
     message is frozen, and ``cancelled`` is set here when the front end withdraws it, so that the
     executor drops it at its next step even while it runs."""
 
-    __slots__ = ("job", "id", "src", "beam_size", "n_best", "enqueued", "cancelled")
+    __slots__ = ("job", "id", "model", "src", "beam_size", "n_best", "enqueued", "cancelled")
 
     def __init__(self, job: SentenceJob) -> None:
         self.job = job
-        self.id, self.src, self.beam_size = job.id, job.src, job.beam_size
+        self.id, self.model, self.src, self.beam_size = job.id, job.model, job.src, job.beam_size
         self.n_best, self.enqueued = job.n_best, job.enqueued
         self.cancelled = False
 
@@ -102,28 +104,30 @@ class HeldJob:
 
 
 class Inbox:
-    """The sentences given to this worker and not taken into its batch yet, in the order the front
-    end's scheduler uses (``app.serving.fairqueue``, round-robin over requests): the front end
-    gives a worker up to two batches ahead, and a one-line request given after a document must
-    still join before the rest of the document. The pipe's reader thread adds and cancels;
-    the model thread takes."""
+    """The sentences given to this worker and not taken into a batch yet, a queue per model, each in
+    the order the front end's scheduler uses (``app.serving.fairqueue``, round-robin over
+    requests): the front end gives a worker up to two batches ahead, and a one-line request given
+    after a document must still join before the rest of the document. The pipe's reader thread
+    adds and cancels; the model thread takes. ``metrics``: the process's (each model's label)."""
 
     def __init__(self, metrics: Metrics | None = None) -> None:
         self.metrics = metrics
-        self._queue: FairQueue[HeldJob] = FairQueue()
-        self._rows = 0  # rows of the jobs in the queue
+        self._queues: dict[str, FairQueue[HeldJob]] = {}  # by model
+        self._size = 0  # jobs in the queues
+        self._rows = 0  # rows of the jobs in the queues
         self._by_id: dict[int, HeldJob] = {}  # every job given and not finished
         self._cond = threading.Condition()
         self._stopping = False
 
     def add(self, jobs: Sequence[SentenceJob]) -> None:
         with self._cond:
-            by_request: dict[int, list[HeldJob]] = {}
+            by_request: dict[tuple[str, int], list[HeldJob]] = {}
             for job in jobs:
                 held = self._by_id[job.id] = HeldJob(job)
-                by_request.setdefault(job.request, []).append(held)
-            for rid, mine in by_request.items():
-                self._queue.push(rid, mine)
+                by_request.setdefault((job.model, job.request), []).append(held)
+            for (model, rid), mine in by_request.items():
+                self._queues.setdefault(model, FairQueue()).push(rid, mine)
+            self._size += len(jobs)
             self._rows += sum(j.beam_size for j in jobs)
             self._cond.notify()
 
@@ -149,12 +153,17 @@ class Inbox:
     # -- what the executor uses ------------------------------------------------------------------------
     @property
     def waiting(self) -> int:
-        return len(self._queue)
+        """Jobs waiting, every model's."""
+        return self._size
+
+    def waiting_for(self, model: str) -> int:
+        queue = self._queues.get(model)
+        return 0 if queue is None else len(queue)
 
     def wait(self, busy: Callable[[], bool]) -> bool:
         """Block until jobs wait or ``busy()`` (a batch is running); False once stopping."""
         with self._cond:
-            self._cond.wait_for(lambda: self._stopping or len(self._queue) > 0 or busy())
+            self._cond.wait_for(lambda: self._stopping or self._size > 0 or busy())
             return not self._stopping
 
     def wait_for_more(self, rows: int, timeout: float) -> None:
@@ -162,26 +171,28 @@ class Inbox:
         with self._cond:
             self._cond.wait_for(lambda: self._stopping or self._rows >= rows, timeout)
 
-    def take(self, fits: Callable[[Job], bool]) -> list[Job]:
-        """Jobs in the queue's order for as long as ``fits(job)``; cancelled or expired ones are
-        dropped on the way."""
+    def take(self, fits: Callable[[Job], bool], model: str = "") -> list[Job]:
+        """``model``'s jobs in the queue's order for as long as ``fits(job)``; cancelled or expired
+        ones are dropped on the way."""
         taken: list[Job] = []
         now = time.monotonic()
         with self._cond:
-            while (job := self._queue.peek()) is not None:
+            queue = self._queues.get(model)
+            while queue is not None and (job := queue.peek()) is not None:
                 if job.expired(now):
-                    self._pop()
+                    self._pop(queue)
                     self._by_id.pop(job.id, None)
                     if self.metrics is not None:
-                        self.metrics.sentences.labels("abandoned").inc()
+                        self.metrics.sentences.labels(job.model, "abandoned").inc()
                     continue
                 if not fits(job):
                     break
-                taken.append(self._pop())
+                taken.append(self._pop(queue))
         return taken
 
-    def _pop(self) -> HeldJob:
-        job = self._queue.pop()
+    def _pop(self, queue: FairQueue[HeldJob]) -> HeldJob:
+        job = queue.pop()
+        self._size -= 1
         self._rows -= job.beam_size
         return job
 
@@ -189,33 +200,33 @@ class Inbox:
 # -- the worker process ----------------------------------------------------------------------------
 def serve_worker(
     settings: Settings,
-    model: ModelSpec,
+    models: Sequence[ModelSpec],
     threads: int | None,
     metrics_dir: str,
     conn: Connection,
     cores: CoreShare | None = None,
 ) -> None:
-    """The child process: load the model, report ready, then translate what the front end gives
-    until it says stop or goes away. ``cores``: its slot on the front end's ``CoreBoard`` (on CPU),
-    to run on the idle workers' cores too while it is the only one at work."""
+    """The child process: load the models it holds at start (all of them, or those that fit in
+    ``NMT_WORKER_MODEL_MEMORY_MB``), report ready, then translate what the front end gives, for any
+    of ``models``, until it says stop or goes away. ``cores``: its slot on the front end's
+    ``CoreBoard`` (on CPU), to run on the idle workers' cores too while it is the only one at work."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     if threads:
         torch.set_num_threads(threads)
     try:
-        metrics = process_metrics(metrics_dir).of_model(model.name)
+        metrics = process_metrics(metrics_dir)
         inbox = Inbox(metrics)
-        translator = open_translator(settings, model.path)
-        executor = Executor.from_settings(translator, inbox, settings, metrics=None)
-        if settings.warmup:  # without metrics: the warm-up is not traffic
-            warm_up(executor, inbox)
-        executor.metrics = metrics
+        table = model_table(settings, models, metrics)
+        loaded = table.load_at_start()
+        executor = Executor.from_settings(table, inbox, settings, metrics=metrics)
     except Exception as e:  # the front end fails its start-up with this reason
         with contextlib.suppress(OSError):
             conn.send(StartFailed(f"{type(e).__name__}: {e}"))
         conn.close()
         return
-    conn.send(Ready(describe(translator)))
+    conn.send(Ready(tuple((m.name, m.description) for m in loaded)))
+    told = table.changes  # what the front end knows of the models held
     threading.Thread(target=_read, args=(conn, inbox), name="nmt-worker-inbox", daemon=True).start()
     if cores is not None:
         cores.starting()
@@ -234,8 +245,11 @@ def serve_worker(
                         answers.append(Done(job.id, result))
                 if cores is not None and not executor.busy and not inbox.waiting:
                     use_threads(cores.update(busy=False))  # asleep: its core is free for the others
-                if answers:
-                    with contextlib.suppress(OSError):  # the front end is gone: the reader stops us
+                with contextlib.suppress(OSError):  # the front end is gone: the reader stops us
+                    if table.changes != told:
+                        told = table.changes
+                        conn.send(Loaded(tuple(table.loaded)))
+                    if answers:
                         conn.send(Answers(tuple(answers)))
     finally:
         if cores is not None:
@@ -249,16 +263,10 @@ def use_threads(threads: int) -> None:
         torch.set_num_threads(threads)
 
 
-def warm_up(executor: Executor, inbox: Inbox) -> None:
-    translator = executor.translator
-    src = translator.source_ids(WARMUP_SENTENCES, target=translator.info.directions[0][1])
-    inbox.add([SentenceJob(-1 - i, -1, s, 1, 1, None, time.monotonic()) for i, s in enumerate(src)])
-    with torch.inference_mode():
-        while inbox.waiting or executor.busy:
-            for job, result in executor.iteration():
-                inbox.release(job)
-                if isinstance(result, BaseException):
-                    raise result
+def warm_up(translator: Translator) -> None:
+    """Translate ``WARMUP_SENTENCES`` once, on the decoding step and cache size the worker uses."""
+    target = translator.info.directions[0][1]
+    translator.generate(translator.source_ids(WARMUP_SENTENCES, target=target), beam_size=1)
 
 
 def _read(conn: Connection, inbox: Inbox) -> None:

@@ -118,7 +118,7 @@ def build_spec(
     spec.config.eos_token = pieces[cfg.eos_id]
     spec.config.unk_token = pieces[cfg.unk_id]
     spec.config.decoder_start_token = pieces[cfg.bos_id]  # the decoder's first input, as ours
-    spec.config.add_source_eos = True  # the encoder was trained on pieces + eos
+    spec.config.add_source_eos = cfg.source_eos  # whether the encoder was trained on pieces + eos
     spec.config.layer_norm_epsilon = cfg.layer_norm_eps
     return spec
 

@@ -61,11 +61,15 @@ class DecodeOptions:
         prefix: Sequence[int],
         max_positions: int,
         eos: int,
+        source_eos: bool = True,
     ) -> list[list[int]]:
         """Each text's token ids after ``prefix`` (a multilingual model's target-language token),
-        truncated to ``input_limit``, then the model's ``eos``: what the model decodes."""
+        truncated to ``input_limit``, then the model's ``eos`` if its sources end with one
+        (``source_eos``): what the model decodes. A source is never empty: one with no tokens is
+        eos alone (attention over nothing is undefined)."""
         limit = self.input_limit(max_positions) - len(prefix)
-        return [[*prefix, *ids[:limit], eos] for ids in tokenizer.encode(list(texts))]
+        end = [eos] if source_eos else []
+        return [[*prefix, *ids[:limit], *end] or [eos] for ids in tokenizer.encode(list(texts))]
 
     def candidates(self, max_beam_size: int) -> int:
         """Candidates a step keeps per row for beams of up to ``max_beam_size``: the best 2K

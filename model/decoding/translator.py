@@ -176,6 +176,7 @@ class Translator:
             prefix=prefix,
             max_positions=self.model.cfg.max_positions,
             eos=self.model.cfg.eos_id,
+            source_eos=self.model.cfg.source_eos,
         )
 
     def batch(self, sources: list[list[int]]) -> torch.Tensor:

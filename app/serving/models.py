@@ -1,0 +1,193 @@
+"""A worker's model table: every served model, loaded when a sentence first needs it, the least
+recently used idle one evicted when the loaded models' weights would exceed the worker's budget
+(``NMT_WORKER_MODEL_MEMORY_MB``; 0: no budget, every model loaded at start).
+
+Every worker serves every model, so the workers are one per core whatever the number of models
+(they were one per core *per model*: 20 models on 2 cores were 40 processes, each with its own
+torch runtime). A worker's memory is then the torch runtime once, plus the weights of the models it
+holds, plus the running batches' caches.
+
+Loading runs on the worker's model thread, between two decoding steps: the other models' running
+batches wait meanwhile (the time of one load: weights read, linear layers packed, the step made,
+one sentence translated; ``BENCHMARKS.md``, "Many models on one machine"). What a model's weights
+take is measured once it is loaded (packed and int8 copies included); before its first load, the
+size of its weights file stands for it.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from app.metrics import Metrics
+from app.serving.protocol import ModelDescription, ModelSpec
+from model.decoding.translator import Translator
+
+log = logging.getLogger("uvicorn.error").getChild("worker")
+
+WEIGHTS_FILE = "model.safetensors"
+
+
+@dataclass(eq=False)
+class LoadedModel:
+    name: str
+    translator: Translator
+    bytes: int  # what its tensors take in this process (``weight_bytes``)
+    description: ModelDescription
+
+
+def weight_bytes(module: torch.nn.Module) -> int:
+    """The bytes of every tensor ``module`` holds (parameters, buffers and tensors kept as plain
+    attributes, as packed weights are), each storage counted once: tied weights share one."""
+    seen: set[int] = set()
+    total = 0
+    for sub in module.modules():
+        tensors = [*sub.parameters(recurse=False), *sub.buffers(recurse=False)]
+        tensors += [v for v in vars(sub).values() if isinstance(v, torch.Tensor)]
+        for tensor in tensors:
+            try:
+                storage = tensor.untyped_storage()
+                key, size = storage.data_ptr(), storage.nbytes()
+            except (RuntimeError, NotImplementedError):  # opaque (oneDNN packed) tensors
+                key, size = id(tensor), tensor.numel() * tensor.element_size()
+            if key not in seen:
+                seen.add(key)
+                total += size
+    return total
+
+
+Opener = Callable[[ModelSpec], Translator]
+
+
+class ModelTable:
+    """The models this worker serves, by name, and those it holds (least recently used first)."""
+
+    def __init__(
+        self,
+        specs: Sequence[ModelSpec],
+        opener: Opener,
+        *,
+        budget_bytes: int = 0,
+        metrics: Metrics | None = None,
+    ) -> None:
+        if not specs:
+            raise ValueError("a worker needs at least one model")
+        self.specs = {spec.name: spec for spec in specs}
+        self.opener = opener
+        self.budget = budget_bytes  # 0: none
+        self.metrics = metrics
+        self.loaded: OrderedDict[str, LoadedModel] = OrderedDict()
+        self.changes = 0  # loads and evictions so far (the worker tells the front end after each)
+        self._sizes: dict[str, int] = {}  # measured when loaded once
+
+    @classmethod
+    def single(cls, translator: Translator, name: str = "") -> ModelTable:
+        """A table of one model, loaded already (tests, benchmarks, the library's callers)."""
+        table = cls([ModelSpec(name, Path())], lambda spec: translator)
+        table.load(name)
+        return table
+
+    @property
+    def names(self) -> list[str]:
+        return list(self.specs)
+
+    @property
+    def loaded_bytes(self) -> int:
+        return sum(m.bytes for m in self.loaded.values())
+
+    def estimate(self, name: str) -> int:
+        """What ``name``'s weights will take once loaded: as measured, or its weights file's size."""
+        if name in self._sizes:
+            return self._sizes[name]
+        try:
+            return (self.specs[name].path / WEIGHTS_FILE).stat().st_size
+        except OSError:
+            return 0
+
+    def get(self, name: str) -> LoadedModel | None:
+        """``name`` if held, now the most recently used."""
+        model = self.loaded.get(name)
+        if model is not None:
+            self.loaded.move_to_end(name)
+        return model
+
+    def load(self, name: str, busy: Collection[str] = ()) -> LoadedModel:
+        """Hold ``name``, loading it if needed; first, the least recently used models not in ``busy``
+        are evicted while its weights would not fit in the budget beside theirs. (When the busy
+        ones alone leave no room, it is loaded all the same, over the budget until they are idle:
+        ``trim``.) Raises what loading raised."""
+        held = self.get(name)
+        if held is not None:
+            return held
+        if name not in self.specs:
+            raise KeyError(f"no model {name!r} in this worker (models: {', '.join(self.specs)})")
+        if self.budget:
+            need = self.estimate(name)
+            for other in [n for n in self.loaded if n not in busy]:
+                if self.loaded_bytes + need <= self.budget:
+                    break
+                self.evict(other)
+        started = time.monotonic()
+        # Outside inference mode, which the worker's loop runs in: weights made under it are
+        # inference tensors, and exporting the step to compile it fails on those.
+        with torch.inference_mode(False):
+            translator = self.opener(self.specs[name])
+        seconds = time.monotonic() - started
+        size = self._sizes[name] = weight_bytes(translator.model)
+        runner = translator.runner
+        description = ModelDescription(
+            device=str(translator.device),
+            dtype=str(translator.dtype).removeprefix("torch."),
+            quantization=translator.quantization,
+            decoding=runner.kind,
+            compile_seconds=round(runner.compile_seconds, 1),
+            load_seconds=round(seconds, 3),
+            weight_bytes=size,
+        )
+        model = self.loaded[name] = LoadedModel(name, translator, size, description)
+        self.changes += 1
+        if self.metrics is not None:
+            bound = self.metrics.of_model(name)
+            bound.model_load.set(seconds)
+            bound.model_loads.inc()
+        if self.budget and self.loaded_bytes > self.budget:
+            log.warning(
+                "%s loaded over the budget: %d MB held, %d MB allowed (the others are busy)",
+                name,
+                self.loaded_bytes >> 20,
+                self.budget >> 20,
+            )
+        return model
+
+    def evict(self, name: str) -> None:
+        if self.loaded.pop(name, None) is None:
+            return
+        self.changes += 1
+        if self.metrics is not None:
+            self.metrics.of_model(name).model_evictions.inc()
+        log.info("evicted %s (least recently used)", name)
+
+    def trim(self, busy: Collection[str]) -> None:
+        """Evict idle models, least recently used first, while over the budget."""
+        if not self.budget:
+            return
+        for name in [n for n in self.loaded if n not in busy]:
+            if self.loaded_bytes <= self.budget:
+                return
+            self.evict(name)
+
+    def load_at_start(self) -> list[LoadedModel]:
+        """The models loaded before the worker reports ready: all of them without a budget, else
+        those that fit in it, in order (the first one always)."""
+        loaded: list[LoadedModel] = []
+        for name in self.specs:
+            if loaded and self.budget and self.loaded_bytes + self.estimate(name) > self.budget:
+                continue
+            loaded.append(self.load(name))
+        return loaded

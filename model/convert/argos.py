@@ -1,0 +1,204 @@
+"""Import an Argos Translate package (LibreTranslate's models) as a model directory.
+
+    python -m model.convert argos translate-de_en-1_0.argosmodel OUT_DIR [--source de --target en]
+
+A package is a zip whose one top-level directory holds metadata.json (from_code, to_code, ...),
+model/ (a CTranslate2 ``TransformerSpec`` model: model.bin, config.json, vocabularies),
+sentencepiece.model (both sides), maybe README.md (credits, licence) and stanza/ (a sentence
+splitter; not used: the service splits sentences itself). The CTranslate2 model is read by our own
+code (``model.convert.ct2_model``) and renamed to our weights (``model.convert.ct2_transformer``).
+
+Not supported (``ConversionError``): a ``target_prefix`` in metadata.json, a piece argos-translate
+forces at the start of every *output*; our models route by a *source* prefix, and a forced first
+target token is not something a model directory can say.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+import zipfile
+from pathlib import Path
+from typing import Any
+
+from safetensors.torch import save_file
+
+from model.convert.ct2_model import read_model
+from model.convert.ct2_transformer import Imported, from_ct2
+from model.convert.errors import ConversionError
+from model.directory import (
+    CONFIG_FILE,
+    MODEL_CARD,
+    SHARED_VOCAB,
+    SOURCE_VOCAB,
+    SPM_FILE,
+    TARGET_VOCAB,
+    WEIGHTS_FILE,
+    ModelDirError,
+    ModelInfo,
+    read_info_and_tokenizer,
+)
+
+METADATA = "metadata.json"
+
+
+def convert(
+    src: Path,
+    out: Path,
+    *,
+    source: str | None = None,
+    target: str | None = None,
+    force: bool = False,
+    command: str = "",
+) -> Path:
+    """Write the Argos package ``src`` (an .argosmodel zip, or its unpacked directory) as the model
+    directory ``out``; ``source``/``target`` override metadata.json's language codes.
+
+    Raises ``ConversionError`` naming the file and the problem (nothing is left in ``out``), and
+    ``FileExistsError`` for a non-empty ``out`` without ``force``.
+    """
+    src, out = Path(src), Path(out)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())) and not force:
+        raise FileExistsError(f"{out} exists and is not empty (use --force to replace it)")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    # Built beside OUT and renamed into place when complete: a failure leaves nothing half-written.
+    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        with tempfile.TemporaryDirectory(prefix="argos-") as unpacked:
+            package = _package_dir(src, Path(unpacked))
+            _write(package, src, staging, source=source, target=target, command=command)
+        try:  # the directory must read back as one the service serves
+            read_info_and_tokenizer(staging)
+        except ModelDirError as e:
+            raise ConversionError(f"{src}: the converted model does not read back ({e})") from e
+        if out.exists():
+            shutil.rmtree(out) if out.is_dir() else out.unlink()
+        staging.rename(out)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return out
+
+
+def _package_dir(src: Path, scratch: Path) -> Path:
+    """The directory holding metadata.json: ``src`` itself, its one subdirectory, or the zip's
+    one top-level directory unpacked into ``scratch``."""
+    if src.is_dir():
+        root = src
+    elif not src.is_file():
+        raise ConversionError(f"{src}: no such file or directory")
+    elif not zipfile.is_zipfile(src):
+        raise ConversionError(f"{src}: not a zip file (an .argosmodel package is one)")
+    else:
+        try:
+            with zipfile.ZipFile(src) as z:
+                for name in z.namelist():  # refuse members that would land outside scratch
+                    if name.startswith(("/", "\\")) or ".." in Path(name).parts:
+                        raise ConversionError(f"{src}: member {name!r} points outside the package")
+                z.extractall(scratch)
+        except (zipfile.BadZipFile, OSError, EOFError) as e:
+            raise ConversionError(f"{src}: unreadable zip ({e})") from e
+        root = scratch
+    if (root / METADATA).is_file():
+        return root
+    subdirs = [p for p in root.iterdir() if p.is_dir() and not p.name.startswith(("__MACOSX", "."))]
+    if len(subdirs) == 1 and (subdirs[0] / METADATA).is_file():
+        return subdirs[0]
+    raise ConversionError(
+        f"{src}: no {METADATA} (in it or in its one top-level directory): not an Argos package"
+    )
+
+
+def _metadata(package: Path, src: Path) -> dict[str, Any]:
+    try:
+        meta = json.loads((package / METADATA).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ConversionError(f"{src}: {METADATA} is unreadable ({e})") from e
+    if not isinstance(meta, dict):
+        raise ConversionError(f"{src}: {METADATA} is not a JSON object")
+    if meta.get("target_prefix"):
+        raise ConversionError(
+            f"{src}: {METADATA} has target_prefix {meta['target_prefix']!r} (a piece forced at the start of "
+            "every translation): not supported, our models route by a source prefix"
+        )
+    return meta
+
+
+def _write(
+    package: Path, src: Path, out: Path, *, source: str | None, target: str | None, command: str
+) -> None:
+    meta = _metadata(package, src)
+    source = source or meta.get("from_code")
+    target = target or meta.get("to_code")
+    if not source or not target:
+        raise ConversionError(f"{src}: {METADATA} has no from_code/to_code (give --source and --target)")
+    if not (package / "model").is_dir():
+        raise ConversionError(f"{src}: no model/ directory (the CTranslate2 model)")
+    spm = package / SPM_FILE
+    if not spm.is_file():
+        raise ConversionError(
+            f"{src}: no {SPM_FILE} (packages tokenized otherwise, e.g. BPE, are not supported)"
+        )
+    try:
+        imported = from_ct2(read_model(package / "model"))
+    except ConversionError as e:
+        if package.is_relative_to(src):
+            raise
+        # Name the file inside the zip, not in the scratch directory it was unpacked to.
+        raise ConversionError(str(e).replace(f"{package.parent}/", f"{src}:")) from e
+
+    readme = package / "README.md"
+    licence = str(meta.get("license") or meta.get("licence") or "")
+    if not licence:
+        licence = (
+            "see the package's README below" if readme.is_file() else "unknown (the package states none)"
+        )
+    name = f"{meta.get('from_name', source)} → {meta.get('to_name', target)}"
+    origin = f"Argos Translate package {src.name} (package_version {meta.get('package_version', '?')})"
+    training = {"origin": origin, "licence": licence, "command": command}
+    info = ModelInfo(imported.config, source, target, training)
+
+    save_file(
+        {k: v.contiguous() for k, v in imported.state.items()},
+        str(out / WEIGHTS_FILE),
+        metadata={"format": "pt"},
+    )
+    shutil.copyfile(spm, out / SPM_FILE)
+    _write_vocabularies(out, imported)
+    (out / CONFIG_FILE).write_text(json.dumps(info.to_json(), indent=2) + "\n")
+    card = [
+        f"# {name} ({source}-{target}), imported from Argos Translate",
+        "",
+        f"- Origin: {origin}",
+        f"- Licence: {licence}",
+        f"- Made by: `{command or 'model.convert.argos.convert'}`",
+        f"- Architecture: {_summary(imported)}",
+    ]
+    if readme.is_file():
+        card += [
+            "",
+            "## The package's README",
+            "",
+            readme.read_text(encoding="utf-8", errors="replace").strip(),
+        ]
+    (out / MODEL_CARD).write_text("\n".join(card) + "\n", encoding="utf-8")
+
+
+def _write_vocabularies(out: Path, imported: Imported) -> None:
+    def dump(name: str, pieces: list[str]) -> None:
+        (out / name).write_text(json.dumps(pieces, ensure_ascii=False) + "\n", encoding="utf-8")
+
+    if imported.shared_vocabulary:
+        dump(SHARED_VOCAB, imported.target_vocabulary)
+    else:
+        dump(SOURCE_VOCAB, imported.source_vocabulary)
+        dump(TARGET_VOCAB, imported.target_vocabulary)
+
+
+def _summary(imported: Imported) -> str:
+    c = imported.config
+    return (
+        f"Transformer {c.encoder_layers}+{c.decoder_layers} layers, d_model {c.d_model}, {c.n_heads} heads, "
+        f"ffn {c.d_ff} ({c.activation}), {'pre' if c.pre_norm else 'post'}-norm, vocabulary {c.vocab_size}"
+    )

@@ -1,0 +1,262 @@
+"""Small Hugging Face MarianMTModel directories made offline, for the OPUS-MT converter's tests (and
+benchmarks): what ``MarianMTModel.save_pretrained`` and ``MarianTokenizer`` write for an OPUS-MT
+model (config.json, model.safetensors, source.spm, target.spm, vocab.json, tokenizer_config.json),
+with SentencePiece models and weights trained in seconds on Multi30k.
+
+The weights are trained (a few hundred Adam steps on CPU) rather than random so that greedy and
+beam search end with eos like a real model's and the comparisons see varied, non-degenerate output.
+transformers' Marian is post-norm only (its config has no normalize_before): pre-norm is not made
+here; the converter refuses a config that asks for it.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import random
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import sentencepiece as spm
+import torch
+from safetensors.torch import save_file
+
+REPO = Path(__file__).resolve().parents[1]
+# Multi30k beside the checkout (as CI has it, see benchmarks.common.DATA), or the shared data folder.
+DATA_DIRS = (REPO.parent / "shared" / "data" / "multi30k", Path("/work/shared/data/multi30k"))
+SOURCE = "de"
+TARGETS = {"eng": "en", "fra": "fr", "ces": "cs"}  # a multilingual model's >>xxx<< tokens
+OPUS_MT_KEYS = {
+    "normalize_before": False,
+    "normalize_embedding": False,
+    "static_position_embeddings": True,
+    "add_bias_logits": False,
+    "add_final_layer_norm": False,
+    "num_beams": 4,
+    "max_length": 512,
+}
+SPECIALS = ("</s>", "<unk>")  # Marian's: eos 0 and unk 1; <pad> is added last (transformers' own)
+
+
+def data_dir() -> Path | None:
+    return next((d for d in DATA_DIRS if (d / "train.de.gz").is_file()), None)
+
+
+def read_gz(name: str, n: int, *, offset: int = 0) -> list[str]:
+    """Lines ``offset``..``offset+n`` of Multi30k's gzipped file ``name`` (read, never copied)."""
+    found = data_dir()
+    if found is None:
+        raise FileNotFoundError(f"Multi30k not found in {', '.join(map(str, DATA_DIRS))}")
+    with gzip.open(found / name, "rt", encoding="utf-8") as f:
+        lines = [line.strip() for _, line in zip(range(offset + n), f, strict=False)]
+    return lines[offset:]
+
+
+@dataclass(frozen=True)
+class MarianOptions:
+    activation: str = "swish"  # OPUS-MT's; also "relu", "gelu"
+    scale_embedding: bool = True  # OPUS-MT's
+    logits_bias: bool = False  # a non-zero final_logits_bias (OPUS-MT's are zero)
+    tie_word_embeddings: bool = True  # False: lm_head and (in transformers 5) each embedding apart
+    separate_vocabs: bool = False  # vocab.json + target_vocab.json, share_encoder_decoder_embeddings false
+    multilingual: bool = False  # de -> >>eng<< / >>fra<< / >>ces<< (like opus-mt-en-ROMANCE)
+    # The (non-persistent) sinusoid table written into the weights as old OPUS-MT checkpoints have it;
+    # "perturbed" makes it a table no sinusoid matches (the converter imports it as learned).
+    positions_in_weights: str = ""  # "" | "exact" | "perturbed"
+    pytorch_bin: bool = False  # pytorch_model.bin (a plain state dict) instead of model.safetensors
+    steps: int = 200  # training steps (0: the random initialisation)
+    seed: int = 0
+
+
+def _train_spm(texts: list[str], prefix: Path, vocab_size: int) -> Path:
+    if not prefix.with_suffix(".model").is_file():
+        prefix.parent.mkdir(parents=True, exist_ok=True)
+        spm.SentencePieceTrainer.Train(
+            sentence_iterator=iter(texts),
+            model_prefix=str(prefix),
+            vocab_size=vocab_size,
+            model_type="unigram",
+            character_coverage=1.0,
+            minloglevel=2,
+            num_threads=2,
+            hard_vocab_limit=False,
+        )
+    return prefix.with_suffix(".model")
+
+
+def _pieces(model: Path) -> list[str]:
+    """The ordinary pieces of a SentencePiece model (no unk/control), in its id order."""
+    sp = spm.SentencePieceProcessor(model_file=str(model))
+    normal = (i for i in range(sp.GetPieceSize()) if not (sp.IsControl(i) or sp.IsUnknown(i)))
+    return [sp.IdToPiece(i) for i in normal]
+
+
+def _vocab(*piece_lists: list[str], first: tuple[str, ...] = ()) -> dict[str, int]:
+    """Marian's layout: </s> 0, <unk> 1, ``first`` (language tokens), the pieces, <pad> last
+    (unless ``first`` places it)."""
+    vocab: dict[str, int] = {}
+    for piece in (*SPECIALS, *first, *(p for pieces in piece_lists for p in pieces), "<pad>"):
+        vocab.setdefault(piece, len(vocab))
+    return vocab
+
+
+def _corpus(multilingual: bool, n: int, offset: int = 0) -> list[tuple[str, str, str]]:
+    """(target code, source, target) triples: de-en, or de into each of TARGETS in turn."""
+    source = read_gz("train.de.gz", n, offset=offset)
+    if not multilingual:
+        return [("", s, t) for s, t in zip(source, read_gz("train.en.gz", n, offset=offset), strict=True)]
+    targets = {code: read_gz(f"train.{lang}.gz", n, offset=offset) for code, lang in TARGETS.items()}
+    codes = list(TARGETS)
+    return [(codes[i % 3], s, targets[codes[i % 3]][i]) for i, s in enumerate(source)]
+
+
+def make_marian_dir(out: Path, options: MarianOptions, *, cache: Path, sentences: int = 3000) -> Path:
+    """A MarianMTModel directory with ``options`` in ``out``; SentencePiece models are kept in ``cache``."""
+    from transformers import MarianConfig, MarianMTModel  # a test dependency only
+
+    out.mkdir(parents=True, exist_ok=True)
+    corpus = _corpus(options.multilingual, sentences)
+    kind = "mul" if options.multilingual else "en"
+    src_spm = _train_spm([s for _, s, _ in corpus], cache / "spm-de", 400)
+    tgt_spm = _train_spm(
+        [t for _, _, t in corpus], cache / f"spm-{kind}", 500 if options.multilingual else 400
+    )
+    codes = tuple(f">>{c}<<" for c in TARGETS) if options.multilingual else ()
+    if options.separate_vocabs:
+        # One pad id for both sides (transformers' Marian has one): <pad> right after the specials.
+        vocab = _vocab(_pieces(src_spm), first=("<pad>", *codes))
+        target_vocab = _vocab(_pieces(tgt_spm), first=("<pad>",))
+    else:
+        vocab = target_vocab = _vocab(_pieces(src_spm), _pieces(tgt_spm), first=codes)
+    pad = vocab["<pad>"]
+    assert target_vocab["<pad>"] == pad, "the separate vocabularies' <pad> ids differ"
+    for name in ("source.spm", "target.spm"):
+        (out / name).write_bytes((src_spm if name == "source.spm" else tgt_spm).read_bytes())
+    (out / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False, indent=1))
+    if options.separate_vocabs:
+        (out / "target_vocab.json").write_text(json.dumps(target_vocab, ensure_ascii=False, indent=1))
+    (out / "tokenizer_config.json").write_text(
+        json.dumps(
+            {
+                "tokenizer_class": "MarianTokenizer",
+                "source_lang": SOURCE,
+                "target_lang": "mul" if options.multilingual else "en",
+                "separate_vocabs": options.separate_vocabs,
+                "model_max_length": 512,
+            }
+        )
+    )
+    config = MarianConfig(
+        vocab_size=len(vocab),
+        decoder_vocab_size=len(target_vocab),
+        share_encoder_decoder_embeddings=not options.separate_vocabs,
+        tie_word_embeddings=options.tie_word_embeddings,
+        d_model=32,
+        encoder_layers=2,
+        decoder_layers=2,
+        encoder_attention_heads=4,
+        decoder_attention_heads=4,
+        encoder_ffn_dim=64,
+        decoder_ffn_dim=64,
+        activation_function=options.activation,
+        scale_embedding=options.scale_embedding,
+        max_position_embeddings=128,
+        pad_token_id=pad,
+        decoder_start_token_id=pad,
+        eos_token_id=0,
+        forced_eos_token_id=0,
+        dropout=0.0,
+    )
+    torch.manual_seed(options.seed)
+    model = MarianMTModel(config)
+    if options.logits_bias:
+        model.final_logits_bias.normal_(0.0, 0.5)
+    # Marian has no <pad> (transformers' conversion added it), and CTranslate2 drops it from the
+    # vocabulary: its softmax has no pad term, transformers' has exp(logit of pad) (ours masks it:
+    # model.convert.marian). In a
+    # real OPUS-MT model that term is negligible (pad's logit is 0, the likely tokens' 10 to 20);
+    # in these tiny ones it is not and would move beam scores, so pad's logit is put out of reach.
+    model.final_logits_bias[0, pad] = -100.0
+    _train(model, corpus, out, vocab, target_vocab, options)
+    model.eval()
+    with torch.no_grad():
+        # As in the real OPUS-MT conversions: Marian has no pad, transformers' conversion added a zero
+        # row for it (training here moved it through the tied output projection). The decoder starts
+        # from it, and CTranslate2 starts from a zero vector instead.
+        for module in {
+            id(m): m for m in (model.model.encoder.embed_tokens, model.model.decoder.embed_tokens)
+        }.values():
+            module.weight[pad].zero_()
+    model.save_pretrained(out)
+    config_file = out / "config.json"  # the Bart-era keys real OPUS-MT configs still carry (all off)
+    config_file.write_text(json.dumps({**json.loads(config_file.read_text()), **OPUS_MT_KEYS}, indent=2))
+    _rewrite_weights(model, out, options)
+    return out
+
+
+def _train(
+    model: Any,  # a MarianMTModel
+    corpus: list[tuple[str, str, str]],
+    out: Path,
+    vocab: dict[str, int],
+    target_vocab: dict[str, int],
+    options: MarianOptions,
+) -> None:
+    """A few hundred Adam steps on the pairs: enough to learn lengths and ending with eos."""
+    if options.steps == 0:
+        return
+    source_sp = spm.SentencePieceProcessor(model_file=str(out / "source.spm"))
+    target_sp = spm.SentencePieceProcessor(model_file=str(out / "target.spm"))
+    unk, pad = vocab["<unk>"], model.config.pad_token_id
+
+    def ids(sp: spm.SentencePieceProcessor, text: str, table: dict[str, int]) -> list[int]:
+        return [table.get(p, unk) for p in sp.Encode(text, out_type=str)][:24] + [0]
+
+    pairs = [
+        (([vocab[f">>{code}<<"]] if code else []) + ids(source_sp, s, vocab), ids(target_sp, t, target_vocab))
+        for code, s, t in corpus
+    ]
+    rng = random.Random(options.seed)
+    optimizer = torch.optim.Adam(model.parameters(), lr=5e-3)
+    model.train()
+    for _ in range(options.steps):
+        batch = rng.sample(pairs, 32)
+        src = _pad([s for s, _ in batch], pad)
+        labels = _pad([t for _, t in batch], -100)  # -100: not in the loss
+        loss = model(input_ids=src, attention_mask=src != pad, labels=labels).loss
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+
+
+def _pad(rows: list[list[int]], value: int) -> torch.Tensor:
+    width = max(map(len, rows))
+    return torch.tensor([row + [value] * (width - len(row)) for row in rows])
+
+
+def _rewrite_weights(model: Any, out: Path, options: MarianOptions) -> None:
+    """Old OPUS-MT checkpoints: the position tables in the weights, or a pickled state dict."""
+    if not options.positions_in_weights and not options.pytorch_bin:
+        return
+    from safetensors.torch import load_file
+
+    state = load_file(str(out / "model.safetensors"))
+    if options.positions_in_weights:
+        table = model.model.encoder.embed_positions.weight.detach().clone()
+        if options.positions_in_weights == "perturbed":
+            table += 0.05 * torch.randn(table.shape, generator=torch.Generator().manual_seed(1))
+        for side in ("encoder", "decoder"):
+            state[f"model.{side}.embed_positions.weight"] = table.clone()
+    if options.pytorch_bin:
+        # Every name of the module, tied ones repeated, as torch.save(model.state_dict()) wrote them.
+        full = {k: v.detach().clone() for k, v in model.state_dict().items()}
+        full.update(state)
+        (out / "model.safetensors").unlink()
+        torch.save(full, out / "pytorch_model.bin")
+    else:
+        save_file(
+            {k: v.contiguous() for k, v in state.items()},
+            str(out / "model.safetensors"),
+            metadata={"format": "pt"},
+        )
