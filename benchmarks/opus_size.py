@@ -1,0 +1,838 @@
+"""Real-size speed: a model of OPUS-MT's size, our server against CTranslate2 at the same precision.
+
+The model (made once, kept in ``--work``): a ``transformers`` MarianMTModel of OPUS-MT's shape
+(6+6 layers, d_model 512, 8 heads, FFN 2048, swish, scaled embeddings, 58,101 pieces: ~74M
+parameters with the embeddings shared and tied) with random weights (seed ``--seed``) and a
+MarianTokenizer whose SentencePiece models are trained on Multi30k's training text (8,000 pieces per
+side, read where they lie), its vocab.json filled up to 58,101 entries with pieces no text produces
+("▁zz12345": the output projection is 512 x 58,101 as in OPUS-MT). ``final_logits_bias[eos]`` is
+-1e4, so neither engine ever ends a sentence early: every output is exactly ``--length`` tokens in
+both (CTranslate2 also gets min_decoding_length = max_decoding_length), and random weights cannot
+make one engine's sentences shorter than the other's. Converted for us by ``model.convert.marian``
+and for CTranslate2 by ``TransformersConverter`` (float32 and int8).
+
+For each precision (float32: our NMT_QUANTIZATION=none against CTranslate2 compute_type float32;
+int8: ours against CTranslate2's int8), ``--runs`` times per beam (greedy and beam 4):
+
+1. CTranslate2 ``translate_batch`` over the first ``--limit`` test_2016 sentences, text to text,
+   ``max_batch_size`` 64, ``max_decoding_length = min_decoding_length = --length`` (which does not
+   count eos), in both thread layouts (2x1: two batches at a time on one thread each; 1x2: one batch
+   on two threads), each in its own process, while the server sits idle; every hypothesis is checked
+   to be ``--length`` tokens;
+2. our server as deployed (``benchmarks.load.serve``: uvicorn, its default two workers of one
+   thread) with NMT_MAX_OUTPUT_TOKENS = NMT_MAX_LENGTH_B = length + 1 (ours counts eos) and
+   NMT_MAX_LENGTH_A = 0: ``wrk`` with ``--connections`` connections for ``--duration`` seconds after
+   ``--warmup``, one sentence per request (``beam_size`` in the body).
+
+Also: the server's start-up (to /health/ready; a cold start compiles the decoding step, a warm one
+loads it from ``--work``/compile) against CTranslate2's ``Translator`` construction; the resident
+memory of the server's processes after warm-up against each CTranslate2 process's; the weights'
+size; and, in a process of its own on one thread (what a server worker has), where a decoding step's
+time goes at 64 rows (the server's running batch: 64 greedy rows or 16 sentences x beam 4) and at
+256 rows (CTranslate2's batch of 64 sentences x beam 4): the output projection (512 x 58,101) alone,
+the token choice over 58,101 logits, the other linear layers, and the whole step. Our library,
+loaded with the server's settings, checks that our outputs are ``--length`` tokens and the same text
+as the server's for a few sentences.
+
+    .venv/bin/python -m benchmarks.opus_size --json benchmarks/results/opus_size.json
+    .venv/bin/python -m benchmarks.opus_size --precisions float32 --profile-steps 0 --runs 3
+
+The first took 20 min on a busy 2-vCPU AVX2 EPYC, two cold compiles of the step included (the
+server's, ~70 s; the int8 step's for the profile); a second run, caches warm, takes less. On a CPU
+without VNNI our server is not run in int8 (``--server-precisions``): its rate is estimated from the
+step's time (``estimated_server``), and the int8 profile times the server's step only, once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import statistics
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, nullcontext
+from dataclasses import asdict, dataclass, field
+from functools import partial
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any
+
+from benchmarks.common import DATA, cpu_busy_seconds
+from benchmarks.load import (
+    Server,
+    cpu_seconds,
+    machine,
+    process_tree,
+    pss_mib,
+    run_wrk,
+    serve,
+    wait_idle,
+    write_bodies,
+)
+from training.data import read_lines
+
+VOCAB = 58101  # OPUS-MT de-en's vocabulary (with <pad> last)
+EOS, UNK, PAD = 0, 1, VOCAB - 1  # Marian's ids: </s> first, <unk> second, <pad> last
+SPM_PIECES = 8000  # per side, at most
+BATCH = 64  # CTranslate2's max_batch_size and the server's running batch (rows)
+PRECISIONS = {"float32": ("none", "float32"), "int8": ("int8", "int8")}  # ours, CTranslate2's
+CHECK_SENTENCES = 4  # compared between the server and the library
+REQUEST_TIMEOUT_S = 600.0
+SETTLE_S = 0.5  # Intel OpenMP threads spin for 200 ms after work: let them sleep between runs
+
+
+# -- the model --------------------------------------------------------------------------------------
+def train_spm(corpus: Path, prefix: Path) -> Path:
+    """A SentencePiece model of ``SPM_PIECES`` pieces trained on ``corpus`` (gzipped, read in place)."""
+    import sentencepiece as spm
+
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(read_lines(corpus)),
+        model_prefix=str(prefix),
+        vocab_size=SPM_PIECES,
+        character_coverage=1.0,
+        hard_vocab_limit=False,  # Multi30k's English has room for ~7,900
+        num_threads=2,
+        minloglevel=2,
+    )
+    return prefix.with_suffix(".model")
+
+
+def make_hf_model(out: Path, data: Path, seed: int) -> Path:
+    """The MarianMTModel and MarianTokenizer of OPUS-MT's size in ``out`` (kept: made once)."""
+    if (out / "config.json").is_file() and (out / "vocab.json").is_file():
+        return out
+    import sentencepiece as spm
+    import torch
+    from transformers import MarianConfig, MarianMTModel, MarianTokenizer
+
+    tmp = Path(tempfile.mkdtemp(prefix="opus-size-", dir=out.parent))
+    models = {
+        side: train_spm(data / f"train.{lang}.gz", tmp / side)
+        for side, lang in (("source", "de"), ("target", "en"))
+    }
+    pieces = ["</s>", "<unk>"]
+    for model in models.values():
+        sp = spm.SentencePieceProcessor(model_file=str(model))
+        pieces += [
+            sp.id_to_piece(i)
+            for i in range(sp.get_piece_size())
+            if not sp.is_control(i) and not sp.is_unknown(i)
+        ]
+    pieces = list(dict.fromkeys(pieces))
+    pieces += [f"▁zz{i:05d}" for i in range(VOCAB - 1 - len(pieces))]  # never produced by a text
+    vocab = {piece: i for i, piece in enumerate([*pieces, "<pad>"])}
+    assert len(vocab) == VOCAB and vocab["</s>"] == EOS and vocab["<unk>"] == UNK and vocab["<pad>"] == PAD
+    (tmp / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False), encoding="utf-8")
+    tokenizer = MarianTokenizer(
+        str(models["source"]),
+        str(models["target"]),
+        str(tmp / "vocab.json"),
+        source_lang="de",
+        target_lang="en",
+    )
+    torch.manual_seed(seed)
+    config = MarianConfig(
+        vocab_size=VOCAB,
+        d_model=512,
+        encoder_layers=6,
+        decoder_layers=6,
+        encoder_attention_heads=8,
+        decoder_attention_heads=8,
+        encoder_ffn_dim=2048,
+        decoder_ffn_dim=2048,
+        activation_function="swish",
+        scale_embedding=True,
+        max_position_embeddings=512,
+        pad_token_id=PAD,
+        decoder_start_token_id=PAD,
+        eos_token_id=EOS,
+        forced_eos_token_id=EOS,
+        share_encoder_decoder_embeddings=True,
+    )
+    model = MarianMTModel(config).eval()
+    with torch.no_grad():  # a weight: no engine ever ends a sentence before its length limit
+        model.final_logits_bias[0, EOS] = -1e4
+    hf = tmp / "hf"
+    model.save_pretrained(hf)
+    tokenizer.save_pretrained(hf)
+    hf.rename(out)
+    for f in tmp.iterdir():
+        f.unlink()
+    tmp.rmdir()
+    return out
+
+
+def parameters(hf_dir: Path) -> int:
+    """Weights of the model, each shared one once (sinusoidal positions not counted)."""
+    from safetensors import safe_open
+
+    total = 0
+    with safe_open(str(hf_dir / "model.safetensors"), "pt") as f:
+        for name in f.keys():  # noqa: SIM118 (a safe_open has no __iter__)
+            if "embed_tokens" in name or "lm_head" in name or "embed_positions" in name:
+                continue
+            n = 1
+            for s in f.get_slice(name).get_shape():
+                n *= s
+            total += n
+    return total
+
+
+def convert_ours(hf_dir: Path, out: Path) -> Path:
+    if (out / "config.json").is_file():
+        return out
+    from model.convert.marian import convert
+
+    return convert(hf_dir, out, source="de", target="en", command="benchmarks.opus_size")
+
+
+def convert_ct2(hf_dir: Path, out: Path, quantization: str) -> Path:
+    if (out / "model.bin").is_file():
+        return out
+    import ctranslate2
+
+    ctranslate2.converters.TransformersConverter(str(hf_dir)).convert(
+        str(out), quantization=quantization, force=True
+    )
+    return out
+
+
+def size_mib(path: Path) -> float:
+    return sum(f.stat().st_size for f in path.iterdir() if f.is_file()) / 2**20
+
+
+# -- memory -----------------------------------------------------------------------------------------
+def status_mib(pid: int, field_name: str) -> float:
+    """A kB field of /proc/PID/status (VmRSS, VmHWM), MiB; 0 when the process is gone."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith(field_name + ":"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return 0.0
+
+
+def server_memory(pid: int) -> dict[str, Any]:
+    """Resident memory of the server's processes: each (its command line shortened), the sum, PSS."""
+    processes = []
+    for p in process_tree(pid):
+        try:
+            cmd = (
+                Path(f"/proc/{p}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+            )
+        except OSError:
+            continue
+        processes.append({"pid": p, "cmd": cmd[:100], "rss_mib": status_mib(p, "VmRSS")})
+    return {
+        "processes": processes,
+        "rss_mib_total": sum(p["rss_mib"] for p in processes),
+        "pss_mib_total": pss_mib(pid),
+    }
+
+
+class Others:
+    """The share of the machine's CPUs that processes other than ours (this one, the server's and
+    CTranslate2's; wrk counts as other) took meanwhile: on a shared machine they slow the engines."""
+
+    def __init__(self, roots: list[int]) -> None:
+        self.roots = roots
+        self.fraction: float | None = None
+
+    def ours(self) -> float:
+        return sum(cpu_seconds(p) for root in self.roots for p in process_tree(root))
+
+    def __enter__(self) -> Others:
+        self.busy, self.own, self.wall = cpu_busy_seconds(), self.ours(), time.perf_counter()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        busy, own = cpu_busy_seconds(), self.ours()
+        if self.busy is not None and busy is not None:
+            capacity = (time.perf_counter() - self.wall) * len(os.sched_getaffinity(0))
+            self.fraction = max(0.0, (busy - self.busy) - (own - self.own)) / capacity
+
+
+# -- CTranslate2, one process per thread layout -----------------------------------------------------
+def ct2_process(conn: Connection, spec: dict[str, Any]) -> None:
+    """Worker: build the Translator (timed), then translate each (texts, beam) it is sent."""
+    import ctranslate2
+    import sentencepiece as spm
+
+    started = time.perf_counter()
+    translator = ctranslate2.Translator(
+        spec["dir"],
+        device="cpu",
+        compute_type=spec["compute_type"],
+        inter_threads=spec["inter"],
+        intra_threads=spec["intra"],
+    )
+    load_s = time.perf_counter() - started
+    source = spm.SentencePieceProcessor(model_file=spec["source_spm"])
+    target = spm.SentencePieceProcessor(model_file=spec["target_spm"])
+    conn.send({"load_s": load_s, "rss_mib": status_mib(os.getpid(), "VmRSS")})
+    length = spec["length"]
+    while (job := conn.recv()) is not None:
+        texts, beam = job
+        started = time.perf_counter()
+        pieces = [p + ["</s>"] for p in source.encode(texts, out_type=str)]  # as MarianTokenizer does
+        results = translator.translate_batch(
+            pieces,
+            max_batch_size=BATCH,
+            beam_size=beam,
+            max_input_length=spec["max_input_length"],
+            max_decoding_length=length,
+            min_decoding_length=length,
+        )
+        hyps = [r.hypotheses[0] for r in results]
+        out = [target.decode_pieces(h) for h in hyps]
+        seconds = time.perf_counter() - started
+        conn.send(
+            {
+                "seconds": seconds,
+                "lengths": sorted({len(h) for h in hyps}),
+                "outputs": len(out),
+                "rss_mib": status_mib(os.getpid(), "VmRSS"),
+                "hwm_mib": status_mib(os.getpid(), "VmHWM"),
+            }
+        )
+
+
+class CT2Worker:
+    def __init__(self, spec: dict[str, Any]) -> None:
+        ctx = mp.get_context("spawn")  # a fresh interpreter: no OpenMP runtime shared with torch
+        self.conn, child = ctx.Pipe()
+        self.process = ctx.Process(target=ct2_process, args=(child, spec), daemon=True)
+        self.process.start()
+        self.started: dict[str, float] = self.conn.recv()
+        self.length = spec["length"]
+        self.last: dict[str, Any] = {}
+
+    def __call__(self, texts: list[str], beam: int) -> float:
+        """Sentences per second over ``texts``; every output checked to be ``length`` tokens."""
+        self.conn.send((texts, beam))
+        self.last = self.conn.recv()
+        if self.last["lengths"] != [self.length]:
+            raise AssertionError(f"CTranslate2 produced lengths {self.last['lengths']}, not {self.length}")
+        time.sleep(SETTLE_S)
+        return float(len(texts) / self.last["seconds"])
+
+    def close(self) -> None:
+        self.conn.send(None)
+        self.process.join(timeout=30)
+
+
+# -- our library: the length check and where a step's time goes -------------------------------------
+def ours_process(conn: Connection, spec: dict[str, Any]) -> None:
+    """Worker on one thread: our outputs for the check sentences, then the step's breakdown."""
+    import torch
+
+    torch.set_num_threads(1)
+    from benchmarks.step import filled_cache, thread_ms
+    from model.decoding.options import DecodeOptions
+    from model.decoding.translator import Translator
+    from model.runtime.runners import load_runner
+    from model.runtime.step import argmax_rows, topk_rows
+
+    length = spec["length"]
+    options = DecodeOptions(max_output_tokens=length + 1, max_length_a=0, max_length_b=length + 1)
+    translator = Translator.load(
+        spec["model"],
+        device="cpu",
+        quantization=spec["quantization"],
+        options=options,
+        capacity=BATCH,
+        max_beam_size=8,  # NMT_MAX_BEAM_SIZE's default: the server's step keeps 16 candidates per row
+        compile=True,
+        cache_dir=Path(spec["cache_dir"]),
+    )
+    check: dict[str, Any] = {}
+    for beam in spec["beams"] if spec["check"] else []:
+        results = translator.translate_batch(spec["check_texts"], beam_size=beam)
+        check[str(beam)] = {
+            "lengths": sorted({len(r.tokens[0]) for r in results}),
+            "texts": [r.hypotheses[0] for r in results],
+        }
+    model = translator.model
+    positions = options.positions(model.cfg.max_positions)
+    sources = translator.source_ids(spec["texts"])
+    breakdown = []
+    # Where int8 is slow (no VNNI) only the server's own step, at its own batch, is timed.
+    configs = [(BATCH, True)] if spec["slow"] else [(BATCH, True), (BATCH, False), (4 * BATCH, False)]
+    with torch.inference_mode():
+        batch = translator.batch(sources[:BATCH])
+        encode_ms = thread_ms(lambda: model.source_kv(model.encode(batch)), 1, spec["repeats"])
+        for rows, compiled in configs:
+            ns = argparse.Namespace(capacity=rows, positions=positions, history=spec["history"])
+            runner = (
+                translator.runner
+                if compiled
+                else load_runner(model, top=16, capacity=rows, positions=positions, compile=False)
+            )
+            srcs = (sources * (rows // len(sources) + 1))[:rows]
+            for beam in (False, True):
+                entry = {
+                    "rows": rows,
+                    "runner": runner.kind,
+                    "candidates_for": "every row (beam)" if beam else "none (greedy)",
+                    "step_ms": step_ms(translator, runner, srcs, beam, ns, spec, thread_ms, filled_cache),
+                }
+                chosen = torch.arange(rows) if beam else torch.zeros(1, dtype=torch.long)
+                entry.update(parts(model, rows, chosen, spec, thread_ms, argmax_rows, topk_rows))
+                breakdown.append(entry)
+    conn.send(
+        {
+            "check": check,
+            "breakdown": breakdown,
+            "encode_64_ms": encode_ms,
+            "quantization": translator.quantization,
+        }
+    )
+
+
+def step_ms(
+    translator: Any,
+    runner: Any,
+    sources: list[list[int]],
+    beam: bool,
+    ns: argparse.Namespace,
+    spec: dict[str, Any],
+    thread_ms: Callable[..., float],
+    filled_cache: Callable[..., Any],
+) -> float:
+    """A whole step (the runner, then the cache's advance) at ``len(sources)`` rows, ms; ``beam``:
+    the candidates of every row asked for (beam search), else none (greedy)."""
+    import torch
+
+    rows = len(sources)
+    cache = filled_cache(translator, runner, sources, ns)
+    tokens = torch.full((rows,), 5, dtype=torch.long)
+    chosen = torch.arange(rows) if beam else torch.zeros(1, dtype=torch.long)
+
+    def step() -> None:
+        cache.advance(runner(tokens, *cache.views(), chosen)[4])
+        cache.lengths[:rows] -= 1  # the same history at every call
+        cache.max_length -= 1
+
+    return thread_ms(step, spec["steps"], spec["repeats"])
+
+
+def parts(
+    model: Any,
+    rows: int,
+    chosen: Any,
+    spec: dict[str, Any],
+    thread_ms: Callable[..., float],
+    argmax_rows: Callable[..., Any],
+    topk_rows: Callable[..., Any],
+) -> dict[str, float]:
+    """The step's pieces timed alone at ``rows`` rows (ms)."""
+    import torch
+
+    d = model.cfg.d_model
+    x, wide = torch.randn(rows, 1, d), torch.randn(rows, 1, model.cfg.d_ff)
+    logits = model._logits(x)[:, 0].contiguous()
+    linears = [
+        (m, wide if m is layer.ff.fc2 else x)
+        for layer in model.decoder
+        for m in (layer.self_attn.qkv, layer.self_attn.out, layer.cross_attn.q, layer.cross_attn.out)
+        + (layer.ff.fc1, layer.ff.fc2)
+    ]
+
+    def choice() -> None:  # DecodeStep's tail: every row's argmax, the candidates of the beam rows
+        argmax_rows(logits, min_rows=0)
+        r = logits.index_select(0, chosen)
+        topk_rows(r, 16)
+        most = r.amax(-1, keepdim=True)
+        torch.log(torch.exp(r - most).sum(-1, keepdim=True))
+
+    def other_linears() -> None:
+        for m, inp in linears:
+            m(inp)
+
+    n, k = spec["steps"], spec["repeats"]
+    return {
+        "output_projection_ms": thread_ms(lambda: model._logits(x), n, k),
+        "choice_ms": thread_ms(choice, n, k),
+        "other_linears_ms": thread_ms(other_linears, n, k),
+    }
+
+
+def run_ours(spec: dict[str, Any]) -> dict[str, Any]:
+    ctx = mp.get_context("spawn")
+    conn, child = ctx.Pipe()
+    process = ctx.Process(target=ours_process, args=(child, spec), daemon=True)
+    process.start()
+    try:
+        result: dict[str, Any] = conn.recv()
+    except EOFError:
+        raise RuntimeError("the profiling process died") from None
+    process.join(timeout=30)
+    return result
+
+
+def post(url: str, body: dict[str, Any]) -> Any:
+    request = urllib.request.Request(
+        url + "/translate", json.dumps(body).encode(), {"Content-Type": "application/json"}
+    )
+    with urllib.request.urlopen(request, timeout=REQUEST_TIMEOUT_S) as response:
+        return json.loads(response.read())
+
+
+# -- the measurement --------------------------------------------------------------------------------
+@dataclass
+class Point:
+    precision: str
+    beam: int
+    run: int
+    server: float | None  # sentences/s (200 answers); None: not run at this precision
+    errors: int
+    latency_ms: dict[str, float]
+    ct2: dict[str, float]  # thread layout -> sentences/s, measured just before
+    other_load: dict[str, float | None]  # share of the CPUs other processes took: in CT2's runs, wrk's
+
+    @property
+    def ratio(self) -> float | None:
+        return None if self.server is None else self.server / max(self.ct2.values())
+
+
+@dataclass
+class Report:
+    points: list[Point] = field(default_factory=list)
+    startup: dict[str, Any] = field(default_factory=dict)
+    memory: dict[str, Any] = field(default_factory=dict)
+    profile: dict[str, Any] = field(default_factory=dict)
+    sizes: dict[str, Any] = field(default_factory=dict)
+
+
+@contextmanager
+def started_server(
+    env: dict[str, str], log: Path, cache_dir: Path, startup: dict[str, Any], precision: str
+) -> Iterator[Server]:
+    """``serve`` until ready, timed; a start that compiled the step (cold) is followed by a second,
+    warm one (what a restart costs), which is the one measured."""
+    for attempt in range(2):
+        before = set(cache_dir.rglob("*.pt2")) if cache_dir.exists() else set()
+        started = time.perf_counter()
+        with serve(env, log) as server:
+            ready = time.perf_counter() - started
+            cold = bool(set(cache_dir.rglob("*.pt2")) - before)
+            startup["server_cold_s" if cold else "server_warm_s"] = ready
+            print(f"[{precision}] server ready in {ready:.1f} s ({'compiled' if cold else 'cached step'})")
+            if cold and attempt == 0:
+                continue
+            yield server
+            return
+
+
+def measure_precision(
+    precision: str, dirs: dict[str, Path], texts: list[str], args: argparse.Namespace, report: Report
+) -> None:
+    quantization, compute_type = PRECISIONS[precision]
+    hf_dir = dirs["hf"]
+    workers: dict[str, CT2Worker] = {}
+    for layout in args.ct2_threads:
+        inter, intra = (int(x) for x in layout.split("x"))
+        spec = {
+            "dir": str(dirs[f"ct2-{precision}"]),
+            "compute_type": compute_type,
+            "inter": inter,
+            "intra": intra,
+            "length": args.length,
+            "max_input_length": 251,  # ours: 250 source tokens and eos (DecodeOptions' default)
+            "source_spm": str(hf_dir / "source.spm"),
+            "target_spm": str(hf_dir / "target.spm"),
+        }
+        workers[layout] = CT2Worker(spec)
+        print(
+            f"[{precision}] CTranslate2 {layout}: Translator in {workers[layout].started['load_s']:.2f} s",
+            flush=True,
+        )
+    cache_dir = args.work / "compile"
+    env = {
+        "NMT_MODEL_DIR": str(dirs["ours"]),
+        "NMT_QUANTIZATION": quantization,
+        "NMT_MAX_OUTPUT_TOKENS": str(args.length + 1),  # ours counts eos, CTranslate2's max does not
+        "NMT_MAX_LENGTH_A": "0",
+        "NMT_MAX_LENGTH_B": str(args.length + 1),
+        "NMT_COMPILE_CACHE_DIR": str(cache_dir),
+        # A request waits for the 63 others before it at 64 connections: at this size that can
+        # take longer than the default 30 s on 2 cores (int8 on AVX2 above all): no 504s.
+        "NMT_REQUEST_TIMEOUT_S": str(REQUEST_TIMEOUT_S),
+    }
+    startup: dict[str, Any] = {"ct2_translator_s": {t: w.started["load_s"] for t, w in workers.items()}}
+    memory: dict[str, Any] = {}
+    server_texts: dict[str, list[str]] = {}
+    with_server = precision in args.server_precisions
+    try:
+        started = started_server(env, args.log_dir / f"{precision}.log", cache_dir, startup, precision)
+        with started if with_server else nullcontext(None) as server:
+            for beam in args.beams:
+                if server is not None:
+                    server_texts[str(beam)] = post(
+                        server.url,
+                        {"q": texts[:CHECK_SENTENCES], "source": "de", "target": "en", "beam_size": beam},
+                    )["translatedText"]
+                bodies = write_bodies(texts, args.log_dir / f"bodies-{beam}.jsonl", beam=beam)
+                for w in workers.values():  # warm-up
+                    w(texts[:BATCH], beam)
+                for run in range(args.runs):
+                    roots = [os.getpid()]  # the server and CTranslate2 are its children
+                    with Others(roots) as ct2_load:
+                        ct2 = {t: w(texts, beam) for t, w in workers.items()}
+                    point = Point(precision, beam, run, None, 0, {}, ct2, {"ct2": ct2_load.fraction})
+                    if server is not None:
+                        wrk = partial(
+                            run_wrk,
+                            server.url,
+                            bodies,
+                            connections=args.connections,
+                            timeout_s=REQUEST_TIMEOUT_S,
+                        )
+                        wrk(duration_s=args.warmup)
+                        if "server" not in memory:
+                            memory["server"] = server_memory(server.process.pid)
+                        with Others(roots) as server_load:
+                            r = wrk(duration_s=args.duration)
+                        wait_idle(server)
+                        point.server = r.answered_per_s
+                        point.errors = r.requests - r.count(200) + sum(r.socket_errors.values())
+                        point.latency_ms = r.latency_ms
+                        point.other_load["server"] = server_load.fraction
+                    report.points.append(point)
+                    print(
+                        f"[{precision}] beam {beam} run {run + 1}: server "
+                        + ("not run" if point.server is None else f"{point.server:.1f}/s")
+                        + ", CT2 "
+                        + ", ".join(f"{t} {v:.1f}" for t, v in ct2.items())
+                        + ("" if point.ratio is None else f" -> {point.ratio:.2f}x (errors {point.errors})")
+                        + "; other processes took "
+                        + ", ".join(f"{k} {v:.0%}" for k, v in point.other_load.items() if v is not None),
+                        flush=True,
+                    )
+            if server is not None:
+                memory["server_after"] = server_memory(server.process.pid)
+        memory["ct2"] = {
+            t: {
+                "rss_mib": w.last["rss_mib"],
+                "hwm_mib": w.last["hwm_mib"],
+                "rss_after_load_mib": w.started["rss_mib"],
+            }
+            for t, w in workers.items()
+        }
+    finally:
+        for w in workers.values():
+            w.close()
+    report.startup[precision] = startup
+    report.memory[precision] = memory
+    if args.profile:
+        print(f"[{precision}] profiling a decoding step (one thread)...", flush=True)
+        slow = precision == "int8" and not fast_int8()
+        result = run_ours(
+            {
+                "model": str(dirs["ours"]),
+                "quantization": quantization,
+                "length": args.length,
+                "cache_dir": str(cache_dir),
+                "beams": args.beams,
+                "check": with_server,
+                "check_texts": texts[:CHECK_SENTENCES],
+                "texts": texts[: 4 * BATCH],
+                "history": 12,
+                "slow": slow,
+                "steps": 1 if slow else args.profile_steps,
+                "repeats": 1 if slow else 5,
+            }
+        )
+        for beam, got in result["check"].items():
+            if got["lengths"] != [args.length]:
+                raise AssertionError(
+                    f"ours (beam {beam}) produced lengths {got['lengths']}, not {args.length}"
+                )
+            if got["texts"] != server_texts.get(beam, got["texts"]):
+                raise AssertionError(f"the server's beam-{beam} translations differ from the library's")
+        estimate = estimated_server(result, args)
+        report.profile[precision] = {
+            "breakdown": result["breakdown"],
+            "encode_64_ms": result["encode_64_ms"],
+            "estimated_server_sentences_per_s": estimate,
+            "checked_sentences": {b: len(texts[:CHECK_SENTENCES]) for b in result["check"]},
+        }
+        print(breakdown_table(result["breakdown"]), flush=True)
+        print(
+            f"[{precision}] encoding 64 sentences: {result['encode_64_ms']:.0f} ms; the server's "
+            f"sentences/s as the step's time implies: {estimate}",
+            flush=True,
+        )
+
+
+def fast_int8() -> bool:
+    """Whether the CPU has VNNI (int8 dot products): without it torch's int8 matrix products
+    (``torch._int_mm``) took ~50x float32's time here (64 x 512 x 2048: 94 ms against 2 ms)."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return "avx512_vnni" in flags or "avx_vnni" in flags or "amx_int8" in flags
+
+
+def estimated_server(result: dict[str, Any], args: argparse.Namespace) -> dict[str, float]:
+    """Sentences/s of the server's workers (one per core, one thread each, 64 rows) if decoding took
+    only what the step and the encoder take alone: length + 1 steps per sentence (ours also runs the
+    step whose only allowed token is eos), all sentences the same length."""
+    workers = len(os.sched_getaffinity(0))
+    steps = {}  # beam -> ms of the server's step (compiled, 64 rows)
+    for e in result["breakdown"]:
+        if e["rows"] == BATCH and e["runner"] != "eager":
+            greedy = e["candidates_for"].startswith("none")
+            steps.update({b: e["step_ms"] for b in args.beams if (b == 1) == greedy})
+    out = {}
+    for beam, ms in steps.items():
+        sentences = BATCH // beam
+        seconds = (result["encode_64_ms"] * sentences / BATCH + (args.length + 1) * ms) / 1000
+        out[str(beam)] = round(workers * sentences / seconds, 2)
+    return out
+
+
+def breakdown_table(entries: list[dict[str, Any]]) -> str:
+    lines = [
+        "| rows | runner | candidates | step ms | output projection ms (share) | choice ms "
+        "| other linears ms | rest ms |",
+        "|---:|---|---|---:|---:|---:|---:|---:|",
+    ]
+    for e in entries:
+        proj, choice, lin, step = (
+            e["output_projection_ms"],
+            e["choice_ms"],
+            e["other_linears_ms"],
+            e["step_ms"],
+        )
+        lines.append(
+            f"| {e['rows']} | {e['runner']} | {e['candidates_for']} | {step:.1f} "
+            f"| {proj:.1f} ({proj / step:.0%}) "
+            f"| {choice:.1f} | {lin:.1f} | {max(0.0, step - proj - choice - lin):.1f} |"
+        )
+    return "\n".join(lines)
+
+
+def markdown(report: Report, length: int) -> str:
+    lines = [
+        "| precision | search | CT2 best sentences/s (tokens/s) | ours sentences/s (tokens/s) "
+        "| ours / CT2 per run | median |",
+        "|---|---|---:|---:|---|---:|",
+    ]
+    for precision, beam in dict.fromkeys((p.precision, p.beam) for p in report.points):
+        ps = [p for p in report.points if (p.precision, p.beam) == (precision, beam)]
+        best = statistics.median(max(p.ct2.values()) for p in ps)
+        measured = [p for p in ps if p.server is not None and p.ratio is not None]
+        estimate = (
+            report.profile.get(precision, {}).get("estimated_server_sentences_per_s", {}).get(str(beam))
+        )
+        if measured:
+            ours = statistics.median(p.server for p in measured if p.server is not None)
+            cells = (
+                f"{ours:.1f} ({ours * length:,.0f})",
+                ", ".join(f"{p.ratio:.2f}" for p in measured if p.ratio is not None),
+                f"**{statistics.median(p.ratio for p in measured if p.ratio is not None):.2f}×**",
+            )
+        elif estimate:
+            cells = (f"~{estimate:.1f} (estimated from the step)", "—", f"~{estimate / best:.2f}× (estimate)")
+        else:
+            cells = ("—", "—", "—")
+        lines.append(
+            f"| {precision} | {'greedy' if beam == 1 else f'beam {beam}'} "
+            f"| {best:.1f} ({best * length:,.0f}) | " + " | ".join(cells) + " |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument(
+        "--work",
+        type=Path,
+        default=Path(tempfile.gettempdir()) / "nmt-opus-size",
+        help="generated models, kept",
+    )
+    p.add_argument(
+        "--data", type=Path, default=DATA, help="Multi30k (train.{de,en}.gz, test_2016_flickr.de.gz)"
+    )
+    p.add_argument("--limit", type=int, default=128, help="first N test_2016 sentences")
+    p.add_argument("--length", type=int, default=24, help="output tokens per sentence, eos not counted")
+    p.add_argument("--precisions", nargs="+", default=list(PRECISIONS), choices=list(PRECISIONS))
+    p.add_argument(
+        "--server-precisions",
+        nargs="+",
+        choices=list(PRECISIONS),
+        help="precisions at which our server is measured with wrk (default: all, but not int8 on a "
+        "CPU without VNNI, where it decodes ~50x slower than float32: its rate is then estimated "
+        "from the step's time)",
+    )
+    p.add_argument("--beams", type=int, nargs="+", default=[1, 4])
+    p.add_argument("--runs", type=int, default=1)
+    p.add_argument("--connections", type=int, default=64)
+    p.add_argument("--duration", type=float, default=20.0, help="measured seconds per wrk point")
+    p.add_argument("--warmup", type=float, default=3.0, help="seconds of load before each point")
+    p.add_argument("--ct2-threads", nargs="+", default=["2x1", "1x2"], help="inter x intra threads")
+    p.add_argument(
+        "--profile-steps", type=int, default=10, help="steps per timing in the breakdown (0: none)"
+    )
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--log-dir", type=Path, default=Path(tempfile.gettempdir()) / "nmt-opus-size-logs")
+    p.add_argument("--json", type=Path)
+    args = p.parse_args(argv)
+    args.profile = args.profile_steps > 0
+    if args.server_precisions is None:
+        args.server_precisions = [x for x in args.precisions if x != "int8" or fast_int8()]
+    args.work.mkdir(parents=True, exist_ok=True)
+    args.log_dir.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    dirs = {"hf": make_hf_model(args.work / "hf", args.data, args.seed)}
+    dirs["ours"] = convert_ours(dirs["hf"], args.work / "ours")
+    for precision in args.precisions:
+        dirs[f"ct2-{precision}"] = convert_ct2(
+            dirs["hf"], args.work / f"ct2-{precision}", PRECISIONS[precision][1]
+        )
+    print(f"models ready in {time.perf_counter() - started:.0f} s", flush=True)
+    texts = read_lines(args.data / "test_2016_flickr.de.gz")[: args.limit]
+    report = Report(sizes={name: round(size_mib(d), 1) for name, d in dirs.items()})
+    for precision in args.precisions:
+        measure_precision(precision, dirs, texts, args, report)
+    print()
+    print(markdown(report, args.length))
+    print(json.dumps({"startup": report.startup, "sizes_mib": report.sizes}, indent=1))
+    if args.json:
+        import ctranslate2
+        import torch
+        import transformers
+
+        data = {
+            "environment": {
+                **machine(),
+                "torch": torch.__version__,
+                "ctranslate2": ctranslate2.__version__,
+                "transformers": transformers.__version__,
+            },
+            "command": " ".join(
+                ["python -m benchmarks.opus_size", *(argv if argv is not None else sys.argv[1:])]
+            ),
+            "settings": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+            "model": {"vocab": VOCAB, "parameters": parameters(dirs["hf"])},
+            "points": [asdict(x) | {"ratio": x.ratio} for x in report.points],
+            "startup": report.startup,
+            "memory": report.memory,
+            "sizes_mib": report.sizes,
+            "profile": report.profile,
+            "wall_s": time.perf_counter() - started,
+        }
+        args.json.write_text(json.dumps(data, indent=2))
+
+
+if __name__ == "__main__":
+    main()
