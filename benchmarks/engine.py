@@ -34,9 +34,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import ctranslate2
 import sacrebleu
 import torch
 
@@ -46,6 +45,9 @@ from model.decoding.translator import Translator
 from model.export_ctranslate2 import export
 from model.tokenizer import Tokenizer
 from training.data import read_lines
+
+if TYPE_CHECKING:  # imported where used: a machine without CTranslate2 can still time our engine
+    import ctranslate2
 
 
 @dataclass
@@ -164,6 +166,8 @@ def build_engine(name: str, spec: dict[str, Any]) -> Engine:
             compile=name == "ours-compiled",  # a step compiled per (beam, batch): minutes the first time
         )
         return ours(translator, spec["max_length"])
+    import ctranslate2
+
     ct2 = ctranslate2.Translator(
         spec["ct2_dir"],
         device="cuda" if spec["device"].startswith("cuda") else "cpu",
@@ -341,6 +345,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> None:
+    import ctranslate2
+
     args = parse_args(argv)
     threads = args.threads or torch.get_num_threads()
     texts, refs = read_lines(args.src)[: args.limit], read_lines(args.ref)[: args.limit]

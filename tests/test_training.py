@@ -85,7 +85,7 @@ def test_export_averages_the_last_checkpoints_and_loads(trained: tuple[TrainResu
     # be compared with itself.
     paths = checkpoint_paths(out)
     assert len(paths) == 3 and info.training["averaged_checkpoints"] == [p.name for p in paths[-2:]]
-    states = [torch.load(p, weights_only=True)["model"] for p in paths]
+    states = [torch.load(p, weights_only=True, map_location="cpu")["model"] for p in paths]
     exported = load_file(str(out / "model" / "model.safetensors"))
     assert exported.keys() == states[-1].keys()
     for k, v in exported.items():
@@ -169,7 +169,8 @@ def test_ddp_two_processes_end_with_identical_weights(corpus: Path, tmp_path: Pa
     assert len(list((tmp_path / "prepared").glob("data-*"))) == 1  # prepared once, read by both ranks
     torch.manual_seed(TrainConfig.load(TINY).train.seed)  # the weights moved away from the shared init
     assert any(
-        not torch.equal(w0[k], v) for k, v in Translator.load(tmp_path / "model").model.state_dict().items()
+        not torch.equal(w0[k], v)
+        for k, v in Translator.load(tmp_path / "model", device="cpu").model.state_dict().items()
     )
 
 

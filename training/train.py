@@ -105,9 +105,17 @@ def setup_distributed(device: str) -> Dist:
     """One process per device under torchrun (it sets WORLD_SIZE/RANK/LOCAL_RANK); else a single process."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank, local = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
-    use_cuda = device == "cuda" or (device == "auto" and torch.cuda.is_available())
-    if device == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("train.device is 'cuda' but CUDA is not available")
+    # One GPU per process on this machine: torchrun says how many processes it started here.
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if device == "cuda" and gpus < local_world:
+        raise ConfigError(
+            f"train.device is 'cuda' but {gpus} GPU(s) are visible for {local_world} process(es) on "
+            "this machine (one GPU per process: torchrun --nproc_per_node at most the GPU count)"
+        )
+    use_cuda = device == "cuda" or (device == "auto" and gpus >= local_world)
+    if device == "auto" and 0 < gpus < local_world and local == 0:
+        print(f"{local_world} processes per machine but {gpus} GPU(s): training on the CPU", file=sys.stderr)
     dev = torch.device(f"cuda:{local}") if use_cuda else torch.device("cpu")
     if use_cuda:
         torch.cuda.set_device(dev)
