@@ -45,7 +45,9 @@ _PLACEHOLDERS = [
     re.compile(r"\{[^{}\s]{0,64}\}"),  # {name}, {0}, {}, {count:>5}
     re.compile(r"(?<!%)%\([^()\s]{1,64}\)[-+#0]*\d*(?:\.\d+)?[diouxXeEfFgGcsr]"),  # %(name)s
     # %s, %d, %1$s, %-5.2f, %lu; not "%%" (a literal percent sign) and not "50% discount".
-    re.compile(r"(?<!%)%(?:\d+\$)?[-+#0]*(?:\d+|\*)?(?:\.(?:\d+|\*))?(?:hh|h|ll|l|L|z|j|t)?[diouxXeEfFgGcsp@]"),
+    re.compile(
+        r"(?<!%)%(?:\d+\$)?[-+#0]*(?:\d+|\*)?(?:\.(?:\d+|\*))?(?:hh|h|ll|l|L|z|j|t)?[diouxXeEfFgGcsp@]"
+    ),
     re.compile(r"(?:\b(?:https?|ftp)://|\bwww\.)[^\s<>\"'`]+", re.IGNORECASE),  # URLs
     re.compile(r"(?<![\w.+-])[\w.+-]+@[\w-]+(?:\.[\w-]+)+"),  # e-mail addresses
     re.compile(r"(?<!\w)\d+(?:[.,:/-]\d+)*(?!\w)"),  # numbers, dates and times as written
