@@ -106,7 +106,9 @@ class Tokenizer:
         ]
 
     # -- terminology: constrained hypotheses ---------------------------------------------------------
-    def decode_spans(self, ids: list[int], spans: Sequence[tuple[int, int, int]], terms: Sequence[str]) -> str:
+    def decode_spans(
+        self, ids: list[int], spans: Sequence[tuple[int, int, int]], terms: Sequence[str]
+    ) -> str:
         """The text of target ``ids`` with each span's text replaced by its term exactly (a term
         with characters the vocabulary lacks still comes out right). ``spans``: (start, end,
         term index), token indices into ``ids``, end exclusive."""

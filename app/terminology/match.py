@@ -13,7 +13,8 @@ Glossary matching rules:
 * **Word boundaries** (Unicode): a match neither starts nor ends inside a word: the character
   before it and the character after it are not letters, digits, combining marks or underscores.
   The rule holds on a side only where the entry's own first (last) character is such a character,
-  so ".NET" or "C++" match as written.
+  so ".NET" or "C++" match as written. A number is one word: "Version 2" does not match in
+  "Version 2.5", nor "1" in "1,000".
 * **Overlaps**: the longest match wins (then the earliest); a glossary entry wins over a
   placeholder of the same span. An entry may match several times in a sentence; of entries with
   the same source, the first is used.
@@ -52,6 +53,9 @@ _PLACEHOLDERS = [
     re.compile(r"(?<![\w.+-])[\w.+-]+@[\w-]+(?:\.[\w-]+)+"),  # e-mail addresses
     re.compile(r"(?<!\w)\d+(?:[.,:/-]\d+)*(?!\w)"),  # numbers, dates and times as written
 ]
+# A digit with a separator and another digit beside it: the match would cut a number ("2" of "2.5").
+_NUMBER_GOES_ON = re.compile(r"[.,:/-]\d")
+_NUMBER_CAME_FROM = re.compile(r"\d[.,:/-]$")
 _URL_TRAILER = ".,;:!?'\"”’»"  # sentence punctuation after a URL is not part of it
 
 
@@ -144,6 +148,10 @@ class Glossary:
         if is_word_char(text[0]) and start > 0 and is_word_char(sentence[start - 1]):
             return
         if is_word_char(text[-1]) and end < len(sentence) and is_word_char(sentence[end]):
+            return
+        if text[-1].isdigit() and _NUMBER_GOES_ON.match(sentence, end):
+            return
+        if text[0].isdigit() and _NUMBER_CAME_FROM.search(sentence, 0, start):
             return
         found.append(Term(start, end, text, variant.entry.target, "glossary"))
 

@@ -1,0 +1,443 @@
+"""Terminology: glossary and placeholder matching (``app.terminology.match``), the constraints the
+service sends to the decoder, the rendering of constrained hypotheses and their offsets, the
+request fields and their limits, and (through a real worker and the tiny model) the translations.
+
+The tests marked "needs the constrained search" check what the decoder guarantees: that a term
+given as a constraint appears in the translation. Those through the API use the tiny random model,
+which produces a term only when the search forces it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fastapi import HTTPException
+from fastapi.testclient import TestClient
+
+from app.served import Rendered, ServedModel
+from app.serving.pipeline import Translation
+from app.serving.protocol import Constraints, Hypotheses, ModelDescription, SentenceJob, Spans
+from app.serving.router import Hop, Route
+from app.serving.scheduler import Scheduler
+from app.terminology.match import Glossary, GlossaryEntry, find_terms, placeholders, resolve
+from app.terminology.service import sentence_terms, text_terminology
+from app.text import split_text
+from model.decoding.constraints import beam_for
+from model.tokenizer import Tokenizer
+from model.translator import Translator
+from tests.test_api import assert_error, best, make_settings, serve, translate
+
+# -- matching -------------------------------------------------------------------------------------
+
+
+def matched(sentence: str, *entries: tuple[str, str], protect: bool = False) -> list[tuple[str, str]]:
+    """(source text, target) of each term found, in order."""
+    glossary = Glossary(GlossaryEntry(s, t) for s, t in entries)
+    return [(t.source, t.target) for t in find_terms(sentence, glossary, protect=protect)]
+
+
+def test_an_entry_matches_its_source_as_written() -> None:
+    assert matched("Die Rechnung kommt.", ("Rechnung", "invoice")) == [("Rechnung", "invoice")]
+    assert matched("Die rechnung kommt.", ("Rechnung", "invoice")) == []  # case-aware
+    assert matched("Ich mag apple pie.", ("Apple", "Apple")) == []
+
+
+def test_a_lower_case_entry_matches_its_capitalised_form_only_as_the_first_word() -> None:
+    entry = ("bitte", "please")
+    assert matched("Bitte kommen Sie.", entry) == [("Bitte", "please")]
+    assert matched('"Bitte", sagte er.', entry) == [("Bitte", "please")]  # after punctuation
+    assert matched("Kommen Sie, Bitte.", entry) == []  # capitalised elsewhere: not this entry
+    assert matched("Kommen Sie, bitte.", entry) == [("bitte", "please")]
+
+
+def test_matches_respect_unicode_word_boundaries() -> None:
+    assert matched("Die Rechnungen kommen.", ("Rechnung", "invoice")) == []
+    assert matched("Die Straßenbahn fährt.", ("Straße", "street")) == []
+    assert matched("Die Straße, bitte.", ("Straße", "street")) == [("Straße", "street")]
+    assert matched("Ein Vorstraße.", ("straße", "street")) == []
+    decomposed = "Cafe\u0301"  # "Café" with a combining accent: the mark is part of the word
+    assert matched(f"Ein {decomposed} hier.", ("Cafe", "coffee")) == []
+    assert matched("Wir nutzen C++ und .NET heute.", ("C++", "C++"), (".NET", ".NET")) == [
+        ("C++", "C++"),
+        (".NET", ".NET"),
+    ]
+
+
+def test_the_longest_match_wins_and_entries_match_several_times() -> None:
+    entries = (("Acme", "ACME"), ("Acme GmbH", "Acme GmbH"))
+    assert matched("Acme GmbH kauft Acme und Acme.", *entries) == [
+        ("Acme GmbH", "Acme GmbH"),
+        ("Acme", "ACME"),
+        ("Acme", "ACME"),
+    ]
+
+
+def test_german_inflection_is_matched_for_the_forms_listed() -> None:
+    forms = (("Rechnung", "invoice"), ("Rechnungen", "invoices"), ("Rechnungsnummer", "invoice number"))
+    assert matched("Rechnungen und die Rechnungsnummer der Rechnung.", *forms) == [
+        ("Rechnungen", "invoices"),
+        ("Rechnungsnummer", "invoice number"),
+        ("Rechnung", "invoice"),
+    ]
+
+
+def test_the_first_entry_of_a_source_wins_and_empty_sources_are_ignored() -> None:
+    assert matched("Der Hund.", ("Hund", "dog"), ("Hund", "hound"), ("", "x")) == [("Hund", "dog")]
+
+
+@pytest.mark.parametrize(
+    "placeholder",
+    [
+        "{name}",
+        "{0}",
+        "{{var}}",
+        "{{ user.name }}",
+        "%s",
+        "%d",
+        "%1$s",
+        "%2$d",
+        "%(name)s",
+        "%.2f",
+        "https://example.com/a/b?c=d&e=f",
+        "http://example.org",
+        "www.example.com/x",
+        "info@example.com",
+        "first.last+tag@mail.example.co.uk",
+        "3.14",
+        "1,000",
+        "2026-11-24",
+        "12:30",
+        "42",
+    ],
+)
+def test_placeholders_are_terms_of_their_own_text(placeholder: str) -> None:
+    sentence = f"Hallo {placeholder} und mehr."
+    assert [(t.source, t.target, t.kind) for t in find_terms(sentence)] == [
+        (placeholder, placeholder, "placeholder")
+    ]
+    term = find_terms(sentence)[0]
+    assert sentence[term.start : term.end] == placeholder
+
+
+@pytest.mark.parametrize(
+    ("sentence", "found"),
+    [("50% Rabatt heute.", ["50"]), ("100%% sicher.", ["100"]), ("Ein mp3 und H2O.", []), ("Nur Text.", [])],
+)
+def test_no_placeholder_where_there_is_none(sentence: str, found: list[str]) -> None:
+    """ "% R" is no format (a space flag is not taken), "%%" is a literal percent sign, and a digit
+    inside a word is no number."""
+    assert [t.source for t in find_terms(sentence)] == found
+
+
+def test_a_url_leaves_the_sentences_punctuation_out() -> None:
+    assert [t.source for t in placeholders("Siehe https://example.com/x.")] == ["https://example.com/x"]
+    wiki = "https://en.wikipedia.org/wiki/Mercury_(planet)"
+    found = resolve(placeholders(f"Siehe ({wiki})."))
+    assert [t.source for t in found if t.source.startswith("http")] == [wiki]
+
+
+def test_a_glossary_entry_wins_over_a_placeholder_of_the_same_span_and_a_longer_one_over_both() -> None:
+    glossary = Glossary([GlossaryEntry("2026", "MMXXVI"), GlossaryEntry("Version 2", "v2")])
+    terms = find_terms("Im Jahr 2026 kam Version 2.5 heraus.", glossary)
+    assert [(t.source, t.target, t.kind) for t in terms] == [
+        ("2026", "MMXXVI", "glossary"),
+        ("2.5", "2.5", "placeholder"),  # "Version 2" would end inside the number
+    ]
+    assert [t.source for t in find_terms("Nur 1,000 Version 2 hier.", glossary)] == ["1,000", "Version 2"]
+
+
+def test_placeholders_are_not_protected_when_asked_not_to() -> None:
+    assert find_terms("Hallo {name}, 3 Hunde.", protect=False) == []
+
+
+# -- the service's side: terms per sentence, offsets in the text ------------------------------------
+
+
+def test_glossary_terms_past_the_sentence_limit_are_a_400_placeholders_fill_what_is_left() -> None:
+    glossary = Glossary([GlossaryEntry("Hund", "dog"), GlossaryEntry("Katze", "cat")])
+    terms = sentence_terms(["Hund 1 Katze 2 3."], glossary, protect=True, limit=3)
+    assert [t.source for t in terms.terms[0]] == ["Hund", "1", "Katze"]
+    with pytest.raises(HTTPException) as refused:
+        sentence_terms(["Hund und Katze."], glossary, protect=True, limit=1)
+    assert refused.value.status_code == 400 and "at most 1" in refused.value.detail
+
+
+def test_offsets_of_placed_terms_are_in_the_whole_texts_translation() -> None:
+    layout = split_text("  Der Hund.\nDie Katze.", "de")
+    glossary = Glossary([GlossaryEntry("Katze", "cat")])
+    terms = sentence_terms(layout.sentences, glossary, protect=False, limit=5)
+    best_texts = ["The dog.", "The cat."]
+    output = layout.join(best_texts)
+    [terminology] = text_terminology([layout], terms, best_texts, [(), ((0, 4, 7),)])
+    assert terminology is not None and not terminology.memory
+    [mark] = terminology.terms
+    assert (mark.source, mark.target) == ("Katze", "cat")
+    assert output[mark.start : mark.end] == "cat"
+
+
+# -- rendering constrained hypotheses ---------------------------------------------------------------
+
+
+def test_decode_spans_writes_each_term_exactly(tokenizer: Tokenizer) -> None:
+    words = tokenizer.encode(["a man plays with the ball"], target=True)[0]
+    term = tokenizer.encode(["{name}"], target=True)[0]  # "{" and "}": not in the vocabulary
+    ids = words[:3] + term + words[3:]
+    spans = [(3, 3 + len(term), 0)]
+    text, placed = tokenizer.place_spans(ids, spans, ["{name}"])
+    assert text == tokenizer.decode_spans(ids, spans, ["{name}"]) == "a man plays {name} with the ball"
+    assert placed == [(12, 18)]
+    assert tokenizer.place_spans(ids, [], []) == (tokenizer.decode([ids])[0], [])
+
+
+def served(model_dir: Path, name: str = "tiny") -> ServedModel:
+    info, tokenizer = ServedModel.open(model_dir)
+    return ServedModel(name, info, tokenizer, ModelDescription("cpu", "float32", "none"))
+
+
+def test_served_model_renders_hypotheses_with_their_spans(model_dir: Path) -> None:
+    model = served(model_dir)
+    [term] = model.constraints(["Gärtner™"])  # one constraint, its target-side ids
+    words = model.tokenizer.encode(["a man plays"], target=True)[0]
+    ids = words + list(term)
+    results: list[Hypotheses] = [[(ids, -1.0), (words, -2.0)], [(words, -1.0)]]
+    spans: list[tuple[Spans, ...]] = [(((len(words), len(ids), 0),), ()), ()]
+    first, second = model.render(results, spans, [["Gärtner™"], []])
+    assert first.texts == ["a man plays Gärtner™", model.texts([[(words, 0.0)]])[0][0]]
+    assert first.placed == ((0, 12, 20),)
+    assert second == Rendered(model.texts([[(words, 0.0)]])[0])
+
+
+class FakeRequest:
+    def __init__(self, results: list[Hypotheses], spans: list[tuple[Spans, ...]]) -> None:
+        self.future: asyncio.Future[list[Hypotheses]] = asyncio.get_running_loop().create_future()
+        self.future.set_result(results)
+        self.spans = spans
+
+
+class FakeScheduler:
+    """Answers each sentence with its constraints' ids appended (as a constrained search would end
+    a hypothesis), and records what it was given."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, list[Constraints] | None]] = []
+
+    def submit(
+        self, sources: list[list[int]], *, model: str, constraints: list[Constraints] | None = None, **_: Any
+    ) -> FakeRequest:
+        self.calls.append((model, constraints))
+        results: list[Hypotheses] = []
+        spans: list[tuple[Spans, ...]] = []
+        for k in range(len(sources)):
+            ids, own = [5, 6], []
+            for c, tokens in enumerate(constraints[k] if constraints else ()):
+                own.append((len(ids), len(ids) + len(tokens), c))
+                ids += tokens
+            results.append([(ids, -1.0)])
+            spans.append((tuple(own),) if constraints else ())
+        return FakeRequest(results, spans)
+
+    def withdraw(self, request: Any) -> None:
+        pass
+
+
+def test_a_pivot_is_constrained_on_its_last_hop_only(model_dir: Path) -> None:
+    first, second = served(model_dir, "fr-en"), served(model_dir, "en-de")
+    # (Both hops are the tiny de->en model: the fake scheduler never runs them.)
+    route = Route("fr", "en", (Hop(first, "fr", "en"), Hop(second, "en", "en")))
+    fake = FakeScheduler()
+
+    async def main() -> list[Rendered]:
+        translation = Translation(
+            fake,  # type: ignore[arg-type]
+            ["Bonjour {name}.", "Rien."],
+            [route, route],
+            beam_size=2,
+            n_best=1,
+            timeout_s=10.0,
+            terms=[["{name}"], []],
+        )
+        return await translation.result()
+
+    rendered = asyncio.run(main())
+    assert [model for model, _ in fake.calls] == ["fr-en", "en-de"]
+    assert fake.calls[0][1] is None  # the first hop: unconstrained
+    assert fake.calls[1][1] == [second.constraints(["{name}"]), ()]
+    assert rendered[0].texts[0].endswith("{name}")
+    start, end = rendered[0].placed[0][1:]
+    assert rendered[0].texts[0][start:end] == "{name}"
+    assert rendered[1].placed == ()
+
+
+# -- through the API --------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def client(model_dir: Path) -> Iterator[TestClient]:
+    with serve(make_settings(model_dir)) as c:
+        yield c
+
+
+@pytest.fixture
+def jobs(monkeypatch: pytest.MonkeyPatch) -> list[SentenceJob]:
+    """Every sentence the scheduler is given during the test, as the workers get it."""
+    given: list[SentenceJob] = []
+    submit = Scheduler.submit
+
+    def spy(self: Scheduler, *args: Any, **kwargs: Any) -> Any:
+        request = submit(self, *args, **kwargs)
+        given.extend(state.job for state in request.sentences)
+        return request
+
+    monkeypatch.setattr(Scheduler, "submit", spy)
+    return given
+
+
+def target_ids(model_dir: Path, *terms: str) -> Constraints:
+    return served(model_dir).constraints(list(terms))
+
+
+def test_glossary_targets_are_sent_as_constraints_with_the_beam_they_need(
+    client: TestClient, jobs: list[SentenceJob], model_dir: Path
+) -> None:
+    glossary = [{"source": "Park", "target": "garden"}, {"source": "Hund", "target": "Hund"}]
+    response = translate(client, q=["Der Hund läuft im Park.", "Eine Katze."], glossary=glossary)
+    assert response.status_code == 200, response.text
+    assert [job.constraints for job in jobs] == [target_ids(model_dir, "Hund", "garden"), ()]
+    assert [job.beam_size for job in jobs] == [beam_for(5, 2), 5]
+
+
+def test_placeholders_are_sent_as_constraints_by_default_and_not_when_turned_off(
+    client: TestClient, jobs: list[SentenceJob], model_dir: Path, translator: Translator
+) -> None:
+    text = "Hallo {name}, %1$s schreibt an info@example.com über https://example.com/x um 3.14 Uhr."
+    assert translate(client, q=text).status_code == 200
+    placeholders_ = ["{name}", "%1$s", "info@example.com", "https://example.com/x", "3.14"]
+    assert jobs[-1].constraints == target_ids(model_dir, *placeholders_)
+    off = translate(client, q=text, protect_placeholders=False).json()
+    assert jobs[-1].constraints == ()
+    assert off == {"translatedText": best(translator, [text])[0]}  # as before terminology
+
+
+def test_an_entry_whose_source_is_absent_changes_nothing(client: TestClient, jobs: list[SentenceJob]) -> None:
+    texts = ["Ein Mann spielt.", "Eine Katze"]
+    without = client.post("/translate", json={"q": texts, "source": "de", "target": "en"})
+    glossary = [{"source": "Rechnung", "target": "invoice"}]
+    with_glossary = translate(client, q=texts, glossary=glossary)
+    assert with_glossary.status_code == 200
+    assert with_glossary.content == without.content  # byte for byte: no terminology field either
+    assert all(job.constraints == () for job in jobs)
+
+
+def test_a_form_carries_the_glossary_as_json_text(
+    client: TestClient, jobs: list[SentenceJob], model_dir: Path
+) -> None:
+    glossary = json.dumps([{"source": "Park", "target": "garden"}])
+    form = {"q": "Ein Mann im Park.", "source": "de", "target": "en", "glossary": glossary}
+    assert client.post("/translate", data=form).status_code == 200
+    assert jobs[-1].constraints == target_ids(model_dir, "garden")
+    bad = client.post("/translate", data={**form, "glossary": "[{"})
+    assert_error(bad, 422, "glossary")
+    off = {**form, "glossary": "[]", "protect_placeholders": "false", "q": "Um 3 Uhr."}
+    assert client.post("/translate", data=off).status_code == 200
+    assert jobs[-1].constraints == ()
+
+
+def test_glossary_limits_are_4xx(client: TestClient) -> None:
+    entry = {"source": "Hund", "target": "dog"}
+    assert_error(translate(client, q="Hund", glossary=[entry] * 1001), 400, "1001 entries", "at most 1000")
+    long = {"source": "H" * 201, "target": "dog"}
+    assert_error(translate(client, q="Hund", glossary=[long]), 400, "201 characters", "at most 200")
+    assert_error(translate(client, q="Hund", glossary=[{"source": " ", "target": "x"}]), 400, "empty")
+    assert_error(translate(client, q="Hund", glossary=[{"source": "Hund"}]), 422, "glossary")
+    assert_error(translate(client, q="Hund", glossary="nope"), 422, "glossary")
+    many = [{"source": f"Wort{i}", "target": f"word{i}"} for i in range(11)]
+    sentence = " ".join(e["source"] for e in many)
+    assert_error(translate(client, q=sentence, glossary=many), 400, "11 glossary terms", "at most 10")
+
+
+def test_a_glossary_with_html_is_refused(client: TestClient) -> None:
+    glossary = [{"source": "Hund", "target": "dog"}]
+    assert_error(translate(client, q="<p>Hund</p>", format="html", glossary=glossary), 400, "html")
+
+
+def test_an_unknown_glossary_id_is_404(client: TestClient) -> None:
+    assert_error(translate(client, q="Hund", glossary_id="nope"), 404, "unknown glossary")
+
+
+class FakeStore:
+    """What /translate asks of the glossary store (``app.state.glossaries``)."""
+
+    def __init__(self, **glossaries: Any) -> None:
+        self.glossaries = glossaries
+        self.asked: list[tuple[str, str]] = []
+
+    def get(self, owner: str, glossary_id: str) -> Any:
+        self.asked.append((owner, glossary_id))
+        return self.glossaries.get(glossary_id)
+
+
+class Stored:
+    def __init__(self, source_lang: str, target_lang: str, *entries: tuple[str, str]) -> None:
+        self.source_lang, self.target_lang = source_lang, target_lang
+        self.entries = tuple(GlossaryEntry(s, t) for s, t in entries)
+
+
+def test_a_stored_glossary_is_used_by_id(
+    client: TestClient, jobs: list[SentenceJob], model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = FakeStore(g1=Stored("de", "en", ("Park", "garden")), g2=Stored("de", "fr", ("Park", "jardin")))
+    monkeypatch.setattr(client.app.state, "glossaries", store, raising=False)  # type: ignore[attr-defined]
+    inline = [{"source": "Park", "target": "lawn"}]
+    assert translate(client, q="Im Park.", glossary_id="g1").status_code == 200
+    assert jobs[-1].constraints == target_ids(model_dir, "garden")
+    assert translate(client, q="Im Park.", glossary_id="g1", glossary=inline).status_code == 200
+    assert jobs[-1].constraints == target_ids(model_dir, "lawn")  # an inline entry wins
+    assert store.asked[0] == ("", "g1")  # no keys: the owner is ""
+    assert_error(translate(client, q="Im Park.", glossary_id="g2"), 400, "target fr")
+    assert_error(translate(client, q="Im Park.", glossary_id="g3"), 404, "unknown glossary")
+
+
+# -- end to end: needs the constrained search (model.decoding) ---------------------------------------
+
+
+def assert_terms(answer: dict[str, Any], *targets: str) -> None:
+    """Every target is in the translation, and ``terminology`` marks each where it is."""
+    text = answer["translatedText"]
+    for target in targets:
+        assert target in text, answer
+    marks = answer["terminology"]["terms"]
+    assert sorted(m["target"] for m in marks) == sorted(targets), answer
+    for mark in marks:
+        assert text[mark["start"] : mark["end"]] == mark["target"], answer
+    assert answer["terminology"]["memory"] is False
+
+
+def test_a_glossary_terms_target_appears_in_the_translation(client: TestClient) -> None:
+    glossary = [{"source": "Park", "target": "garden"}]
+    answer = translate(client, q="Ein Mann spielt im Park.", glossary=glossary)
+    assert answer.status_code == 200
+    assert_terms(answer.json(), "garden")
+
+
+def test_a_do_not_translate_entry_is_kept_verbatim(client: TestClient) -> None:
+    answer = translate(client, q="Der Hund läuft.", glossary=[{"source": "Hund", "target": "Hund"}])
+    assert_terms(answer.json(), "Hund")
+
+
+def test_placeholders_come_back_verbatim(client: TestClient) -> None:
+    text = "Hallo {name}, %1$s schreibt an info@example.com über https://example.com/x um 3.14 Uhr."
+    answer = translate(client, q=text).json()
+    assert_terms(answer, "{name}", "%1$s", "info@example.com", "https://example.com/x", "3.14")
+
+
+def test_terms_of_a_list_are_marked_per_text(client: TestClient) -> None:
+    answer = translate(client, q=["Eine Katze.", "Zwei Hunde.  Um 12:30 im Park."]).json()
+    assert answer["terminology"][0] is None
+    text = answer["translatedText"][1]
+    [mark] = answer["terminology"][1]["terms"]
+    assert text[mark["start"] : mark["end"]] == "12:30"
