@@ -99,6 +99,9 @@ def openapi_body(model: type[BaseModel]) -> dict[str, Any]:
     its two content types), declared for /docs since FastAPI does not see it: ``openapi_extra``."""
     schema = model.model_json_schema()
     form = {"schema": form_schema(schema)}
+    if "glossary" in schema["properties"]:  # a form carries the list as JSON text
+        glossary = {"type": "string", "description": "The glossary's entries as a JSON list"}
+        form["schema"]["properties"]["glossary"] = glossary
     return {
         "requestBody": {
             "required": True,
