@@ -11,22 +11,28 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 from fastapi import HTTPException
 from fastapi.testclient import TestClient
 
 from app.served import Rendered, ServedModel
+from app.serving.executor import Executor
+from app.serving.models import ModelTable
 from app.serving.pipeline import Translation
 from app.serving.protocol import Constraints, Hypotheses, ModelDescription, SentenceJob, Spans
 from app.serving.router import Hop, Route
 from app.serving.scheduler import Scheduler
+from app.serving.worker import HeldJob, Inbox
 from app.terminology.match import Glossary, GlossaryEntry, find_terms, placeholders, resolve
 from app.terminology.service import sentence_terms, text_terminology
 from app.text import split_text
+from model.decoding.batch import RunningBatch, Source
 from model.decoding.constraints import beam_for
 from model.tokenizer import Tokenizer
 from model.translator import Translator
@@ -271,6 +277,60 @@ def test_a_pivot_is_constrained_on_its_last_hop_only(model_dir: Path) -> None:
     start, end = rendered[0].placed[0][1:]
     assert rendered[0].texts[0][start:end] == "{name}"
     assert rendered[1].placed == ()
+
+
+# -- the worker's side -----------------------------------------------------------------------------
+
+
+def decode_in_executor(
+    translator: Translator, constraints: Constraints, monkeypatch: pytest.MonkeyPatch
+) -> tuple[list[Source[Any]], HeldJob, Hypotheses]:
+    """One constrained sentence through a worker's inbox and executor: the sources its running
+    batch was given, the job as the worker holds it, and its n-best."""
+    given: list[Source[Any]] = []
+    add = RunningBatch.add
+
+    def spy(self: RunningBatch[Any], sources: Any) -> None:
+        given.extend(sources)
+        add(self, sources)
+
+    monkeypatch.setattr(RunningBatch, "add", spy)
+    src = translator.source_ids(["Der Hund läuft im Park."])[0]
+    beam = beam_for(2, len(constraints))
+    inbox = Inbox()
+    inbox.add([SentenceJob(1, 0, src, beam, 2, None, time.monotonic(), "m", constraints)])
+    executor = Executor(ModelTable.single(translator, "m"), inbox)
+    with torch.inference_mode():
+        for _ in range(1000):
+            for job, result in executor.iteration():
+                assert isinstance(job, HeldJob) and not isinstance(result, BaseException)
+                return given, job, result
+    raise AssertionError("the executor does not finish")
+
+
+def test_the_executor_passes_constraints_to_the_batch_and_spans_back(
+    translator: Translator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    constraints = translator.tokenizer.encode(["garden", "Hund"], target=True)
+    wanted = tuple(map(tuple, constraints))
+    given, job, nbest = decode_in_executor(translator, wanted, monkeypatch)
+    assert [(s.constraints, s.beam_size) for s in given] == [(wanted, 3)]
+    assert len(job.spans) == len(nbest)  # one per hypothesis, for ``Done.spans``
+    for (tokens, _), spans in zip(nbest, job.spans, strict=True):
+        for start, end, which in spans:
+            assert tuple(tokens[start:end]) == wanted[which]
+
+
+def test_every_hypothesis_realises_every_constraint(
+    translator: Translator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """(Needs the constrained search.)"""
+    wanted = tuple(map(tuple, translator.tokenizer.encode(["garden", "Hund"], target=True)))
+    _, job, nbest = decode_in_executor(translator, wanted, monkeypatch)
+    for (tokens, _), spans in zip(nbest, job.spans, strict=True):
+        assert sorted(which for _, _, which in spans) == [0, 1]
+        for start, end, which in spans:
+            assert tuple(tokens[start:end]) == wanted[which]
 
 
 # -- through the API --------------------------------------------------------------------------------
