@@ -23,6 +23,16 @@ class GlossaryEntryBody(BaseModel):
     target: str
 
 
+def glossary_from_json_text(value: Any) -> Any:
+    """A form carries the glossary as JSON text: ``glossary=[{"source": ..., "target": ...}]``."""
+    if isinstance(value, str):
+        try:
+            return json.loads(value)
+        except (json.JSONDecodeError, RecursionError) as e:
+            raise ValueError(f"glossary is not a JSON list of {{source, target}} entries: {e}") from e
+    return value
+
+
 class TranslateRequest(BaseModel):
     # Unknown fields are ignored, as LibreTranslate does (clients send extras such as "model").
     model_config = ConfigDict(extra="ignore")
@@ -54,16 +64,7 @@ class TranslateRequest(BaseModel):
         ),
     )
 
-    @field_validator("glossary", mode="before")
-    @classmethod
-    def glossary_from_json_text(cls, value: Any) -> Any:
-        """A form carries the glossary as JSON text: ``glossary=[{"source": ..., "target": ...}]``."""
-        if isinstance(value, str):
-            try:
-                return json.loads(value)
-            except (json.JSONDecodeError, RecursionError) as e:
-                raise ValueError(f"glossary is not a JSON list of {{source, target}} entries: {e}") from e
-        return value
+    _glossary = field_validator("glossary", mode="before")(glossary_from_json_text)
 
     @field_validator("alternatives", "beam_size", mode="before")
     @classmethod

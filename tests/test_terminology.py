@@ -407,6 +407,22 @@ def test_a_form_carries_the_glossary_as_json_text(
     assert jobs[-1].constraints == ()
 
 
+def test_a_file_takes_a_glossary_and_protects_its_placeholders(
+    client: TestClient, jobs: list[SentenceJob], model_dir: Path
+) -> None:
+    glossary = json.dumps([{"source": "Park", "target": "garden"}])
+    form = {"source": "de", "target": "en", "glossary": glossary}
+    text = b"Ein Mann im Park.\nUm 3 Uhr."
+    response = client.post("/translate_file", data=form, files={"file": ("a.txt", text)})
+    assert response.status_code == 200, response.text
+    assert [job.constraints for job in jobs] == [target_ids(model_dir, "garden"), target_ids(model_dir, "3")]
+    plain = {"source": "de", "target": "en", "protect_placeholders": "false"}
+    assert client.post("/translate_file", data=plain, files={"file": ("a.txt", text)}).status_code == 200
+    assert [job.constraints for job in jobs[2:]] == [(), ()]
+    bad = client.post("/translate_file", data={**form, "glossary": "{"}, files={"file": ("a.txt", text)})
+    assert_error(bad, 422, "glossary")
+
+
 def test_glossary_limits_are_4xx(client: TestClient) -> None:
     entry = {"source": "Hund", "target": "dog"}
     assert_error(translate(client, q="Hund", glossary=[entry] * 1001), 400, "1001 entries", "at most 1000")

@@ -2,9 +2,10 @@
 checked against the limits; each sentence's terms (``match``), whose targets the decoder is given
 as constraints; and the response's ``terminology``: where each term is in the translated text.
 
-HTML (``format: "html"``) is left as it was: a glossary with it is refused (400) and placeholders
-are not protected in it, because a term's offsets in the translated markup would have to survive
-the placement of inline tags and escaping; there, ``translate="no"`` keeps a term.
+HTML text (``format: "html"`` of /translate) is left as it was: a glossary with it is refused
+(400) and placeholders are not protected in it, because a term's offsets in the translated markup
+would have to survive the placement of inline tags and escaping; there, ``translate="no"`` keeps a
+term. /translate_file has no offsets to give: its documents (.html included) take both.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from fastapi import HTTPException, Request
 
 from app.config import Settings
 from app.key_limits import LEASE_KEY
-from app.schemas import Terminology, TermMark, TranslateRequest
+from app.schemas import GlossaryEntryBody, Terminology, TermMark
 from app.terminology.match import Glossary, GlossaryEntry, Term, find_terms
 from app.text import SplitText
 
@@ -72,12 +73,21 @@ def check_entries(entries: Sequence[GlossaryEntry], settings: Settings) -> None:
             )
 
 
-def request_glossary(request: Request, req: TranslateRequest, settings: Settings) -> Glossary | None:
+class TerminologyFields(Protocol):
+    """A request's terminology fields (``TranslateRequest``, the /translate_file form)."""
+
+    source: str
+    target: str
+    glossary: list[GlossaryEntryBody] | None
+    glossary_id: str | None
+
+
+def request_glossary(request: Request, req: TerminologyFields, settings: Settings) -> Glossary | None:
     """The request's glossary: its inline entries, then the stored glossary's (an inline entry
     wins over a stored one of the same source); None without either."""
     if req.glossary is None and req.glossary_id is None:
         return None
-    if req.format == "html":
+    if getattr(req, "format", "text") == "html":
         raise HTTPException(400, 'a glossary is not supported with format "html" (use format "text")')
     entries = [GlossaryEntry(e.source, e.target) for e in req.glossary or ()]
     check_entries(entries, settings)
