@@ -478,6 +478,15 @@ def test_a_stored_glossary_is_used_by_id(
     assert_error(translate(client, q="Im Park.", glossary_id="g3"), 404, "unknown glossary")
 
 
+def test_a_stored_glossary_is_the_api_keys_own(model_dir: Path) -> None:
+    store = FakeStore(g1=Stored("de", "en", ("Park", "garden")))
+    with serve(make_settings(model_dir, api_keys="k1,k2", warmup=False)) as keyed:
+        keyed.app.state.glossaries = store  # type: ignore[attr-defined]
+        body = {"q": "Im Park.", "source": "de", "target": "en", "glossary_id": "g1", "api_key": "k2"}
+        assert keyed.post("/translate", json=body).status_code == 200
+    assert store.asked == [("key2", "g1")]  # NMT_API_KEYS' second key is named key2
+
+
 # -- end to end: needs the constrained search (model.decoding) ---------------------------------------
 
 
