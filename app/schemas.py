@@ -19,8 +19,9 @@ class GlossaryEntryBody(BaseModel):
 
     model_config = ConfigDict(extra="ignore")
 
-    source: str
-    target: str
+    # Not empty (422); one of spaces only is ignored (``app.terminology.service``).
+    source: str = Field(min_length=1)
+    target: str = Field(min_length=1)
 
 
 def glossary_from_json_text(value: Any) -> Any:
@@ -52,7 +53,7 @@ class TranslateRequest(BaseModel):
         None,
         description=(
             "Terms the translation must use (extension): [{source, target}], a do-not-translate "
-            "term has target == source. In a form: the list as JSON text. Not with format html"
+            "term has target == source. In a form: the list as JSON text"
         ),
     )
     glossary_id: str | None = Field(None, description="A stored glossary's id (extension; POST /glossaries)")
@@ -60,7 +61,7 @@ class TranslateRequest(BaseModel):
         True,
         description=(
             "Keep {name}, {{var}}, %s, %1$s, %(name)s, URLs, e-mail addresses and numbers verbatim "
-            "(extension; format text)"
+            "(extension)"
         ),
     )
 

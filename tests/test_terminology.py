@@ -277,17 +277,34 @@ def test_glossary_limits_are_4xx(client: TestClient) -> None:
     assert_error(translate(client, q="Hund", glossary=[entry] * 1001), 400, "1001 entries", "at most 1000")
     long = {"source": "H" * 201, "target": "dog"}
     assert_error(translate(client, q="Hund", glossary=[long]), 400, "201 characters", "at most 200")
-    assert_error(translate(client, q="Hund", glossary=[{"source": " ", "target": "x"}]), 400, "empty")
+    assert_error(translate(client, q="Hund", glossary=[{"source": "", "target": "x"}]), 422, "glossary")
     assert_error(translate(client, q="Hund", glossary=[{"source": "Hund"}]), 422, "glossary")
     assert_error(translate(client, q="Hund", glossary="nope"), 422, "glossary")
     many = [{"source": f"Wort{i}", "target": f"word{i}"} for i in range(11)]
     sentence = " ".join(e["source"] for e in many)
-    assert_error(translate(client, q=sentence, glossary=many), 400, "11 glossary terms", "at most 10")
+    assert_error(translate(client, q=sentence, glossary=many), 413, "11 glossary terms", "at most 10")
 
 
-def test_a_glossary_with_html_is_refused(client: TestClient) -> None:
-    glossary = [{"source": "Hund", "target": "dog"}]
-    assert_error(translate(client, q="<p>Hund</p>", format="html", glossary=glossary), 400, "html")
+def test_html_sentences_take_the_glossary_and_placeholders(
+    client: TestClient, jobs: list[SentenceJob], model_dir: Path
+) -> None:
+    glossary = [{"source": "Park", "target": "garden"}]
+    html = "<p>Ein <b>Mann</b> im Park.</p><p>Um 3 Uhr.</p>"
+    assert translate(client, q=html, format="html", glossary=glossary).status_code == 200
+    assert [job.constraints for job in jobs] == [target_ids(model_dir, "garden"), target_ids(model_dir, "3")]
+
+
+def test_the_served_document_states_the_glossary_limits(client: TestClient) -> None:
+    body = client.get("/openapi.json").json()["paths"]["/translate"]["post"]["requestBody"]["content"]
+    [listed] = [
+        kind
+        for kind in body["application/json"]["schema"]["properties"]["glossary"]["anyOf"]
+        if kind["type"] == "array"
+    ]
+    assert listed["maxItems"] == 1000
+    assert listed["items"]["properties"]["source"]["maxLength"] == 200
+    assert "glossary" not in body["application/x-www-form-urlencoded"]["schema"]["properties"]  # JSON text
+    assert "404" in client.get("/openapi.json").json()["paths"]["/translate"]["post"]["responses"]
 
 
 def test_an_unknown_glossary_id_is_404(client: TestClient) -> None:
@@ -367,6 +384,13 @@ def test_placeholders_come_back_verbatim(client: TestClient) -> None:
     text = "Hallo {name}, %1$s schreibt an info@example.com über https://example.com/x um 3.14 Uhr."
     answer = translate(client, q=text).json()
     assert_terms(answer, "{name}", "%1$s", "info@example.com", "https://example.com/x", "3.14")
+
+
+def test_terms_in_html_are_marked_in_the_markup(client: TestClient) -> None:
+    glossary = [{"source": "Park", "target": "AT&T"}]
+    answer = translate(client, q="<p>Ein <b>Mann</b> im Park.</p>", format="html", glossary=glossary).json()
+    [mark] = answer["terminology"]["terms"]
+    assert answer["translatedText"][mark["start"] : mark["end"]] == "AT&amp;T"
 
 
 def test_terms_of_a_list_are_marked_per_text(client: TestClient) -> None:

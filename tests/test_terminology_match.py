@@ -65,8 +65,9 @@ def test_german_inflection_is_matched_for_the_forms_listed() -> None:
     ]
 
 
-def test_the_first_entry_of_a_source_wins_and_empty_sources_are_ignored() -> None:
-    assert matched("Der Hund.", ("Hund", "dog"), ("Hund", "hound"), ("", "x")) == [("Hund", "dog")]
+def test_the_first_entry_of_a_source_wins_and_blank_terms_are_ignored() -> None:
+    entries = (("Hund", "dog"), ("Hund", "hound"), ("", "x"), (" ", "x"), ("Der", " "))
+    assert matched("Der Hund.", *entries) == [("Hund", "dog")]
 
 
 @pytest.mark.parametrize(
@@ -143,7 +144,23 @@ def test_glossary_terms_past_the_sentence_limit_are_a_400_placeholders_fill_what
     assert [t.source for t in terms.terms[0]] == ["Hund", "1", "Katze"]
     with pytest.raises(HTTPException) as refused:
         sentence_terms(["Hund und Katze."], glossary, protect=True, limit=1)
-    assert refused.value.status_code == 400 and "at most 1" in refused.value.detail
+    assert refused.value.status_code == 413 and "at most 1" in refused.value.detail
+
+
+def test_offsets_in_html_are_into_the_markup_where_the_term_is_written_escaped() -> None:
+    from app.formats import parse
+
+    layout = parse("<p>Ein <b>Hund</b>.</p><p>AT&amp;T ruft.</p>", "html").split("de")
+    glossary = Glossary([GlossaryEntry("Hund", "dog"), GlossaryEntry("AT&T", "AT&T")])
+    terms = sentence_terms(layout.sentences, glossary, protect=False, limit=5)
+    best_texts = ["A dog.", "AT&T calls."]
+    output = layout.join(best_texts)
+    [terminology] = text_terminology([layout], terms, best_texts, [((0, 2, 5),), ((0, 0, 4),)], [output])
+    assert terminology is not None
+    assert [(m.target, output[m.start : m.end]) for m in terminology.terms] == [
+        ("dog", "dog"),
+        ("AT&T", "AT&amp;T"),
+    ]
 
 
 def test_offsets_of_placed_terms_are_in_the_whole_texts_translation() -> None:
@@ -152,7 +169,7 @@ def test_offsets_of_placed_terms_are_in_the_whole_texts_translation() -> None:
     terms = sentence_terms(layout.sentences, glossary, protect=False, limit=5)
     best_texts = ["The dog.", "The cat."]
     output = layout.join(best_texts)
-    [terminology] = text_terminology([layout], terms, best_texts, [(), ((0, 4, 7),)])
+    [terminology] = text_terminology([layout], terms, best_texts, [(), ((0, 4, 7),)], [output])
     assert terminology is not None and not terminology.memory
     [mark] = terminology.terms
     assert (mark.source, mark.target) == ("Katze", "cat")

@@ -95,7 +95,6 @@ _OPENAPI_BODY = {
                         "source": {"type": "string", "default": "auto"},
                         "target": {"type": "string"},
                         "api_key": {"type": "string"},
-                        "glossary": {"type": "string", "description": "[{source, target}] as JSON text"},
                         "glossary_id": {"type": "string"},
                         "protect_placeholders": {"type": "boolean", "default": True},
                     },
@@ -117,7 +116,9 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
         403: "Missing or invalid api_key (when the server requires keys)",
         408: "The upload did not arrive within its time",
         413: "A file over NMT_MAX_FILE_BYTES, or over another of the file limits (text, sentences, "
-        "a .docx's files, inflated size or XML elements, HTML depth, time or memory to read it)",
+        "a .docx's files, inflated size or XML elements, HTML depth, time or memory to read it), "
+        "or a sentence with more glossary terms than NMT_MAX_TERMS_PER_SENTENCE",
+        404: "glossary_id names no glossary of this API key",
         422: "A field of the wrong type; a file with a DTD or XML entities, or NUL characters",
         429: "Over a limit of the api_key (see Retry-After)",
         503: "Queue full, too many files in progress or waiting for download (see Retry-After), not ready",

@@ -57,8 +57,10 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
     code: {"model": ErrorResponse, "description": text}
     for code, text in {
         403: "Missing or invalid api_key (when the server requires keys)",
+        404: "glossary_id names no glossary of this API key",
         408: "The request body did not arrive within 10 s",
-        413: "Too many texts, characters, sentences or too large a body",
+        413: "Too many texts, characters, sentences or too large a body; a sentence with more "
+        "glossary terms than NMT_MAX_TERMS_PER_SENTENCE",
         429: "Over a limit of the api_key (see Retry-After)",
         503: "Every queue full (see Retry-After), engine stopped, or model not loaded yet",
         504: "The translation did not finish within the request timeout",
@@ -70,7 +72,7 @@ _ERRORS[400] = {
         'A parameter missing ("Invalid request: missing q parameter": q or target absent or null, '
         'source or target empty), an unsupported language ("zz is not supported", with supportedPairs) '
         "or pair, as LibreTranslate words them; too large a beam size or too many alternatives; "
-        "invalid UTF-8 or HTML"
+        "invalid UTF-8 or HTML; a glossary past its limits, or a stored one for another pair"
     ),
 }
 _ERRORS[422] = {
@@ -94,14 +96,32 @@ def form_schema(schema: dict[str, Any]) -> dict[str, Any]:
     return {**schema, "properties": properties}
 
 
+def inline_refs(schema: dict[str, Any]) -> dict[str, Any]:
+    """``schema`` with its ``$defs`` written in place of their ``$ref``s: a body given through
+    ``openapi_extra`` sits inside the OpenAPI document, where "#/$defs/..." would point nowhere."""
+    defs = schema.get("$defs", {})
+
+    def resolve(node: Any) -> Any:
+        if isinstance(node, dict):
+            ref = node.get("$ref", "")
+            if ref.startswith("#/$defs/"):
+                return resolve(defs[ref.removeprefix("#/$defs/")])
+            return {k: resolve(v) for k, v in node.items() if k != "$defs"}
+        if isinstance(node, list):
+            return [resolve(v) for v in node]
+        return node
+
+    return resolve(schema)  # type: ignore[no-any-return]
+
+
 def openapi_body(model: type[BaseModel]) -> dict[str, Any]:
     """The request body of an operation whose body app.body parses (JSON, or a form in either of
     its two content types), declared for /docs since FastAPI does not see it: ``openapi_extra``."""
-    schema = model.model_json_schema()
+    schema = inline_refs(model.model_json_schema())
     form = {"schema": form_schema(schema)}
-    if "glossary" in schema["properties"]:  # a form carries the list as JSON text
-        glossary = {"type": "string", "description": "The glossary's entries as a JSON list"}
-        form["schema"]["properties"]["glossary"] = glossary
+    # A form carries the glossary as JSON text, which no JSON Schema keyword can describe (any
+    # other string is a 422): the form's schema leaves it out; its JSON description says how.
+    form["schema"]["properties"].pop("glossary", None)
     return {
         "requestBody": {
             "required": True,
@@ -141,6 +161,11 @@ def document_served(
         next((kind for kind in beam.get("anyOf", ()) if kind.get("type") == "integer"), beam)["maximum"] = (
             settings.max_beam_size
         )
+        for kind in fields.get("glossary", {}).get("anyOf", ()):
+            if kind["type"] == "array":
+                kind["maxItems"] = settings.max_glossary_entries
+                for term in kind["items"]["properties"].values():
+                    term["maxLength"] = settings.max_term_chars
     return document
 
 
@@ -397,13 +422,17 @@ def build_response(
 
 
 def marks(
-    layouts: Sequence[Layout], terms: SentenceTerms, results: Sequence[SentenceResult]
+    layouts: Sequence[Layout],
+    terms: SentenceTerms,
+    results: Sequence[SentenceResult],
+    outputs: Sequence[Sequence[str]],
 ) -> list[Terminology | None] | None:
     """Each text's terminology, where its sentences had terms (else None: no field at all)."""
     if not terms:
         return None
     best = [hypothesis(r, 0) for r in results]
-    return text_terminology(layouts, terms, best, [r.placed for r in results])
+    placed = [r.placed for r in results]
+    return text_terminology(layouts, terms, best, placed, [texts[0] for texts in outputs])
 
 
 @router.post(
@@ -444,8 +473,8 @@ async def translate(
         for layout, language in zip(layouts, languages, strict=True)
         for _ in layout.sentences
     ]
-    protect = req.protect_placeholders and req.format == "text"
-    terms = sentence_terms(sentences, glossary, protect=protect, limit=settings.max_terms_per_sentence)
+    limit = settings.max_terms_per_sentence
+    terms = sentence_terms(sentences, glossary, protect=req.protect_placeholders, limit=limit)
     results = await translate_sentences(
         request,
         sentences,
@@ -457,9 +486,8 @@ async def translate(
     )
     if results is None:
         return Response(status_code=CLIENT_CLOSED_REQUEST)
-    body = build_response(
-        req, assemble(layouts, results, plan.n_best), detected, marks(layouts, terms, results)
-    )
+    outputs = assemble(layouts, results, plan.n_best)
+    body = build_response(req, outputs, detected, marks(layouts, terms, results, outputs))
     # The response as JSON here: FastAPI then skips validating it against the response model again
     # (the model still documents it in OpenAPI).
     return Response(body.model_dump_json(exclude_none=True), media_type="application/json")

@@ -17,7 +17,7 @@ Glossary matching rules:
   "Version 2.5", nor "1" in "1,000".
 * **Overlaps**: the longest match wins (then the earliest); a glossary entry wins over a
   placeholder of the same span. An entry may match several times in a sentence; of entries with
-  the same source, the first is used.
+  the same source, the first is used; one with a blank source or target is ignored.
 * **Inflection**: no stemming. German forms are matched only as listed: give each form its own
   entry ("Rechnung" and "Rechnungen", both to "invoice" or each to its own target).
 
@@ -98,7 +98,9 @@ class Glossary:
         self.entries: list[GlossaryEntry] = []
         seen: set[str] = set()
         for entry in entries:
-            if entry.source and entry.source not in seen:  # the first of one source wins
+            if not entry.source.strip() or not entry.target.strip():
+                continue  # a blank term matches nothing that means anything, nor says what to write
+            if entry.source not in seen:  # the first of one source wins
                 seen.add(entry.source)
                 self.entries.append(entry)
         self._by_word: dict[str, list[_Variant]] = {}

@@ -2,10 +2,9 @@
 checked against the limits; each sentence's terms (``match``), whose targets the decoder is given
 as constraints; and the response's ``terminology``: where each term is in the translated text.
 
-HTML text (``format: "html"`` of /translate) is left as it was: a glossary with it is refused
-(400) and placeholders are not protected in it, because a term's offsets in the translated markup
-would have to survive the placement of inline tags and escaping; there, ``translate="no"`` keeps a
-term. /translate_file has no offsets to give: its documents (.html included) take both.
+HTML (``format: "html"``) takes both too: its sentences are text. A term's offsets are then into
+the translated markup, where the term is written escaped (``&amp;``); a term that an inline tag
+placed inside it cuts (``app.formats.inline`` places tags by word counts) is not marked.
 """
 
 from __future__ import annotations
@@ -58,14 +57,12 @@ def check_pair(found: Any, source: str, target: str) -> None:
 
 
 def check_entries(entries: Sequence[GlossaryEntry], settings: Settings) -> None:
-    """400 for an inline glossary past the limits, or with an empty source or target."""
+    """400 for an inline glossary past the limits (also stated in the served OpenAPI document)."""
     if len(entries) > settings.max_glossary_entries:
         raise HTTPException(
             400, f"glossary has {len(entries)} entries (at most {settings.max_glossary_entries} per request)"
         )
     for n, entry in enumerate(entries, 1):
-        if not entry.source.strip() or not entry.target.strip():
-            raise HTTPException(400, f"glossary entry {n}: source and target must not be empty")
         longest = max(len(entry.source), len(entry.target))
         if longest > settings.max_term_chars:
             raise HTTPException(
@@ -87,8 +84,6 @@ def request_glossary(request: Request, req: TerminologyFields, settings: Setting
     wins over a stored one of the same source); None without either."""
     if req.glossary is None and req.glossary_id is None:
         return None
-    if getattr(req, "format", "text") == "html":
-        raise HTTPException(400, 'a glossary is not supported with format "html" (use format "text")')
     entries = [GlossaryEntry(e.source, e.target) for e in req.glossary or ()]
     check_entries(entries, settings)
     if req.glossary_id is not None:
@@ -116,15 +111,15 @@ def sentence_terms(
     sentences: Sequence[str], glossary: Glossary | None, *, protect: bool, limit: int
 ) -> SentenceTerms:
     """Each sentence's terms. Each one raises the sentence's beam, so at most ``limit``: more
-    glossary matches than that are a 400; placeholders fill what the glossary leaves, in order
-    (the ones past it are translated as the model likes)."""
+    glossary matches than that are a 413 (too large, as too many sentences are); placeholders fill
+    what the glossary leaves, in order (the ones past it are translated as the model likes)."""
     found: list[list[Term]] = []
     for n, sentence in enumerate(sentences, 1):
         terms = find_terms(sentence, glossary, protect=protect) if sentence.strip() else []
         chosen = [t for t in terms if t.kind == "glossary"]
         if len(chosen) > limit:
             raise HTTPException(
-                400, f"sentence {n} has {len(chosen)} glossary terms (at most {limit} per sentence)"
+                413, f"sentence {n} has {len(chosen)} glossary terms (at most {limit} per sentence)"
             )
         room = limit - len(chosen)
         chosen += [t for t in terms if t.kind == "placeholder"][:room]
@@ -137,25 +132,34 @@ def text_terminology(
     terms: SentenceTerms,
     best: Sequence[str],
     placed: Sequence[Sequence[tuple[int, int, int]]],
+    outputs: Sequence[str],
 ) -> list[Terminology | None]:
     """Each text's terminology (None where no term was placed): each term placed in a sentence's
     best translation (``placed``: (term index, start, end) in ``best``), at its offset in the
-    text's translation, which ``SplitText.join`` makes of separators and sentences in turn."""
+    text's translation (``outputs``). Plain text: ``SplitText.join`` makes it of separators and
+    sentences in turn. HTML: the term as the markup writes it, found in order."""
     out: list[Terminology | None] = []
     k = 0  # the first sentence of the text
-    for layout in layouts:
+    for layout, output in zip(layouts, outputs, strict=True):
         n = len(layout.sentences)
         marks: list[TermMark] = []
-        if isinstance(layout, SplitText):
-            offset = len(layout.separators[0])
-            for j in range(n):
-                for index, start, end in placed[k + j]:
-                    term = terms.terms[k + j][index]
-                    marks.append(
-                        TermMark(
-                            source=term.source, target=term.target, start=offset + start, end=offset + end
-                        )
-                    )
+        plain = isinstance(layout, SplitText)
+        offset = len(layout.separators[0]) if plain else 0
+        for j in range(n):
+            for index, start, _ in sorted(placed[k + j], key=lambda p: p[1]):
+                term = terms.terms[k + j][index]
+                if plain:
+                    at, written = offset + start, term.target
+                else:
+                    written = layout.escape(term.target)
+                    at = output.find(written, offset)
+                    if at < 0:
+                        continue
+                    offset = at + len(written)
+                if output[at : at + len(written)] == written:  # (else not where we reckoned: no mark)
+                    mark = TermMark(source=term.source, target=term.target, start=at, end=at + len(written))
+                    marks.append(mark)
+            if plain:
                 offset += len(best[k + j]) + len(layout.separators[j + 1])
         out.append(Terminology(memory=False, terms=marks) if marks else None)
         k += n
