@@ -24,7 +24,7 @@ from app.served import Rendered, ServedModel
 from app.serving.executor import Executor
 from app.serving.models import ModelTable
 from app.serving.pipeline import Translation
-from app.serving.protocol import Constraints, Hypotheses, ModelDescription, SentenceJob, Spans
+from app.serving.protocol import Answers, Constraints, Done, Hypotheses, ModelDescription, SentenceJob, Spans
 from app.serving.router import Hop, Route
 from app.serving.scheduler import Scheduler
 from app.serving.worker import HeldJob, Inbox
@@ -126,6 +126,34 @@ def test_a_pivot_is_constrained_on_its_last_hop_only(model_dir: Path) -> None:
     start, end = rendered[0].placed[0][1:]
     assert rendered[0].texts[0][start:end] == "{name}"
     assert rendered[1].placed == ()
+
+
+# -- the scheduler --------------------------------------------------------------------------------
+
+
+def test_the_scheduler_gives_a_constrained_sentence_its_beam_and_keeps_its_spans() -> None:
+    from tests.test_scheduler import FakeWorker, scheduler
+
+    async def main() -> None:
+        worker = FakeWorker("w")
+        sched = scheduler([worker], max_batch_size=8)
+        await sched.start()
+        constraints: list[Constraints] = [((7, 8), (9,)), ()]
+        request = sched.submit([[5, 2], [6, 2]], beam_size=1, n_best=1, constraints=constraints)
+        given = worker.given()
+        assert [(job.constraints, job.beam_size) for job in given] == [(constraints[0], 3), ((), 1)]
+        assert sum(state.rows for state in sched.workers) == 4  # the rows of the beams they need
+        spans: tuple[Spans, ...] = (((0, 2, 0), (2, 3, 1)),)
+        del worker.pending[given[0].id], worker.pending[given[1].id]
+        done = (Done(given[0].id, [([7, 8, 9], -1.0)], spans), Done(given[1].id, [([4], -1.0)]))
+        sched.on_message(worker, Answers(done))
+        assert await request.future == [[([7, 8, 9], -1.0)], [([4], -1.0)]]
+        assert request.spans == [spans, ()]
+        with pytest.raises(ValueError, match="constraint lists"):
+            sched.submit([[5, 2]], beam_size=1, n_best=1, constraints=[(), ()])
+        sched.stop()
+
+    asyncio.run(main())
 
 
 # -- the worker's side -----------------------------------------------------------------------------
