@@ -117,6 +117,12 @@ class Settings(BaseSettings):
     default_beam_size: PositiveInt = 5
     max_beam_size: PositiveInt = 8
     max_alternatives: Annotated[int, Field(ge=0)] = 3
+    # Terminology (app.terminology): entries of a request's inline glossary, characters of a term
+    # (source or target), and terms decoded as constraints in one sentence (each one more raises
+    # that sentence's beam: ``model.decoding.constraints.beam_for``).
+    max_glossary_entries: PositiveInt = 1000
+    max_term_chars: PositiveInt = 200
+    max_terms_per_sentence: PositiveInt = 10
     length_penalty: Annotated[float, Field(ge=0)] = _DECODE.length_penalty
     max_input_tokens: PositiveInt = _DECODE.max_input_tokens  # longer sentences are truncated
     max_length_a: Annotated[float, Field(ge=0)] = _DECODE.max_length_a

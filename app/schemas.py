@@ -1,14 +1,37 @@
 """Request and response bodies, compatible with LibreTranslate's ``/translate`` and ``/languages``.
 
 LibreTranslate clients (browser extensions, CAT tools, bots) work unchanged: same field names, same
-response shapes, errors as ``{"error": "message"}``. ``beam_size`` is our own optional extension.
+response shapes, errors as ``{"error": "message"}``. ``beam_size`` and terminology (``glossary``,
+``glossary_id``, ``protect_placeholders``; ``terminology`` in the response) are our own optional
+extensions: a request without them is answered as LibreTranslate's is.
 """
 
 from __future__ import annotations
 
+import json
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+
+class GlossaryEntryBody(BaseModel):
+    """A glossary entry: ``source`` is translated as ``target`` (equal: left untranslated)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    # Not empty (422); one of spaces only is ignored (``app.terminology.service``).
+    source: str = Field(min_length=1)
+    target: str = Field(min_length=1)
+
+
+def glossary_from_json_text(value: Any) -> Any:
+    """A form carries the glossary as JSON text: ``glossary=[{"source": ..., "target": ...}]``."""
+    if isinstance(value, str):
+        try:
+            return json.loads(value)
+        except (json.JSONDecodeError, RecursionError) as e:
+            raise ValueError(f"glossary is not a JSON list of {{source, target}} entries: {e}") from e
+    return value
 
 
 class TranslateRequest(BaseModel):
@@ -26,6 +49,23 @@ class TranslateRequest(BaseModel):
     alternatives: int = Field(0, ge=0, description="Number of alternative translations to return")
     api_key: str | None = None
     beam_size: int | None = Field(None, ge=1, description="Beam size (extension; default from settings)")
+    glossary: list[GlossaryEntryBody] | None = Field(
+        None,
+        description=(
+            "Terms the translation must use (extension): [{source, target}], a do-not-translate "
+            "term has target == source. In a form: the list as JSON text"
+        ),
+    )
+    glossary_id: str | None = Field(None, description="A stored glossary's id (extension; POST /glossaries)")
+    protect_placeholders: bool = Field(
+        True,
+        description=(
+            "Keep {name}, {{var}}, %s, %1$s, %(name)s, URLs, e-mail addresses and numbers verbatim "
+            "(extension)"
+        ),
+    )
+
+    _glossary = field_validator("glossary", mode="before")(glossary_from_json_text)
 
     @field_validator("alternatives", "beam_size", mode="before")
     @classmethod
@@ -84,12 +124,28 @@ class DefaultLanguages(BaseModel):
     target: LanguageName
 
 
+class TermMark(BaseModel):
+    """A term a glossary or placeholder decided: ``translatedText[start:end] == target``."""
+
+    source: str = Field(description="As it is in the source text")
+    target: str
+    start: int = Field(description="Character offset into the text's translatedText")
+    end: int = Field(description="End offset, exclusive")
+
+
+class Terminology(BaseModel):
+    memory: bool = Field(description="The translation came from a translation memory")
+    terms: list[TermMark]
+
+
 class TranslateResponse(BaseModel):
     """Mirrors the shape of ``q``: a string in, strings out; a list in, lists out."""
 
     translatedText: str | list[str]  # LibreTranslate's camelCase field names
     alternatives: list[str] | list[list[str]] | None = None  # present only when asked for
     detectedLanguage: DetectedLanguage | list[DetectedLanguage] | None = None
+    # Only when terminology decided something (per text of a list: null where nothing was).
+    terminology: Terminology | list[Terminology | None] | None = None
 
     def to_json(self) -> dict[str, Any]:
         return self.model_dump(exclude_none=True)

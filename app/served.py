@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from app.serving.protocol import Hypotheses, ModelDescription
+from app.serving.protocol import Constraints, Hypotheses, ModelDescription, Spans
 from model.decoding.options import DecodeOptions
 from model.directory import CONFIG_FILE, ModelDirError, ModelInfo, read_info_and_tokenizer, source_prefix
 from model.tokenizer import Tokenizer
@@ -46,6 +46,15 @@ def model_names(dirs: Sequence[Path]) -> list[str]:
     return [f"{n}#{i}" if shared[n] > 1 else n for i, n in enumerate(names)]
 
 
+@dataclass(frozen=True)
+class Rendered:
+    """A sentence's n-best texts, and where its terms were put in the best one: (term index,
+    start, end), character offsets into ``texts[0]`` (none without terms)."""
+
+    texts: list[str]
+    placed: tuple[tuple[int, int, int], ...] = ()
+
+
 @dataclass(frozen=True, eq=False)
 class ServedModel:
     name: str  # unique among the served models (``model_names``): never its full path
@@ -75,6 +84,39 @@ class ServedModel:
             eos=self.info.config.eos_id,
             source_eos=self.info.config.source_eos,
         )
+
+    def constraints(self, terms: Sequence[str]) -> Constraints:
+        """Each term's target-side token ids: what the decoder must produce for it."""
+        return tuple(map(tuple, self.tokenizer.encode(list(terms), target=True))) if terms else ()
+
+    def render(
+        self,
+        results: list[Hypotheses],
+        spans: Sequence[tuple[Spans, ...]] = (),
+        terms: Sequence[Sequence[str]] = (),
+    ) -> list[Rendered]:
+        """Each sentence's n-best texts, with each constraint's tokens written as its term exactly
+        (``Tokenizer.place_spans``) where ``spans`` (each hypothesis's, per sentence) says where
+        the search realised ``terms`` (per sentence); those without, as ``texts``."""
+        plain = self.texts(results)
+        out = []
+        for i, texts in enumerate(plain):
+            own = spans[i] if i < len(spans) else ()
+            if not own or not terms or not terms[i]:
+                out.append(Rendered(texts))
+                continue
+            rendered: list[str] = []
+            placed: tuple[tuple[int, int, int], ...] = ()
+            for k, (tokens, _) in enumerate(results[i]):
+                hyp_spans = own[k] if k < len(own) else ()
+                text, where = self.tokenizer.place_spans(tokens, hyp_spans, terms[i])
+                rendered.append(text)
+                if k == 0:
+                    placed = tuple(
+                        (span[2], *at) for span, at in zip(hyp_spans, where, strict=True) if at is not None
+                    )
+            out.append(Rendered(rendered, placed))
+        return out
 
     def texts(self, results: list[Hypotheses]) -> list[list[str]]:
         """The n-best texts of each sentence's hypotheses."""

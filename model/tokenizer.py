@@ -105,6 +105,54 @@ class Tokenizer:
             str(self.target_sp.DecodePieces([vocab[i] for i in seq if i not in skip])).strip() for seq in ids
         ]
 
+    # -- terminology: constrained hypotheses ---------------------------------------------------------
+    def decode_spans(
+        self, ids: list[int], spans: Sequence[tuple[int, int, int]], terms: Sequence[str]
+    ) -> str:
+        """The text of target ``ids`` with each span's text replaced by its term exactly (a term
+        with characters the vocabulary lacks still comes out right). ``spans``: (start, end,
+        term index), token indices into ``ids``, end exclusive."""
+        return self.place_spans(ids, spans, terms)[0]
+
+    def place_spans(
+        self, ids: list[int], spans: Sequence[tuple[int, int, int]], terms: Sequence[str]
+    ) -> tuple[str, list[tuple[int, int] | None]]:
+        """``decode_spans``' text, and where each span's term lies in it: (start, end) character
+        offsets, one per span in ``spans``' order (None for one that could not be placed).
+
+        A span's text is cut from the whole decoded text (so the words around it read as they
+        would without it) at the lengths of the decoded prefixes before and after it; the
+        whitespace at its edges (a piece's word-initial space) stays outside the term."""
+        text = self.decode([ids])[0]
+        placed: list[tuple[int, int] | None] = [None] * len(spans)
+        out: list[str] = []
+        length = cursor = 0  # characters of ``out``; of ``text`` consumed
+        for i in sorted(range(len(spans)), key=lambda i: spans[i][0]):
+            start, end, which = spans[i]
+            before, through = self.decode([ids[:start], ids[:end]])
+            if text.startswith(through) and through.startswith(before):
+                a, b = len(before), len(through)
+            else:  # a prefix that decodes otherwise inside the whole (not seen with SentencePiece)
+                own = self.decode([ids[start:end]])[0].strip()
+                a = text.find(own, cursor) if own else -1
+                if a < 0:
+                    continue
+                b = a + len(own)
+            while a < b and text[a].isspace():
+                a += 1
+            while b > a and text[b - 1].isspace():
+                b -= 1
+            if a < cursor:
+                continue  # overlaps the span before: not placed
+            term = terms[which]
+            out += [text[cursor:a], term]
+            length += a - cursor
+            placed[i] = (length, length + len(term))
+            length += len(term)
+            cursor = b
+        out.append(text[cursor:])
+        return "".join(out), placed
+
     def pieces(self, ids: list[int], *, source: bool = False) -> list[str]:
         """The pieces of target ids (of source ids with ``source``)."""
         if not self.mapped:

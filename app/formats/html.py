@@ -347,6 +347,10 @@ class HtmlText:
         out.append(self._escape(text[cursor:]))
         return "".join(out)
 
+    def escape(self, text: str) -> str:
+        """``text`` as ``join`` writes it in the markup (where to find a term in the output)."""
+        return self._escape(text)
+
     def _escape(self, text: str) -> str:
         entities = self.document.entities
         out = []

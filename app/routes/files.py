@@ -22,7 +22,7 @@ from typing import Annotated, Any
 from urllib.parse import quote
 
 from fastapi import APIRouter, Depends, HTTPException, Request, Response
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 from starlette.datastructures import UploadFile
 
 from app.body import MULTIPART, media_type, read_within, replayed, validate_request
@@ -44,10 +44,18 @@ from app.routes.translate import (
     source_language,
     translate_sentences,
 )
-from app.schemas import BadRequestResponse, ErrorResponse, TranslateFileResponse, ValidationErrorResponse
+from app.schemas import (
+    BadRequestResponse,
+    ErrorResponse,
+    GlossaryEntryBody,
+    TranslateFileResponse,
+    ValidationErrorResponse,
+    glossary_from_json_text,
+)
 from app.served import ServedModel
 from app.serving.router import Route, Router
 from app.serving.scheduler import Scheduler
+from app.terminology.service import SentenceTerms, request_glossary, sentence_terms
 
 router = APIRouter(tags=["files"])
 
@@ -66,6 +74,12 @@ class TranslateFileForm(BaseModel):
     source: str = Field("auto", description='Source language code, or "auto"')
     target: str = Field(description="Target language code")  # "": missing (check_languages)
     api_key: str | None = None
+    # Terminology, as /translate takes it (the glossary as JSON text).
+    glossary: list[GlossaryEntryBody] | None = None
+    glossary_id: str | None = None
+    protect_placeholders: bool = True
+
+    _glossary = field_validator("glossary", mode="before")(glossary_from_json_text)
 
 
 _FORM = TranslateFileForm.model_json_schema()
@@ -81,6 +95,8 @@ _OPENAPI_BODY = {
                         "source": {"type": "string", "default": "auto"},
                         "target": {"type": "string"},
                         "api_key": {"type": "string"},
+                        "glossary_id": {"type": "string"},
+                        "protect_placeholders": {"type": "boolean", "default": True},
                     },
                     "required": ["file", *_FORM["required"]],
                 }
@@ -100,7 +116,9 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
         403: "Missing or invalid api_key (when the server requires keys)",
         408: "The upload did not arrive within its time",
         413: "A file over NMT_MAX_FILE_BYTES, or over another of the file limits (text, sentences, "
-        "a .docx's files, inflated size or XML elements, HTML depth, time or memory to read it)",
+        "a .docx's files, inflated size or XML elements, HTML depth, time or memory to read it), "
+        "or a sentence with more glossary terms than NMT_MAX_TERMS_PER_SENTENCE",
+        404: "glossary_id names no glossary of this API key",
         422: "A field of the wrong type; a file with a DTD or XML entities, or NUL characters",
         429: "Over a limit of the api_key (see Retry-After)",
         503: "Queue full, too many files in progress or waiting for download (see Retry-After), not ready",
@@ -204,16 +222,19 @@ async def translate_document(
     route: Route[ServedModel],
     scheduler: Scheduler,
     settings: Settings,
+    terms: SentenceTerms | None = None,
 ) -> list[str] | None:
-    """Each sentence's best translation, a chunk at a time; None if the client went away."""
+    """Each sentence's best translation, a chunk at a time; None if the client went away.
+    ``terms``: each sentence's (terminology)."""
     plan = SearchPlan(beam_size=settings.default_beam_size, n_best=1)
     chunk = max(1, min(CHUNK_SENTENCES, settings.max_queue // 2))
     out: list[str] = []
     for start in range(0, len(sentences), chunk):
         part = list(sentences[start : start + chunk])
         routes = [route] * len(part)
+        targets = terms.targets[start : start + chunk] if terms else None
         results = await translate_sentences(
-            request, part, routes, scheduler, plan, settings.request_timeout_s
+            request, part, routes, scheduler, plan, settings.request_timeout_s, targets
         )
         if results is None:
             return None
@@ -261,6 +282,7 @@ async def translate_upload(
         kind = shorten(extension(name) or name)
         raise HTTPException(400, f"unsupported file format {kind}; supported: {', '.join(SUPPORTED)}")
     candidates = check_languages(form.source, form.target, router)
+    glossary = request_glossary(request, form, settings)
 
     def language(sample: str) -> str:
         if form.source.lower() == AUTO:
@@ -273,7 +295,9 @@ async def translate_upload(
         raise document_error(e) from e
     charge_key(request, document.chars)
     route = route_of(router, document.language, form.target)
-    translations = await translate_document(request, document.sentences, route, scheduler, settings)
+    limit = settings.max_terms_per_sentence
+    terms = sentence_terms(document.sentences, glossary, protect=form.protect_placeholders, limit=limit)
+    translations = await translate_document(request, document.sentences, route, scheduler, settings, terms)
     if translations is None:
         return Response(status_code=CLIENT_CLOSED_REQUEST)
     try:

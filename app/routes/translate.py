@@ -4,7 +4,8 @@ Each text is split into sentences (app.formats) and tokenized here; the sentence
 go to the workers of the model that serves its pair (``app.serving.router``; two models one after
 the other for a pair served through English, ``app.serving.pipeline``), where they share batches
 with each other and with other requests, and their translations are put back into each text's
-layout.
+layout. Terminology (``app.terminology.service``): each sentence's glossary terms and placeholders
+are given to the decoder as constraints, and the response says where they are.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from app.schemas import (
     BadRequestResponse,
     DetectedLanguage,
     ErrorResponse,
+    Terminology,
     TranslateRequest,
     TranslateResponse,
     ValidationErrorResponse,
@@ -42,6 +44,7 @@ from app.serving.pipeline import Translation
 from app.serving.router import Route, Router
 from app.serving.scheduler import Scheduler
 from app.shedding import RETRY_AFTER_S, passed
+from app.terminology.service import SentenceTerms, request_glossary, sentence_terms, text_terminology
 
 T = TypeVar("T")
 
@@ -54,8 +57,10 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
     code: {"model": ErrorResponse, "description": text}
     for code, text in {
         403: "Missing or invalid api_key (when the server requires keys)",
+        404: "glossary_id names no glossary of this API key",
         408: "The request body did not arrive within 10 s",
-        413: "Too many texts, characters, sentences or too large a body",
+        413: "Too many texts, characters, sentences or too large a body; a sentence with more "
+        "glossary terms than NMT_MAX_TERMS_PER_SENTENCE",
         429: "Over a limit of the api_key (see Retry-After)",
         503: "Every queue full (see Retry-After), engine stopped, or model not loaded yet",
         504: "The translation did not finish within the request timeout",
@@ -67,7 +72,7 @@ _ERRORS[400] = {
         'A parameter missing ("Invalid request: missing q parameter": q or target absent or null, '
         'source or target empty), an unsupported language ("zz is not supported", with supportedPairs) '
         "or pair, as LibreTranslate words them; too large a beam size or too many alternatives; "
-        "invalid UTF-8 or HTML"
+        "invalid UTF-8 or HTML; a glossary past its limits, or a stored one for another pair"
     ),
 }
 _ERRORS[422] = {
@@ -91,11 +96,32 @@ def form_schema(schema: dict[str, Any]) -> dict[str, Any]:
     return {**schema, "properties": properties}
 
 
+def inline_refs(schema: dict[str, Any]) -> dict[str, Any]:
+    """``schema`` with its ``$defs`` written in place of their ``$ref``s: a body given through
+    ``openapi_extra`` sits inside the OpenAPI document, where "#/$defs/..." would point nowhere."""
+    defs = schema.get("$defs", {})
+
+    def resolve(node: Any) -> Any:
+        if isinstance(node, dict):
+            ref = node.get("$ref", "")
+            if ref.startswith("#/$defs/"):
+                return resolve(defs[ref.removeprefix("#/$defs/")])
+            return {k: resolve(v) for k, v in node.items() if k != "$defs"}
+        if isinstance(node, list):
+            return [resolve(v) for v in node]
+        return node
+
+    return resolve(schema)  # type: ignore[no-any-return]
+
+
 def openapi_body(model: type[BaseModel]) -> dict[str, Any]:
     """The request body of an operation whose body app.body parses (JSON, or a form in either of
     its two content types), declared for /docs since FastAPI does not see it: ``openapi_extra``."""
-    schema = model.model_json_schema()
+    schema = inline_refs(model.model_json_schema())
     form = {"schema": form_schema(schema)}
+    # A form carries the glossary as JSON text, which no JSON Schema keyword can describe (any
+    # other string is a 422): the form's schema leaves it out; its JSON description says how.
+    form["schema"]["properties"].pop("glossary", None)
     return {
         "requestBody": {
             "required": True,
@@ -135,6 +161,11 @@ def document_served(
         next((kind for kind in beam.get("anyOf", ()) if kind.get("type") == "integer"), beam)["maximum"] = (
             settings.max_beam_size
         )
+        for kind in fields.get("glossary", {}).get("anyOf", ()):
+            if kind["type"] == "array":
+                kind["maxItems"] = settings.max_glossary_entries
+                for term in kind["items"]["properties"].values():
+                    term["maxLength"] = settings.max_term_chars
     return document
 
 
@@ -147,6 +178,7 @@ class SearchPlan:
 @dataclass(frozen=True)
 class SentenceResult:
     hypotheses: list[str]  # n-best translations, best first
+    placed: tuple[tuple[int, int, int], ...] = ()  # its terms in hypotheses[0]: (term, start, end)
 
 
 def clip(value: str, limit: int = 32) -> str:
@@ -179,7 +211,8 @@ def is_utf8(value: str) -> bool:
 
 
 def check_encodable(req: TranslateRequest) -> None:
-    fields = [*req.texts, req.source, req.target, req.api_key or ""]
+    fields = [*req.texts, req.source, req.target, req.api_key or "", req.glossary_id or ""]
+    fields += [text for entry in req.glossary or () for text in (entry.source, entry.target)]
     if not all(map(is_utf8, fields)):
         raise HTTPException(400, "invalid text: unpaired surrogate (not representable in UTF-8)")
 
@@ -299,10 +332,11 @@ async def translate_sentences(
     scheduler: Scheduler,
     plan: SearchPlan,
     timeout_s: float,
+    terms: Sequence[Sequence[str]] | None = None,
 ) -> list[SentenceResult] | None:
     """Each sentence's n-best translations along its route (blank sentences give "" without model
     work), or None if the client went away first (its sentences are then withdrawn from the
-    workers)."""
+    workers). ``terms``: each sentence's target strings its translation must contain."""
     todo = [i for i, s in enumerate(sentences) if s.strip()]
     results = [SentenceResult([""] * plan.n_best)] * len(sentences)
     passed(request.scope)  # admission counts its sentences now
@@ -316,6 +350,7 @@ async def translate_sentences(
             beam_size=plan.beam_size,
             n_best=plan.n_best,
             timeout_s=timeout_s,
+            terms=[terms[i] for i in todo] if terms else None,
         )
     except EngineError as e:
         raise engine_error(e) from e
@@ -329,8 +364,8 @@ async def translate_sentences(
         translation.withdraw()
     if not finished or found is None:
         return None
-    for i, texts in zip(todo, found, strict=True):
-        results[i] = SentenceResult(texts)
+    for i, rendered in zip(todo, found, strict=True):
+        results[i] = SentenceResult(rendered.texts, rendered.placed)
     return results
 
 
@@ -363,18 +398,41 @@ def assemble(layouts: Sequence[Layout], results: Sequence[SentenceResult], n_bes
 
 
 def build_response(
-    req: TranslateRequest, outputs: list[list[str]], detected: list[DetectedLanguage] | None
+    req: TranslateRequest,
+    outputs: list[list[str]],
+    detected: list[DetectedLanguage] | None,
+    terminology: list[Terminology | None] | None = None,
 ) -> TranslateResponse:
-    """``detected``: each text's detected language when the source was "auto", else None."""
+    """``detected``: each text's detected language when the source was "auto", else None;
+    ``terminology``: each text's, present only when some text has one."""
     best = [texts[0] for texts in outputs]
     alternatives = [texts[1:] for texts in outputs] if req.alternatives else None
+    if terminology is not None and not any(terminology):
+        terminology = None
     if req.is_batch:
-        return TranslateResponse(translatedText=best, alternatives=alternatives, detectedLanguage=detected)
+        return TranslateResponse(
+            translatedText=best, alternatives=alternatives, detectedLanguage=detected, terminology=terminology
+        )
     return TranslateResponse(
         translatedText=best[0],
         alternatives=alternatives[0] if alternatives else None,
         detectedLanguage=detected[0] if detected else None,
+        terminology=terminology[0] if terminology else None,
     )
+
+
+def marks(
+    layouts: Sequence[Layout],
+    terms: SentenceTerms,
+    results: Sequence[SentenceResult],
+    outputs: Sequence[Sequence[str]],
+) -> list[Terminology | None] | None:
+    """Each text's terminology, where its sentences had terms (else None: no field at all)."""
+    if not terms:
+        return None
+    best = [hypothesis(r, 0) for r in results]
+    placed = [r.placed for r in results]
+    return text_terminology(layouts, terms, best, placed, [texts[0] for texts in outputs])
 
 
 @router.post(
@@ -401,6 +459,7 @@ async def translate(
     )
     candidates = check_languages(req.source, req.target, router)
     plan = search_plan(req, settings)
+    glossary = request_glossary(request, req, settings)
 
     documents = parse_texts(texts, req.format)
     detected = None
@@ -414,12 +473,21 @@ async def translate(
         for layout, language in zip(layouts, languages, strict=True)
         for _ in layout.sentences
     ]
+    limit = settings.max_terms_per_sentence
+    terms = sentence_terms(sentences, glossary, protect=req.protect_placeholders, limit=limit)
     results = await translate_sentences(
-        request, sentences, routes, scheduler, plan, settings.request_timeout_s
+        request,
+        sentences,
+        routes,
+        scheduler,
+        plan,
+        settings.request_timeout_s,
+        terms.targets if terms else None,
     )
     if results is None:
         return Response(status_code=CLIENT_CLOSED_REQUEST)
-    body = build_response(req, assemble(layouts, results, plan.n_best), detected)
+    outputs = assemble(layouts, results, plan.n_best)
+    body = build_response(req, outputs, detected, marks(layouts, terms, results, outputs))
     # The response as JSON here: FastAPI then skips validating it against the response model again
     # (the model still documents it in OpenAPI).
     return Response(body.model_dump_json(exclude_none=True), media_type="application/json")

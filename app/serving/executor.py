@@ -30,6 +30,7 @@ from typing import Protocol
 from app.config import Settings
 from app.metrics import Metrics
 from app.serving.models import LoadedModel, ModelTable
+from app.serving.protocol import Spans
 from app.serving.scheduler import Hypotheses
 from model.decoding.batch import JOIN_RATIO, JOIN_WAIT_STEPS, RunningBatch, Source
 from model.decoding.search import Hypothesis
@@ -48,6 +49,8 @@ class Job(Protocol):
     beam_size: int
     n_best: int
     enqueued: float  # time.monotonic() when the service admitted it
+    constraints: tuple[tuple[int, ...], ...]  # target id sequences its translation must contain
+    spans: tuple[Spans, ...]  # set when it finishes: each hypothesis's constraint spans
 
     def expired(self, now: float) -> bool: ...  # cancelled, or past its deadline
 
@@ -210,7 +213,7 @@ class Executor:
             self._gauge(lane)
             return []
         rows = run.rows
-        outcomes: list[Outcome] = [(job, self._finish(hyps, lane)) for job, hyps in run.step()]
+        outcomes: list[Outcome] = [(job, self._finish(job, hyps, lane)) for job, hyps in run.step()]
         if lane.metrics is not None:
             lane.metrics.batch_size.observe(rows)
             lane.metrics.decode_steps.inc()
@@ -257,7 +260,7 @@ class Executor:
             for job in jobs:
                 lane.metrics.queue_wait.observe(now - job.enqueued)
             lane.metrics.input_tokens.inc(sum(len(j.src) for j in jobs))
-        lane.running.add([Source(job, job.src, job.beam_size, job.n_best) for job in jobs])
+        lane.running.add([Source(job, job.src, job.beam_size, job.n_best, job.constraints) for job in jobs])
 
     def _drop_expired(self, lane: Lane) -> None:
         """Remove jobs whose request was cancelled or whose deadline passed from the running batch."""
@@ -268,8 +271,11 @@ class Executor:
         if dropped and lane.metrics is not None:
             lane.metrics.sentences.labels("abandoned").inc(len(dropped))
 
-    def _finish(self, hyps: list[Hypothesis], lane: Lane) -> Hypotheses:
+    def _finish(self, job: Job, hyps: list[Hypothesis], lane: Lane) -> Hypotheses:
         if lane.metrics is not None:
             lane.metrics.generated_tokens.inc(len(hyps[0].tokens) + 1 if hyps else 0)
             lane.metrics.sentences.labels("translated").inc()
+        if job.constraints:
+            # (getattr: ``Hypothesis.spans`` comes with the constrained search; none before it.)
+            job.spans = tuple(tuple(getattr(h, "spans", ())) for h in hyps)
         return [(h.tokens, h.score) for h in hyps]

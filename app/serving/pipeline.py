@@ -11,6 +11,10 @@ The sentences of one request may take different routes (``source: "auto"`` detec
 language): each route's sentences are one scheduler request, all submitted at once, so that a
 request is admitted or refused whole; its second hops are never refused for a full queue (their
 sentences were counted when the request was admitted).
+
+Terminology (``terms``: per sentence, the target strings its translation must contain) constrains
+the last hop only: a pivot's English in between is nobody's output, and the terms are in the
+target language.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ import asyncio
 import time
 from collections.abc import Sequence
 
-from app.served import ServedModel
+from app.served import Rendered, ServedModel
 from app.serving.errors import DeadlineExceeded
 from app.serving.router import Route
 from app.serving.scheduler import Request, Scheduler
@@ -40,8 +44,10 @@ class Translation:
         beam_size: int,
         n_best: int,
         timeout_s: float,
+        terms: Sequence[Sequence[str]] | None = None,
     ) -> None:
         self.scheduler = scheduler
+        self.terms: Sequence[Sequence[str]] = terms if terms is not None else [()] * len(sentences)
         self.beam_size, self.n_best, self.timeout_s = beam_size, n_best, timeout_s
         self.deadline = time.monotonic() + timeout_s
         self.size = len(sentences)
@@ -52,15 +58,31 @@ class Translation:
         self._legs: list[tuple[Route[ServedModel], list[int], Request]] = []
         try:
             for route, indices in groups.values():
-                first = self._submit(route, 0, [sentences[i] for i in indices], admitted=False)
+                first = self._submit(
+                    route,
+                    0,
+                    [sentences[i] for i in indices],
+                    admitted=False,
+                    terms=[self.terms[i] for i in indices],
+                )
                 self._legs.append((route, indices, first))
         except BaseException:
             self.withdraw()
             raise
 
-    def _submit(self, route: Route[ServedModel], hop: int, texts: list[str], *, admitted: bool) -> Request:
+    def _submit(
+        self,
+        route: Route[ServedModel],
+        hop: int,
+        texts: list[str],
+        *,
+        admitted: bool,
+        terms: Sequence[Sequence[str]] = (),
+    ) -> Request:
+        """``terms``: each text's, used on the route's last hop only."""
         step = route.hops[hop]
         last = hop == len(route.hops) - 1
+        constraints = [step.model.constraints(t) for t in terms] if last and any(terms) else None
         remaining = self.deadline - time.monotonic()
         if remaining <= 0:
             raise DeadlineExceeded(f"not translated within {self.timeout_s:g} s")
@@ -71,33 +93,47 @@ class Translation:
             timeout_s=remaining,
             model=step.model.name,
             admitted=admitted,
+            constraints=constraints,
         )
         self.requests.append(request)
         return request
 
-    async def result(self) -> list[list[str]]:
-        """The n-best translations of every sentence, in order (the first failure is raised)."""
-        out: list[list[str]] = [[] for _ in range(self.size)]
-        legs = await asyncio.gather(*(self._follow(route, first) for route, _, first in self._legs))
-        for (_, indices, _), texts in zip(self._legs, legs, strict=True):
-            for i, nbest in zip(indices, texts, strict=True):
-                out[i] = nbest
+    async def result(self) -> list[Rendered]:
+        """The n-best translations of every sentence, in order, with where its terms were put
+        (the first failure is raised)."""
+        out: list[Rendered] = [Rendered([]) for _ in range(self.size)]
+        legs = await asyncio.gather(
+            *(
+                self._follow(route, first, [self.terms[i] for i in indices])
+                for route, indices, first in self._legs
+            )
+        )
+        for (_, indices, _), rendered in zip(self._legs, legs, strict=True):
+            for i, one in zip(indices, rendered, strict=True):
+                out[i] = one
         return out
 
-    async def _follow(self, route: Route[ServedModel], first: Request) -> list[list[str]]:
+    async def _follow(
+        self, route: Route[ServedModel], first: Request, terms: Sequence[Sequence[str]]
+    ) -> list[Rendered]:
         """One route's sentences through its hops: each hop's best translations are the next's
         input (a blank one stays blank, without model work, as a blank sentence does)."""
-        texts = route.hops[0].model.texts(await first.future)
-        for hop in range(1, len(route.hops)):
-            inputs = [nbest[0] for nbest in texts]
-            texts = [[""] * (self.n_best if hop == len(route.hops) - 1 else 1) for _ in inputs]
+        hops = len(route.hops)
+        results = await first.future
+        rendered = route.hops[0].model.render(results, first.spans, terms if hops == 1 else ())
+        for hop in range(1, hops):
+            last = hop == hops - 1
+            inputs = [one.texts[0] for one in rendered]
+            rendered = [Rendered([""] * (self.n_best if last else 1)) for _ in inputs]
             todo = [i for i, text in enumerate(inputs) if text.strip()]
             if not todo:
                 continue
-            request = self._submit(route, hop, [inputs[i] for i in todo], admitted=True)
-            for i, nbest in zip(todo, route.hops[hop].model.texts(await request.future), strict=True):
-                texts[i] = nbest
-        return texts
+            mine = [terms[i] for i in todo] if last else []
+            request = self._submit(route, hop, [inputs[i] for i in todo], admitted=True, terms=mine)
+            model = route.hops[hop].model
+            for i, one in zip(todo, model.render(await request.future, request.spans, mine), strict=True):
+                rendered[i] = one
+        return rendered
 
     def withdraw(self) -> None:
         for request in self.requests:

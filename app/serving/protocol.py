@@ -31,6 +31,11 @@ from pathlib import Path
 
 # A finished sentence's n-best: (token ids without bos/eos, length-normalised log-probability).
 Hypotheses = list[tuple[list[int], float]]
+# Where one hypothesis realised its constraints: (start, end, constraint index), token indices into
+# its ids, end exclusive (``model.decoding.search.Hypothesis.spans``).
+Spans = tuple[tuple[int, int, int], ...]
+# A sentence's constraints: target token-id sequences (no bos/eos) its translation must contain.
+Constraints = tuple[tuple[int, ...], ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +73,9 @@ class SentenceJob:
     deadline: float | None  # past it, nobody waits for the answer
     enqueued: float  # when the front end admitted it (the queue-wait metric)
     model: str = ""  # the ``ModelSpec.name`` that translates it ("": a worker's only model)
+    # Terminology (``app.terminology``): ``beam_size`` is already the beam they need
+    # (``model.decoding.constraints.beam_for``).
+    constraints: Constraints = ()
 
     def past_deadline(self, now: float) -> bool:
         return self.deadline is not None and now > self.deadline
@@ -108,6 +116,7 @@ class StartFailed:
 class Done:
     id: int
     nbest: Hypotheses
+    spans: tuple[Spans, ...] = ()  # each hypothesis's, when the job had constraints
 
 
 @dataclass(frozen=True, slots=True)

@@ -52,13 +52,16 @@ from app.serving.handle import Listener
 from app.serving.protocol import (
     Answers,
     Cancel,
+    Constraints,
     Done,
     Hypotheses,
     Loaded,
     SentenceJob,
+    Spans,
     ToWorker,
     Translate,
 )
+from model.decoding.constraints import beam_for
 
 log = logging.getLogger("uvicorn.error").getChild("scheduler")
 
@@ -101,6 +104,8 @@ class Request:
     deadline: float | None = None  # time.monotonic()
     timer: asyncio.TimerHandle | None = None
     sentences: list[JobState] = field(default_factory=list)  # all of them, in order
+    # Each sentence's hypotheses' constraint spans (``Done.spans``; empty without constraints).
+    spans: list[tuple[Spans, ...]] = field(default_factory=list)
 
     @property
     def done(self) -> bool:
@@ -274,6 +279,7 @@ class Scheduler:
         timeout_s: float | None = None,
         model: str | None = None,
         admitted: bool = False,
+        constraints: Sequence[Constraints] | None = None,
     ) -> Request:
         """Admit a request (source token ids, eos included, at least one) for ``model`` (None: the
         only one); its future gives the n-best of each source, in order, or raises
@@ -281,13 +287,18 @@ class Scheduler:
         ``EngineStopped`` at once. ``admitted``: the second hop of a request admitted before (a
         pivot, ``app.serving.pipeline``), whose sentences were counted then: not refused for a
         full queue, so that work already done is not thrown away (the queue may then hold up to
-        these sentences more than ``max_queue``, until they leave it)."""
+        these sentences more than ``max_queue``, until they leave it). ``constraints``: each
+        source's (terminology); a constrained sentence takes the rows of the beam it needs
+        (``beam_for``), and ``Request.spans`` says where its hypotheses realised them."""
         if self._stopping:
             raise EngineStopped("the translation service is shutting down")
         queue = self._model(model)
         n = len(sources)
         if n == 0:
             raise ValueError("a request needs at least one sentence")
+        if constraints is not None and len(constraints) != n:
+            raise ValueError(f"{len(constraints)} constraint lists for {n} sentences")
+        wanted = constraints or [()] * n
         if n > self.max_queue:
             raise TooLarge(f"{n} sentences in one request; the queue holds at most {self.max_queue}")
         if not admitted and self.waiting + n > self.max_queue:
@@ -295,13 +306,15 @@ class Scheduler:
         loop = asyncio.get_running_loop()
         now = time.monotonic()
         request = Request(next(self._ids), beam_size, n_best, loop.create_future(), [None] * n, queue, left=n)
+        request.spans = [()] * n
         if timeout_s is not None:
             request.deadline = now + timeout_s
             request.timer = loop.call_later(timeout_s, self._expire, request, timeout_s)
         rid, deadline, name = request.id, request.deadline, queue.name
         request.sentences = [
-            JobState(SentenceJob(next(self._ids), rid, s, beam_size, n_best, deadline, now, name), request, k)
-            for k, s in enumerate(sources)
+            JobState(SentenceJob(next(self._ids), rid, s, beam, n_best, deadline, now, name, c), request, k)
+            for k, (s, c) in enumerate(zip(sources, wanted, strict=True))
+            for beam in [beam_for(beam_size, len(c))]
         ]
         queue.queue.push(request, request.sentences)
         self._queued(queue)
@@ -425,6 +438,7 @@ class Scheduler:
                 continue
             if isinstance(answer, Done):
                 request.results[sentence.index] = answer.nbest
+                request.spans[sentence.index] = answer.spans
                 request.left -= 1
                 if not request.left:
                     self._finish(request)

@@ -42,11 +42,13 @@ from app.serving.protocol import (
     ModelSpec,
     Ready,
     SentenceJob,
+    Spans,
     StartFailed,
     Stop,
     ToWorker,
     Translate,
 )
+from model.decoding.constraints import beam_for
 from model.decoding.translator import Translator
 
 log = logging.getLogger("uvicorn.error").getChild("worker")
@@ -66,7 +68,10 @@ def open_translator(settings: Settings, model_dir: Path) -> Translator:
         dtype=settings.dtype,
         quantization=settings.quantization,
         options=settings.decode_options(),
-        capacity=max(settings.max_batch_size, settings.max_beam_size),
+        # Room for the largest batch, or for one constrained input's beams (``beam_for``).
+        capacity=max(
+            settings.max_batch_size, beam_for(settings.max_beam_size, settings.max_terms_per_sentence)
+        ),
         max_beam_size=settings.max_beam_size,
         compile=settings.compile,
         cache_dir=settings.compile_cache_dir,
@@ -91,12 +96,24 @@ class HeldJob:
     message is frozen, and ``cancelled`` is set here when the front end withdraws it, so that the
     executor drops it at its next step even while it runs."""
 
-    __slots__ = ("job", "id", "model", "src", "beam_size", "n_best", "enqueued", "cancelled")
+    __slots__ = (
+        "job",
+        "id",
+        "model",
+        "src",
+        "beam_size",
+        "n_best",
+        "enqueued",
+        "constraints",
+        "spans",
+        "cancelled",
+    )
 
     def __init__(self, job: SentenceJob) -> None:
         self.job = job
         self.id, self.model, self.src, self.beam_size = job.id, job.model, job.src, job.beam_size
-        self.n_best, self.enqueued = job.n_best, job.enqueued
+        self.n_best, self.enqueued, self.constraints = job.n_best, job.enqueued, job.constraints
+        self.spans: tuple[Spans, ...] = ()  # the executor's, when it finishes
         self.cancelled = False
 
     def expired(self, now: float) -> bool:
@@ -242,7 +259,7 @@ def serve_worker(
                     if isinstance(result, BaseException):
                         answers.append(Failed(job.id, str(result)))
                     else:
-                        answers.append(Done(job.id, result))
+                        answers.append(Done(job.id, result, job.spans))
                 if cores is not None and not executor.busy and not inbox.waiting:
                     use_threads(cores.update(busy=False))  # asleep: its core is free for the others
                 with contextlib.suppress(OSError):  # the front end is gone: the reader stops us

@@ -50,6 +50,8 @@ class Source(Generic[K]):
     ids: Sequence[int]
     beam_size: int = 1
     n_best: int = 1
+    # Target token sequences (no bos/eos) each finished hypothesis must contain (terminology).
+    constraints: tuple[tuple[int, ...], ...] = ()
 
 
 def pad_batch(sources: Sequence[Sequence[int]], pad_id: int, device: torch.device) -> Tensor:

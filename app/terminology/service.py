@@ -1,0 +1,166 @@
+"""What /translate makes of terminology: the request's glossary (inline entries, a stored one),
+checked against the limits; each sentence's terms (``match``), whose targets the decoder is given
+as constraints; and the response's ``terminology``: where each term is in the translated text.
+
+HTML (``format: "html"``) takes both too: its sentences are text. A term's offsets are then into
+the translated markup, where the term is written escaped (``&amp;``); a term that an inline tag
+placed inside it cuts (``app.formats.inline`` places tags by word counts) is not marked.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from fastapi import HTTPException, Request
+
+from app.config import Settings
+from app.key_limits import LEASE_KEY
+from app.schemas import GlossaryEntryBody, Terminology, TermMark
+from app.terminology.match import Glossary, GlossaryEntry, Term, find_terms
+from app.text import SplitText
+
+AUTO = "auto"
+
+
+class StoredGlossary(Protocol):
+    """What /translate needs of a stored glossary (``app.terminology.glossaries.Glossary``)."""
+
+    @property
+    def entries(self) -> Sequence[Any]: ...  # each with ``source`` and ``target``
+
+
+def owner_of(request: Request) -> str:
+    """Whose stored glossaries a request may use: its API key's name, "" when keys are off."""
+    lease = request.scope.get(LEASE_KEY)
+    return str(lease.key.name) if lease is not None else ""
+
+
+def stored_glossary(request: Request, glossary_id: str) -> StoredGlossary:
+    """The glossary ``glossary_id`` of the request's owner; 404 if there is none (or no store)."""
+    store = getattr(request.app.state, "glossaries", None)
+    found = store.get(owner_of(request), glossary_id) if store is not None else None
+    if found is None:
+        raise HTTPException(404, f"unknown glossary: {glossary_id[:64]!r}")
+    return found  # type: ignore[no-any-return]
+
+
+def check_pair(found: Any, source: str, target: str) -> None:
+    """400 when a stored glossary is for another pair (a source of "auto" takes any source)."""
+    glossary_source = getattr(found, "source_lang", None)
+    glossary_target = getattr(found, "target_lang", None)
+    if glossary_target and glossary_target.lower() != target.lower():
+        raise HTTPException(400, f"the glossary is for target {glossary_target}, not {target}")
+    if glossary_source and source.lower() != AUTO and glossary_source.lower() != source.lower():
+        raise HTTPException(400, f"the glossary is for source {glossary_source}, not {source}")
+
+
+def check_entries(entries: Sequence[GlossaryEntry], settings: Settings) -> None:
+    """400 for an inline glossary past the limits (also stated in the served OpenAPI document)."""
+    if len(entries) > settings.max_glossary_entries:
+        raise HTTPException(
+            400, f"glossary has {len(entries)} entries (at most {settings.max_glossary_entries} per request)"
+        )
+    for n, entry in enumerate(entries, 1):
+        longest = max(len(entry.source), len(entry.target))
+        if longest > settings.max_term_chars:
+            raise HTTPException(
+                400, f"glossary entry {n}: a term of {longest} characters (at most {settings.max_term_chars})"
+            )
+
+
+class TerminologyFields(Protocol):
+    """A request's terminology fields (``TranslateRequest``, the /translate_file form)."""
+
+    source: str
+    target: str
+    glossary: list[GlossaryEntryBody] | None
+    glossary_id: str | None
+
+
+def request_glossary(request: Request, req: TerminologyFields, settings: Settings) -> Glossary | None:
+    """The request's glossary: its inline entries, then the stored glossary's (an inline entry
+    wins over a stored one of the same source); None without either."""
+    if req.glossary is None and req.glossary_id is None:
+        return None
+    entries = [GlossaryEntry(e.source, e.target) for e in req.glossary or ()]
+    check_entries(entries, settings)
+    if req.glossary_id is not None:
+        found = stored_glossary(request, req.glossary_id)
+        check_pair(found, req.source, req.target)
+        entries += [GlossaryEntry(e.source, e.target) for e in found.entries]
+    return Glossary(entries)
+
+
+@dataclass(frozen=True)
+class SentenceTerms:
+    """A request's sentences' terms, and the target strings the decoder is given for them."""
+
+    terms: list[list[Term]]
+
+    @property
+    def targets(self) -> list[list[str]]:
+        return [[t.target for t in own] for own in self.terms]
+
+    def __bool__(self) -> bool:
+        return any(self.terms)
+
+
+def sentence_terms(
+    sentences: Sequence[str], glossary: Glossary | None, *, protect: bool, limit: int
+) -> SentenceTerms:
+    """Each sentence's terms. Each one raises the sentence's beam, so at most ``limit``: more
+    glossary matches than that are a 413 (too large, as too many sentences are); placeholders fill
+    what the glossary leaves, in order (the ones past it are translated as the model likes)."""
+    found: list[list[Term]] = []
+    for n, sentence in enumerate(sentences, 1):
+        terms = find_terms(sentence, glossary, protect=protect) if sentence.strip() else []
+        chosen = [t for t in terms if t.kind == "glossary"]
+        if len(chosen) > limit:
+            raise HTTPException(
+                413, f"sentence {n} has {len(chosen)} glossary terms (at most {limit} per sentence)"
+            )
+        room = limit - len(chosen)
+        chosen += [t for t in terms if t.kind == "placeholder"][:room]
+        found.append(sorted(chosen, key=lambda t: t.start))
+    return SentenceTerms(found)
+
+
+def text_terminology(
+    layouts: Sequence[Any],
+    terms: SentenceTerms,
+    best: Sequence[str],
+    placed: Sequence[Sequence[tuple[int, int, int]]],
+    outputs: Sequence[str],
+) -> list[Terminology | None]:
+    """Each text's terminology (None where no term was placed): each term placed in a sentence's
+    best translation (``placed``: (term index, start, end) in ``best``), at its offset in the
+    text's translation (``outputs``). Plain text: ``SplitText.join`` makes it of separators and
+    sentences in turn. HTML: the term as the markup writes it, found in order."""
+    out: list[Terminology | None] = []
+    k = 0  # the first sentence of the text
+    for layout, output in zip(layouts, outputs, strict=True):
+        n = len(layout.sentences)
+        marks: list[TermMark] = []
+        plain = isinstance(layout, SplitText)
+        offset = len(layout.separators[0]) if plain else 0
+        for j in range(n):
+            for index, start, _ in sorted(placed[k + j], key=lambda p: p[1]):
+                term = terms.terms[k + j][index]
+                if plain:
+                    at, written = offset + start, term.target
+                else:
+                    written = layout.escape(term.target)
+                    at = output.find(written, offset)
+                    if at < 0:
+                        continue
+                    offset = at + len(written)
+                if output[at : at + len(written)] == written:  # (else not where we reckoned: no mark)
+                    mark = TermMark(source=term.source, target=term.target, start=at, end=at + len(written))
+                    marks.append(mark)
+            if plain:
+                offset += len(best[k + j]) + len(layout.separators[j + 1])
+        out.append(Terminology(memory=False, terms=marks) if marks else None)
+        k += n
+    return out
