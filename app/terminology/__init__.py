@@ -1,0 +1,1 @@
+"""Terminology: glossaries, translation memories and the segment cache (issue 31)."""
