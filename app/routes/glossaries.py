@@ -31,9 +31,10 @@ from app.body import (
 )
 from app.deps import SettingsDep
 from app.key_limits import admit_key, key_owner
-from app.schemas import ErrorResponse, ValidationErrorResponse
+from app.schemas import ErrorResponse
 from app.terminology.database import StoreUnavailable
 from app.terminology.glossaries import (
+    MAX_NAME_CHARS,
     GlossaryError,
     GlossaryInfo,
     GlossaryStore,
@@ -102,6 +103,54 @@ class GlossaryWithEntries(GlossarySummary):
     entries: list[Entry]
 
 
+# The body is read by hand (one endpoint, three content types, a size limit while it streams in:
+# app/body.py), so FastAPI cannot describe it: this is what /openapi.json says of it.
+_LANGUAGE_CODE = {"type": "string", "pattern": "^[A-Za-z]{2,3}(-[A-Za-z0-9]{1,8})*$"}
+_TERM = {"type": "string", "minLength": 1}
+_FIELDS = {
+    "name": {"type": "string", "minLength": 1, "maxLength": MAX_NAME_CHARS},
+    "source_lang": _LANGUAGE_CODE,
+    "target_lang": _LANGUAGE_CODE,
+    "entries_format": {"type": "string", "enum": ["csv", "tsv"], "default": "tsv"},
+    "api_key": {"type": "string"},
+}
+_ENTRY = {
+    "type": "object",
+    "properties": {"source": _TERM, "target": _TERM},
+    "required": ["source", "target"],
+    "additionalProperties": False,
+}
+_OPENAPI_BODY = {
+    "requestBody": {
+        "required": True,
+        "content": {
+            "application/json": {
+                "schema": {
+                    "type": "object",
+                    "properties": {
+                        **_FIELDS,
+                        "entries": {
+                            "description": "The entries, or the text of a CSV or TSV table of them",
+                            "oneOf": [{"type": "array", "items": _ENTRY, "minItems": 1}, _TERM],
+                        },
+                    },
+                    "required": ["name", "source_lang", "target_lang", "entries"],
+                }
+            },
+            MULTIPART: {
+                "schema": {
+                    "type": "object",
+                    "properties": {
+                        **_FIELDS,
+                        "file": {"type": "string", "format": "binary", "description": "A CSV or TSV table"},
+                    },
+                    "required": ["name", "source_lang", "target_lang", "file"],
+                }
+            },
+        },
+    }
+}
+
 ERRORS: dict[int | str, dict[str, Any]] = {
     code: {"model": ErrorResponse, "description": text}
     for code, text in {
@@ -115,7 +164,8 @@ ERRORS: dict[int | str, dict[str, Any]] = {
         503: "The store cannot be read or written now (see Retry-After)",
     }.items()
 }
-ERRORS[422] = {"model": ValidationErrorResponse, "description": ERRORS[422]["description"]}
+# 422 is either a field of the wrong type (FastAPI's ``detail`` list beside ``error``) or a table
+# or entry that is malformed (``error`` alone, naming its line): documented as ``error`` alone.
 
 
 async def get_glossaries(request: Request) -> GlossaryStore:
@@ -167,7 +217,7 @@ async def read_fields(request: Request, limit: int) -> tuple[dict[str, Any], Upl
     return data, None, b""
 
 
-@router.post("/glossaries", status_code=201, responses=ERRORS)
+@router.post("/glossaries", status_code=201, responses=ERRORS, openapi_extra=_OPENAPI_BODY)
 async def create_glossary(request: Request, settings: SettingsDep, store: GlossariesDep) -> GlossarySummary:
     """Store a glossary for your API key; its `id` names it to /translate (`glossary_id`)."""
     limits = settings.glossary_limits()

@@ -39,6 +39,28 @@ MEMORY_ERRORS: dict[int | str, dict[str, Any]] = {
 }
 
 
+_OPENAPI_BODY = {
+    "requestBody": {
+        "required": True,
+        "content": {
+            MULTIPART: {
+                "schema": {
+                    "type": "object",
+                    "properties": {
+                        "file": {"type": "string", "format": "binary", "description": "A TMX or TSV file"},
+                        "format": {"type": "string", "enum": ["tmx", "tsv"]},
+                        "source_lang": {"type": "string", "description": "The TSV file's source language"},
+                        "target_lang": {"type": "string", "description": "The TSV file's target language"},
+                        "api_key": {"type": "string"},
+                    },
+                    "required": ["file"],
+                }
+            }
+        },
+    }
+}
+
+
 class MemoryForm(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
@@ -89,7 +111,7 @@ async def counts(memory: TranslationMemory, owner: str) -> MemoryStats:
     return MemoryStats(segments=sum(p.segments for p in pairs), pairs=pairs)
 
 
-@router.post("/memories", responses=MEMORY_ERRORS)
+@router.post("/memories", responses=MEMORY_ERRORS, openapi_extra=_OPENAPI_BODY)
 async def import_memory(request: Request, settings: SettingsDep, memory: MemoryDep) -> ImportResult:
     """Add a TMX or TSV file's segments to your API key's translation memory."""
     if media_type(request) != MULTIPART:
