@@ -3,6 +3,7 @@ the /glossaries endpoints (app/terminology/glossaries.py, app/routes/glossaries.
 
 from __future__ import annotations
 
+import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -113,6 +114,8 @@ def test_store_create_get_list_delete(tmp_path: Path) -> None:
     assert store.list("")[0].entry_count == 2
     assert store.delete("", first.id) and not store.delete("", first.id)
     assert store.get("", first.id) is None and [g.id for g in store.list("")] == [second.id]
+    with sqlite3.connect(tmp_path / "glossaries.sqlite3") as db:  # its entries went with it
+        assert db.execute("SELECT COUNT(*) FROM entries WHERE glossary = ?", (first.id,)).fetchone() == (0,)
 
 
 def test_one_owner_never_sees_anothers_glossaries(tmp_path: Path) -> None:

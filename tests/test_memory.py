@@ -4,12 +4,14 @@ segment cache of recent translations (app/terminology/memory.py, cache.py, app/r
 from __future__ import annotations
 
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
 
 from app.metrics import process_metrics
+from app.terminology import precedence
 from app.terminology.cache import ENTRY_OVERHEAD_BYTES, SegmentCache, approximate_size
 from app.terminology.memory import MemoryImportError, PairCount, TranslationMemory, normalise
 from tests.test_api import assert_error, make_settings, serve
@@ -286,3 +288,42 @@ def test_the_app_has_a_segment_cache_of_the_configured_size(keyed: TestClient) -
     cache = keyed.app.state.segment_cache  # type: ignore[attr-defined]
     assert isinstance(cache, SegmentCache) and cache.max_bytes == 64 * 1024 * 1024
     assert make_settings(Path("artifacts"), segment_cache_mb=0).segment_cache_mb == 0
+
+
+# --- precedence: memory, then the cache, then the model ------------------------------------------
+
+
+def test_memory_answers_first_then_the_cache_then_the_model(tmp_path: Path) -> None:
+    memory = TranslationMemory(tmp_path)
+    memory.import_tsv("k", "de", "en", b"Danke.\tThanks.\n")
+    cache: SegmentCache[str] = SegmentCache(1 << 20)
+    cache.put(("m", "Hallo."), "Hello (cached).")
+    cache.put(("m", "Danke."), "Thanks (model).")  # the memory wins over a cached model answer
+    sentences = ["Danke.", "Hallo.", "Neu.", " Danke. ", "Neu.", "Anders."]
+    keys = [("m", " ".join(s.split())) for s in sentences]
+    lookup = partial(memory.lookup_many, "k", "de-DE", "en")
+    plan = precedence.plan(sentences, keys, lookup=lookup, cache=cache)
+    assert plan.decode == [2, 5]  # "Neu." once, though it occurs twice
+    answers = plan.finish(["New.", "Different."])
+    assert [(a.memory, a.result, a.cached) for a in answers] == [
+        ("Thanks.", None, False),
+        (None, "Hello (cached).", True),
+        (None, "New.", False),
+        ("Thanks.", None, False),
+        (None, "New.", False),
+        (None, "Different.", False),
+    ]
+    assert answers[0].from_memory and not answers[2].from_memory
+    # What the model decoded is cached for the next request; the memory's answers are not.
+    again = precedence.plan(["Neu.", "Anders."], [("m", "Neu."), ("m", "Anders.")], cache=cache)
+    assert again.decode == [] and [a.result for a in again.finish([])] == ["New.", "Different."]
+
+
+def test_without_a_memory_or_a_cache_every_sentence_is_decoded() -> None:
+    plan: precedence.Plan[str] = precedence.plan(["a", "b"], ["a", "b"], cache=SegmentCache(0))
+    assert plan.decode == [0, 1]
+    assert [a.result for a in plan.finish(["A", "B"])] == ["A", "B"]
+    with pytest.raises(ValueError, match="1 results for 2 sentences"):
+        plan.finish(["A"])
+    with pytest.raises(ValueError, match="1 cache keys for 2 sentences"):
+        precedence.plan(["a", "b"], ["a"])
