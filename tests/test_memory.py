@@ -3,6 +3,8 @@ segment cache of recent translations (app/terminology/memory.py, cache.py, app/r
 
 from __future__ import annotations
 
+import sqlite3
+import time
 from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
@@ -13,6 +15,7 @@ from fastapi.testclient import TestClient
 from app.metrics import process_metrics
 from app.terminology import precedence
 from app.terminology.cache import ENTRY_OVERHEAD_BYTES, SegmentCache, approximate_size
+from app.terminology.database import StoreUnavailable
 from app.terminology.memory import MemoryImportError, PairCount, TranslationMemory, normalise
 from tests.test_api import assert_error, make_settings, serve
 
@@ -131,6 +134,24 @@ def test_memory_limits_leave_nothing_half_imported(tmp_path: Path) -> None:
     with pytest.raises(MemoryImportError, match="a segment of 41 characters, more than 40"):
         memory.import_tmx("", tmx(unit.format("y" * 41)))
     assert memory.stats("") == [PairCount("de", "en", 2)]
+
+
+def test_reads_never_wait_for_a_write_and_a_locked_store_is_unavailable(tmp_path: Path) -> None:
+    memory = TranslationMemory(tmp_path)
+    memory.import_tsv("", "de", "en", b"a\tb\n")
+    other = sqlite3.connect(tmp_path / "memory.sqlite3", isolation_level=None)  # another process, say
+    other.execute("BEGIN IMMEDIATE")
+    other.execute("INSERT INTO segments VALUES ('', 'de', 'en', 'c', 'd')")
+    started = time.perf_counter()
+    assert memory.lookup("", "de", "en", "a") == "b" and memory.lookup("", "de", "en", "c") is None
+    assert time.perf_counter() - started < 0.5  # the last commit's data, without waiting
+    impatient = TranslationMemory(tmp_path)
+    impatient._db.timeout_s = 0.05
+    with pytest.raises(StoreUnavailable, match="cannot write .*memory.sqlite3: database is locked"):
+        impatient.import_tsv("", "de", "en", b"e\tf\n")
+    other.execute("COMMIT")
+    other.close()
+    assert memory.lookup("", "de", "en", "c") == "d"
 
 
 BOMB = """<!DOCTYPE tmx [

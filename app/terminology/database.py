@@ -7,8 +7,11 @@ glossaries") and the write it allows are one atomic step across processes.
 
 Opened on first use, not at start: a service that never stores a glossary never touches its data
 directory (which may be read-only), and reads of a store that was never written find no file and
-answer "nothing" without creating one. Writes run on a thread (``asyncio.to_thread``) while the
-event loop may read, so one lock guards the connection.
+answer "nothing" without creating one.
+
+Reads and writes have a connection each, each behind its own lock: writes run on a thread
+(``asyncio.to_thread``) and may wait seconds for another process's write lock, while reads are
+made from the event loop too (a /translate request's memory lookup), and must never wait for them.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from pathlib import Path
 
 
 class StoreUnavailable(RuntimeError):
-    """The database cannot be opened or written (HTTP 503): the message says why."""
+    """The database cannot be opened, read or written (HTTP 503): the message says why."""
 
 
 class Database:
@@ -29,8 +32,10 @@ class Database:
         self.path = path
         self.schema = schema
         self.timeout_s = timeout_s
-        self._db: sqlite3.Connection | None = None
-        self._lock = threading.Lock()
+        self._reader: sqlite3.Connection | None = None
+        self._writer: sqlite3.Connection | None = None
+        self._read_lock = threading.Lock()
+        self._write_lock = threading.Lock()
 
     def _open(self) -> sqlite3.Connection:
         try:
@@ -57,24 +62,24 @@ class Database:
     @contextmanager
     def reading(self) -> Iterator[sqlite3.Connection | None]:
         """The connection for reads, or None when the file was never made (nothing stored yet)."""
-        with self._lock:
-            if self._db is None and not self.path.exists():
-                yield None
-                return
-            if self._db is None:
-                self._db = self._open()
+        with self._read_lock:
+            if self._reader is None:
+                if not self.path.exists():
+                    yield None
+                    return
+                self._reader = self._open()
             try:
-                yield self._db
+                yield self._reader
             except sqlite3.Error as e:
                 raise StoreUnavailable(f"cannot read {self.path}: {e}") from e
 
     @contextmanager
     def writing(self) -> Iterator[sqlite3.Connection]:
         """One write transaction (rolled back if the block raises)."""
-        with self._lock:
-            if self._db is None:
-                self._db = self._open()
-            db = self._db
+        with self._write_lock:
+            if self._writer is None:
+                self._writer = self._open()
+            db = self._writer
             try:
                 db.execute("BEGIN IMMEDIATE")
             except sqlite3.Error as e:  # locked past the timeout by another process, disk full, ...
@@ -94,7 +99,8 @@ class Database:
                 raise StoreUnavailable(f"cannot write {self.path}: {e}") from e
 
     def close(self) -> None:
-        with self._lock:
-            if self._db is not None:
-                self._db.close()
-                self._db = None
+        with self._read_lock, self._write_lock:
+            for db in (self._reader, self._writer):
+                if db is not None:
+                    db.close()
+            self._reader = self._writer = None
