@@ -133,6 +133,16 @@ def test_glossaries_persist_in_the_data_directory(tmp_path: Path) -> None:
     assert reopened.get("k", made.id) == made
 
 
+def test_glossaries_are_kept_in_memory_but_a_deletion_elsewhere_counts(tmp_path: Path) -> None:
+    store, elsewhere = GlossaryStore(tmp_path), GlossaryStore(tmp_path)  # two processes, say
+    made = store.create("k", "g", "de", "en", [E(f"Wort{i}", f"word{i}") for i in range(2000)])
+    assert store.get("k", made.id) is store.get("k", made.id)  # kept, not read again
+    assert store.get("other", made.id) is None  # the owner is still asked of the database
+    assert elsewhere.get("k", made.id) == made
+    assert elsewhere.delete("k", made.id)
+    assert store.get("k", made.id) is None
+
+
 def test_store_limits(tmp_path: Path) -> None:
     store = GlossaryStore(tmp_path, max_glossaries=2, max_entries=2)
     store.create("a", "one", "de", "en", [E("x", "y")])

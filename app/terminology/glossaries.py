@@ -9,8 +9,10 @@ glossary is "not found" (404), never "forbidden", which would say that the id ex
 from __future__ import annotations
 
 import re
+import threading
 import time
 import uuid
+from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +28,7 @@ MAX_BYTES = 1024 * 1024
 MAX_ENTRIES = 10_000
 MAX_TERM_CHARS = 256
 MAX_NAME_CHARS = 200
+CACHED_ENTRIES = 100_000  # entries of the glossaries ``GlossaryStore.get`` keeps in memory (~15 MB)
 LANGUAGE = re.compile(r"[A-Za-z]{2,3}(-[A-Za-z0-9]{1,8})*")
 
 _SCHEMA = """
@@ -164,6 +167,9 @@ class GlossaryStore:
         self.max_glossaries = max_glossaries
         self.max_entries = max_entries
         self._db = Database(Path(data_dir) / DATABASE, _SCHEMA)
+        self._cache: OrderedDict[str, Glossary] = OrderedDict()  # by id (owners are checked)
+        self._cached_entries = 0
+        self._cache_lock = threading.Lock()
 
     def close(self) -> None:
         self._db.close()
@@ -196,13 +202,29 @@ class GlossaryStore:
                 "INSERT INTO entries VALUES (?, ?, ?, ?)",
                 ((glossary.id, i, e.source, e.target) for i, e in enumerate(entries)),
             )
+        self._remember(glossary)  # made to be used: /translate will ask for it
         return glossary
 
     def get(self, owner: str, glossary_id: str) -> Glossary | None:
-        """The owner's glossary of that id with its entries; None if there is none (or another's)."""
+        """The owner's glossary of that id with its entries; None if there is none (or another's).
+
+        /translate asks for it on the event loop, request after request: a glossary never changes
+        once made, so its entries are kept here (``CACHED_ENTRIES`` of them in all, the least
+        recently used glossaries dropped first), and only whether it still exists is asked of the
+        database (another process may have deleted it): ~20 us instead of 15-60 ms for 10,000 entries."""
         with self._db.reading() as db:
             if db is None:
                 return None
+            with self._cache_lock:
+                cached = self._cache.get(glossary_id)
+            if cached is not None:
+                query = "SELECT 1 FROM glossaries WHERE id = ? AND owner = ?"
+                if db.execute(query, (glossary_id, owner)).fetchone() is None:
+                    return None
+                with self._cache_lock:
+                    if glossary_id in self._cache:
+                        self._cache.move_to_end(glossary_id)
+                return cached
             row = db.execute(
                 "SELECT id, name, source_lang, target_lang, entry_count, created FROM glossaries "
                 "WHERE id = ? AND owner = ?",
@@ -216,7 +238,19 @@ class GlossaryStore:
                     "SELECT source, target FROM entries WHERE glossary = ? ORDER BY position", (glossary_id,)
                 )
             )
-        return Glossary(row[0], row[1], row[2], row[3], entries, row[5])
+        glossary = Glossary(row[0], row[1], row[2], row[3], entries, row[5])
+        self._remember(glossary)
+        return glossary
+
+    def _remember(self, glossary: Glossary) -> None:
+        with self._cache_lock:
+            if glossary.id in self._cache:  # two threads read it at once
+                return
+            self._cache[glossary.id] = glossary
+            self._cached_entries += len(glossary.entries)
+            while self._cached_entries > CACHED_ENTRIES and self._cache:
+                _, dropped = self._cache.popitem(last=False)
+                self._cached_entries -= len(dropped.entries)
 
     def list(self, owner: str) -> list[GlossaryInfo]:
         """The owner's glossaries, oldest first, without their entries."""
@@ -236,4 +270,8 @@ class GlossaryStore:
             return False
         with self._db.writing() as db:
             deleted = db.execute("DELETE FROM glossaries WHERE id = ? AND owner = ?", (glossary_id, owner))
-            return deleted.rowcount > 0
+        if deleted.rowcount > 0:
+            with self._cache_lock:
+                dropped = self._cache.pop(glossary_id, None)
+                self._cached_entries -= len(dropped.entries) if dropped is not None else 0
+        return deleted.rowcount > 0
