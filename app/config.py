@@ -16,6 +16,7 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from app.formats.limits import DocumentLimits
+from app.terminology.glossaries import GlossaryLimits
 from model.decoding.options import DecodeOptions
 from model.runtime import DEFAULT_CACHE_DIR
 
@@ -111,6 +112,20 @@ class Settings(BaseSettings):
     # Where the keys' usage is counted (usage.sqlite3): shared by the front end's processes that
     # use the same directory, and kept across restarts. Touched only when a key has a counted limit.
     data_dir: Path = Path.home() / ".local" / "share" / "nmt-service"
+    # Glossaries (/glossaries) and translation memories (/memories), each API key's own (the
+    # service's, without keys), kept in NMT_DATA_DIR (glossaries.sqlite3, memory.sqlite3, made when
+    # the first one is stored) across restarts. Past a limit a request gets 413 (409 for one
+    # glossary too many). A glossary's entries are matched in every sentence of a request that
+    # names it; an uploaded CSV or TSV table is at most glossary_max_bytes.
+    max_glossaries: PositiveInt = 100  # per API key
+    glossary_max_entries: PositiveInt = 10_000
+    glossary_max_bytes: PositiveInt = 1024 * 1024
+    glossary_max_term_chars: PositiveInt = 256
+    memory_max_segments: PositiveInt = 100_000  # per API key, all language pairs together
+    memory_max_bytes: PositiveInt = 16 * 1024 * 1024  # an uploaded TMX or TSV file
+    # Recent sentence translations kept in each front-end process's memory, in MiB (least recently
+    # used evicted first): a sentence seen again (a header, boilerplate) costs no decoding. 0: off.
+    segment_cache_mb: NonNegativeInt = 64
 
     # Decoding (model.decoding.options.DecodeOptions, which documents each; the CLI's defaults are
     # the same). A request's beam size and alternatives are its own, within these limits.
@@ -170,6 +185,13 @@ class Settings(BaseSettings):
             max_length_b=self.max_length_b,
             max_output_tokens=self.max_output_tokens,
             no_repeat_ngram_size=self.no_repeat_ngram_size,
+        )
+
+    def glossary_limits(self) -> GlossaryLimits:
+        return GlossaryLimits(
+            max_bytes=self.glossary_max_bytes,
+            max_entries=self.glossary_max_entries,
+            max_term_chars=self.glossary_max_term_chars,
         )
 
     def document_limits(self) -> DocumentLimits:

@@ -188,3 +188,10 @@ def release_key(scope: Scope) -> None:
     lease.limiter.of(lease.key).in_flight.dec()
     if lease.slot and lease.limiter.store is not None:
         lease.limiter.store.release(lease.key.name)
+
+
+def key_owner(request: Request) -> str:
+    """Whose stored glossaries and memory the admitted request may use: its API key's name, or ""
+    without keys configured (``admit_key`` has run)."""
+    lease: Lease | None = request.scope.get(LEASE_KEY)
+    return "" if lease is None else lease.key.name

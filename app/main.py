@@ -36,7 +36,18 @@ from app.langid import prepare as prepare_langid
 from app.languages import source_languages, target_languages
 from app.metrics import Metrics, process_metrics
 from app.middleware import RequestMetricsMiddleware
-from app.routes import detect, files, frontend, health, info, languages, metrics, translate
+from app.routes import (
+    detect,
+    files,
+    frontend,
+    glossaries,
+    health,
+    info,
+    languages,
+    memories,
+    metrics,
+    translate,
+)
 from app.served import ServedModel, find_model_dirs, model_names
 from app.serving.cores import CoreBoard
 from app.serving.handle import WorkerProcess
@@ -44,6 +55,9 @@ from app.serving.protocol import ModelDescription, ModelSpec
 from app.serving.router import Router
 from app.serving.scheduler import Scheduler
 from app.shedding import TURNS, passed, refused, take_turn
+from app.terminology.cache import SegmentCache
+from app.terminology.glossaries import GlossaryStore
+from app.terminology.memory import TranslationMemory
 from model.directory import ModelDirError, ModelInfo
 from model.tokenizer import Tokenizer
 
@@ -196,6 +210,17 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     except KeysError as e:
         fail(f"invalid configuration: {e}")
     app.state.keys = keys
+    # Opened on first use (app/terminology/database.py): nothing touches NMT_DATA_DIR until then.
+    app.state.glossaries = GlossaryStore(
+        settings.data_dir, settings.max_glossaries, settings.glossary_max_entries
+    )
+    app.state.memory = TranslationMemory(
+        settings.data_dir,
+        settings.memory_max_segments,
+        settings.memory_max_bytes,
+        max_segment_chars=settings.max_chars,
+    )
+    app.state.segment_cache = SegmentCache(settings.segment_cache_mb * 1024 * 1024, metrics)
     opened = open_models(settings)  # checked here too, so that a broken directory is named first
     specs = tuple(spec for spec, _, _ in opened)
     threads, count = worker_threads(settings), worker_count(settings)
@@ -280,6 +305,8 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         app.state.ready = False
         scheduler.stop()
         keys.close()
+        app.state.glossaries.close()
+        app.state.memory.close()
 
 
 def on_demand(settings: Settings, loaded: dict[str, ModelDescription]) -> ModelDescription:
@@ -344,11 +371,25 @@ def create_app(settings: Settings | None = None) -> TranslationApp:
     app.state.file_requests = None
     app.state.readers = None
     app.state.keys = None
+    app.state.glossaries = None
+    app.state.memory = None
+    app.state.segment_cache = None
     app.state.turns = None
     app.state.ready = False
     app.add_middleware(RequestMetricsMiddleware, state=app.state)
     install_error_handlers(app)
-    for module in (translate, detect, files, languages, frontend, health, info, metrics):
+    for module in (
+        translate,
+        detect,
+        files,
+        glossaries,
+        memories,
+        languages,
+        frontend,
+        health,
+        info,
+        metrics,
+    ):
         app.include_router(module.router)
     app.mount("/static", frontend.static_files(), name="static")
     return app

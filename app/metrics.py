@@ -205,6 +205,24 @@ class Metrics:
             registry=None,
         )
 
+        # The front end's cache of recent sentence translations (app/terminology/cache.py).
+        self.segment_cache_hits = Counter(
+            "nmt_segment_cache_hits_total",
+            "Sentences answered from the segment cache of recent translations, without decoding",
+            registry=None,
+        )
+        self.segment_cache_misses = Counter(
+            "nmt_segment_cache_misses_total",
+            "Sentences looked up in the segment cache and not found there",
+            registry=None,
+        )
+        self.segment_cache_bytes = Gauge(
+            "nmt_segment_cache_bytes",
+            "Bytes held by the segment caches of the front end's processes (as accounted, approximate)",
+            multiprocess_mode="livesum",
+            registry=None,
+        )
+
     # The metrics recorded for one model: every one labelled ``model`` but the description.
     PER_MODEL = (
         "retried",

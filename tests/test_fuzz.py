@@ -35,7 +35,7 @@ CASES_PER_OPERATION = 150
 
 
 @pytest.fixture(scope="module")
-def api(model_dir: Path) -> Iterator[OpenApiSchema]:
+def api(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[OpenApiSchema]:
     # Small limits, so that generated bodies reach them (413) as well as the model.
     limits = {
         "max_texts": 8,
@@ -44,7 +44,8 @@ def api(model_dir: Path) -> Iterator[OpenApiSchema]:
         "max_beam_size": 4,
         "default_beam_size": 2,
     }
-    app = create_app(make_settings(model_dir, **limits))
+    data_dir = tmp_path_factory.mktemp("data")  # where generated glossaries and memories are stored
+    app = create_app(make_settings(model_dir, data_dir=data_dir, **limits))
     # Starts the app's lifespan. A schema-valid request may still be too large (413): the limits
     # summed over a list of texts have no JSON Schema keyword. And 413 is a rejection too.
     accepted = [*POSITIVE_DATA_ACCEPTANCE_EXPECTED_STATUSES, "413"]
@@ -59,7 +60,13 @@ def api(model_dir: Path) -> Iterator[OpenApiSchema]:
         "include-path": "/translate_file",
         "checks": {"positive_data_acceptance": {"expected-statuses": [*accepted, "400"]}},
     }
-    config = SchemathesisConfig.from_dict({"checks": checks, "operations": [files]})
+    # A stored glossary's or memory's entries have rules beyond JSON Schema too (no source twice, no
+    # control character), a TSV memory needs its languages, and the keys' stores fill up (409).
+    stores = {
+        "include-path-regex": "^/(glossaries|memories)",
+        "checks": {"positive_data_acceptance": {"expected-statuses": [*accepted, "400", "409", "422"]}},
+    }
+    config = SchemathesisConfig.from_dict({"checks": checks, "operations": [files, stores]})
     schema = schemathesis.openapi.from_asgi("/openapi.json", app, config=config)
     yield schema
     asgi.shutdown_lifespans()  # stops the worker process
@@ -95,6 +102,9 @@ def test_api_conforms_to_its_openapi_document(api: OpenApiSchema, mode: Generati
         "/download_file/{filename}",
         "/frontend/settings",
         "/spec",
+        "/glossaries",
+        "/glossaries/{glossary_id}",
+        "/memories",
     } <= paths
     for operation in operations:
         if mode is GenerationMode.NEGATIVE and not operation.body and not operation.query:

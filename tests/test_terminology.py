@@ -28,7 +28,7 @@ from app.serving.protocol import Answers, Constraints, Done, Hypotheses, ModelDe
 from app.serving.router import Hop, Route
 from app.serving.scheduler import Scheduler
 from app.serving.worker import HeldJob, Inbox
-from app.terminology.match import GlossaryEntry
+from app.terminology.entries import GlossaryEntry
 from model.decoding.batch import RunningBatch, Source
 from model.decoding.constraints import beam_for
 from model.tokenizer import Tokenizer

@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 from fastapi import HTTPException
 
-from app.terminology.match import Glossary, GlossaryEntry, find_terms, placeholders, resolve
+from app.terminology.entries import GlossaryEntry
+from app.terminology.match import Glossary, find_terms, placeholders, resolve
 from app.terminology.service import sentence_terms, text_terminology
 from app.text import split_text
 

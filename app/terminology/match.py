@@ -33,6 +33,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+from app.terminology.entries import GlossaryEntry
+
 # Word characters: \w (Unicode letters, digits, underscore) and the combining marks of decomposed
 # text ("e" + U+0301), which \w leaves out.
 _WORD = r"[\w\u0300-\u036f\u1ab0-\u1aff\u1dc0-\u1dff\u20d0-\u20ff\ufe20-\ufe2f]"
@@ -61,15 +63,6 @@ _URL_TRAILER = ".,;:!?'\"”’»"  # sentence punctuation after a URL is not pa
 
 def is_word_char(char: str) -> bool:
     return _WORD_CHAR.fullmatch(char) is not None
-
-
-@dataclass(frozen=True)
-class GlossaryEntry:
-    """A source term and the target the translation must use for it (a do-not-translate term:
-    ``target == source``)."""
-
-    source: str
-    target: str
 
 
 @dataclass(frozen=True)

@@ -16,9 +16,10 @@ from typing import Any, Protocol
 from fastapi import HTTPException, Request
 
 from app.config import Settings
-from app.key_limits import LEASE_KEY
+from app.key_limits import key_owner
 from app.schemas import GlossaryEntryBody, Terminology, TermMark
-from app.terminology.match import Glossary, GlossaryEntry, Term, find_terms
+from app.terminology.entries import GlossaryEntry
+from app.terminology.match import Glossary, Term, find_terms
 from app.text import SplitText
 
 AUTO = "auto"
@@ -31,28 +32,28 @@ class StoredGlossary(Protocol):
     def entries(self) -> Sequence[Any]: ...  # each with ``source`` and ``target``
 
 
-def owner_of(request: Request) -> str:
-    """Whose stored glossaries a request may use: its API key's name, "" when keys are off."""
-    lease = request.scope.get(LEASE_KEY)
-    return str(lease.key.name) if lease is not None else ""
-
-
 def stored_glossary(request: Request, glossary_id: str) -> StoredGlossary:
     """The glossary ``glossary_id`` of the request's owner; 404 if there is none (or no store)."""
     store = getattr(request.app.state, "glossaries", None)
-    found = store.get(owner_of(request), glossary_id) if store is not None else None
+    found = store.get(key_owner(request), glossary_id) if store is not None else None
     if found is None:
         raise HTTPException(404, f"unknown glossary: {glossary_id[:64]!r}")
     return found  # type: ignore[no-any-return]
+
+
+def primary(code: str) -> str:
+    """A language code's primary subtag, lower-case: de-DE, de_de and DE are all "de"."""
+    return code.replace("_", "-").split("-")[0].lower()
 
 
 def check_pair(found: Any, source: str, target: str) -> None:
     """400 when a stored glossary is for another pair (a source of "auto" takes any source)."""
     glossary_source = getattr(found, "source_lang", None)
     glossary_target = getattr(found, "target_lang", None)
-    if glossary_target and glossary_target.lower() != target.lower():
+    # Primary subtags, as the memory compares them: a glossary stored for de-DE serves "de".
+    if glossary_target and primary(glossary_target) != primary(target):
         raise HTTPException(400, f"the glossary is for target {glossary_target}, not {target}")
-    if glossary_source and source.lower() != AUTO and glossary_source.lower() != source.lower():
+    if glossary_source and source.lower() != AUTO and primary(glossary_source) != primary(source):
         raise HTTPException(400, f"the glossary is for source {glossary_source}, not {source}")
 
 

@@ -1,0 +1,160 @@
+"""POST /memories, GET /memories, DELETE /memories: your API key's translation memory.
+
+POST uploads a TMX file, or a TSV file of ``source<TAB>target`` lines with ``source_lang`` and
+``target_lang`` (multipart: ``file`` and those fields, ``format`` tmx or tsv when the file's name
+does not say); its segments are added to what the key's memory holds (a segment already there
+gets the new translation). GET counts the segments per language pair; DELETE empties the memory.
+A sentence of a /translate request found in the memory (exactly, whitespace aside) is answered from
+it without decoding (``app.terminology.memory``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, Depends, HTTPException, Request
+from pydantic import BaseModel, ConfigDict, Field
+
+from app.body import MULTIPART, media_type, validate_request
+from app.deps import SettingsDep
+from app.errors import missing_parameter
+from app.routes.glossaries import ERRORS, FORM_OVERHEAD_BYTES, ApiKeyQuery, owner_of, read_fields, store_error
+from app.terminology.database import StoreUnavailable
+from app.terminology.memory import MemoryImportError, TranslationMemory
+
+router = APIRouter(tags=["memories"])
+
+MEMORY_ERRORS: dict[int | str, dict[str, Any]] = {
+    **{code: ERRORS[code] for code in (403, 429, 503)},
+    400: {**ERRORS[400], "description": "Not a multipart upload, the file or a language missing"},
+    413: {
+        **ERRORS[413],
+        "description": "Over a limit: the file's bytes, a segment's length, the key's segments",
+    },
+    422: {
+        **ERRORS[422],
+        "description": "A malformed TMX or TSV file (the message names its line), a DTD with entities",
+    },
+}
+
+
+_OPENAPI_BODY = {
+    "requestBody": {
+        "required": True,
+        "content": {
+            MULTIPART: {
+                "schema": {
+                    "type": "object",
+                    "properties": {
+                        "file": {"type": "string", "format": "binary", "description": "A TMX or TSV file"},
+                        "format": {"type": "string", "enum": ["tmx", "tsv"]},
+                        "source_lang": {"type": "string", "description": "The TSV file's source language"},
+                        "target_lang": {"type": "string", "description": "The TSV file's target language"},
+                        "api_key": {"type": "string"},
+                    },
+                    "required": ["file"],
+                }
+            }
+        },
+    }
+}
+
+
+class MemoryForm(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    format: Literal["tmx", "tsv"] | None = Field(None, description="tmx or tsv; by default the file name's")
+    source_lang: str | None = Field(None, description="The TSV file's source language")
+    target_lang: str | None = Field(None, description="The TSV file's target language")
+    api_key: str | None = None
+
+
+class ImportResult(BaseModel):
+    imported: int = Field(description="Segments read from the file (a TMX unit gives one per language pair)")
+    segments: int = Field(description="Segments the memory holds now")
+
+
+class PairSegments(BaseModel):
+    source_lang: str
+    target_lang: str
+    segments: int
+
+
+class MemoryStats(BaseModel):
+    segments: int
+    pairs: list[PairSegments]
+
+
+class Deleted(BaseModel):
+    deleted: int
+
+
+async def get_memory(request: Request) -> TranslationMemory:
+    memory: TranslationMemory | None = getattr(request.app.state, "memory", None)
+    if memory is None:
+        raise HTTPException(503, "the service is not ready")
+    return memory
+
+
+MemoryDep = Annotated[TranslationMemory, Depends(get_memory)]
+
+
+async def counts(memory: TranslationMemory, owner: str) -> MemoryStats:
+    try:
+        found = await asyncio.to_thread(memory.stats, owner)
+    except StoreUnavailable as e:
+        raise store_error(e) from None
+    pairs = [
+        PairSegments(source_lang=p.source_lang, target_lang=p.target_lang, segments=p.segments) for p in found
+    ]
+    return MemoryStats(segments=sum(p.segments for p in pairs), pairs=pairs)
+
+
+@router.post("/memories", responses=MEMORY_ERRORS, openapi_extra=_OPENAPI_BODY)
+async def import_memory(request: Request, settings: SettingsDep, memory: MemoryDep) -> ImportResult:
+    """Add a TMX or TSV file's segments to your API key's translation memory."""
+    if media_type(request) != MULTIPART:
+        raise HTTPException(
+            400, "send the file as multipart/form-data (fields file, and for TSV source_lang, target_lang)"
+        )
+    fields, upload, data = await read_fields(request, settings.memory_max_bytes + FORM_OVERHEAD_BYTES)
+    if fields.get("api_key") == "":
+        del fields["api_key"]
+    values = validate_request(fields, MemoryForm)
+    owner = owner_of(request, values.api_key)
+    if upload is None:
+        raise missing_parameter("file")
+    name = (upload.filename or "").lower()
+    fmt = values.format or ("tsv" if name.endswith((".tsv", ".txt", ".tab")) else "tmx")
+    try:
+        if fmt == "tmx":
+            imported = await asyncio.to_thread(memory.import_tmx, owner, data)
+        else:
+            if not values.source_lang:
+                raise missing_parameter("source_lang")
+            if not values.target_lang:
+                raise missing_parameter("target_lang")
+            imported = await asyncio.to_thread(
+                memory.import_tsv, owner, values.source_lang, values.target_lang, data
+            )
+    except (MemoryImportError, StoreUnavailable) as e:
+        raise store_error(e) from None
+    return ImportResult(imported=imported, segments=(await counts(memory, owner)).segments)
+
+
+@router.get("/memories", responses=MEMORY_ERRORS)
+async def memory_stats(request: Request, memory: MemoryDep, api_key: ApiKeyQuery = None) -> MemoryStats:
+    """How many segments your API key's memory holds, per language pair."""
+    return await counts(memory, owner_of(request, api_key))
+
+
+@router.delete("/memories", responses=MEMORY_ERRORS)
+async def delete_memory(request: Request, memory: MemoryDep, api_key: ApiKeyQuery = None) -> Deleted:
+    """Empty your API key's translation memory."""
+    owner = owner_of(request, api_key)
+    try:
+        deleted = await asyncio.to_thread(memory.delete, owner)
+    except StoreUnavailable as e:
+        raise store_error(e) from None
+    return Deleted(deleted=deleted)

@@ -1,0 +1,106 @@
+"""A SQLite file under ``NMT_DATA_DIR``, opened on first use, shared by every front-end process.
+
+As ``app.usage``: WAL mode, so that readers never wait for a writer and several front-end
+processes (``uvicorn --workers N``, containers sharing a volume) see one store; explicit
+transactions, ``BEGIN IMMEDIATE`` for writes, so that a check ("this key has fewer than N
+glossaries") and the write it allows are one atomic step across processes.
+
+Opened on first use, not at start: a service that never stores a glossary never touches its data
+directory (which may be read-only), and reads of a store that was never written find no file and
+answer "nothing" without creating one.
+
+Reads and writes have a connection each, each behind its own lock: writes run on a thread
+(``asyncio.to_thread``) and may wait seconds for another process's write lock, while reads are
+made from the event loop too (a /translate request's memory lookup), and must never wait for them.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+
+class StoreUnavailable(RuntimeError):
+    """The database cannot be opened, read or written (HTTP 503): the message says why."""
+
+
+class Database:
+    def __init__(self, path: Path, schema: str, timeout_s: float = 5.0) -> None:
+        self.path = path
+        self.schema = schema
+        self.timeout_s = timeout_s
+        self._reader: sqlite3.Connection | None = None
+        self._writer: sqlite3.Connection | None = None
+        self._read_lock = threading.Lock()
+        self._write_lock = threading.Lock()
+
+    def _open(self) -> sqlite3.Connection:
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            # isolation_level=None: transactions are begun and ended here, explicitly.
+            db = sqlite3.connect(
+                self.path, timeout=self.timeout_s, isolation_level=None, check_same_thread=False
+            )
+            try:
+                db.execute("PRAGMA journal_mode=WAL")
+                # Unlike the usage counts, these are the users' data: NORMAL keeps every commit
+                # across a crash of the process, and in WAL mode costs no fsync per commit.
+                db.execute("PRAGMA synchronous=NORMAL")
+                db.execute("PRAGMA foreign_keys=ON")
+                db.executescript(self.schema)
+            except BaseException:
+                db.close()
+                raise
+        except (OSError, sqlite3.Error) as e:
+            reason = e.strerror if isinstance(e, OSError) and e.strerror else e
+            raise StoreUnavailable(f"cannot open {self.path}: {reason}") from e
+        return db
+
+    @contextmanager
+    def reading(self) -> Iterator[sqlite3.Connection | None]:
+        """The connection for reads, or None when the file was never made (nothing stored yet)."""
+        with self._read_lock:
+            if self._reader is None:
+                if not self.path.exists():
+                    yield None
+                    return
+                self._reader = self._open()
+            try:
+                yield self._reader
+            except sqlite3.Error as e:
+                raise StoreUnavailable(f"cannot read {self.path}: {e}") from e
+
+    @contextmanager
+    def writing(self) -> Iterator[sqlite3.Connection]:
+        """One write transaction (rolled back if the block raises)."""
+        with self._write_lock:
+            if self._writer is None:
+                self._writer = self._open()
+            db = self._writer
+            try:
+                db.execute("BEGIN IMMEDIATE")
+            except sqlite3.Error as e:  # locked past the timeout by another process, disk full, ...
+                raise StoreUnavailable(f"cannot write {self.path}: {e}") from e
+            try:
+                yield db
+            except sqlite3.Error as e:
+                db.execute("ROLLBACK")
+                raise StoreUnavailable(f"cannot write {self.path}: {e}") from e
+            except BaseException:
+                db.execute("ROLLBACK")
+                raise
+            try:
+                db.execute("COMMIT")
+            except sqlite3.Error as e:
+                db.execute("ROLLBACK")
+                raise StoreUnavailable(f"cannot write {self.path}: {e}") from e
+
+    def close(self) -> None:
+        with self._read_lock, self._write_lock:
+            for db in (self._reader, self._writer):
+                if db is not None:
+                    db.close()
+            self._reader = self._writer = None
