@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.aligner import Aligner, cached, tokenize, words
 from benchmarks import terminology
+from benchmarks.aligner import Aligner, cached, tokenize, words
 from benchmarks.terminology import Entry, candidates, occurs
 
 # A fixed bilingual dictionary: source word i translates to target word i, one for one.
