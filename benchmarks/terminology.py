@@ -224,9 +224,20 @@ def translate(
     return [r.hypotheses[0] for r in results], time.perf_counter() - start
 
 
-def run_direction(src_lang: str, tgt_lang: str, args: argparse.Namespace) -> DirectionResult:
-    from model.decoding.translator import Translator  # torch: only once a model is run
+@dataclass
+class TermSet:
+    """One direction's sentences, their glossary terms and the placeholder set."""
 
+    direction: str
+    sources: list[str]
+    references: list[str]
+    terms: list[list[str]]  # per sentence, the glossary's target words (may be empty)
+    candidates: int  # entries the aligned pairs offered before the draw
+    placeholder_texts: list[str]
+    placeholder_terms: list[list[str]]
+
+
+def term_set(src_lang: str, tgt_lang: str, args: argparse.Namespace) -> TermSet:
     sources = read_lines(args.data / f"test_2016_flickr.{src_lang}.gz")
     references = read_lines(args.data / f"test_2016_flickr.{tgt_lang}.gz")
     # One aligner per language pair, trained de-en and flipped for en-de (the intersection is
@@ -251,29 +262,47 @@ def run_direction(src_lang: str, tgt_lang: str, args: argparse.Namespace) -> Dir
     n_candidates = sum(
         len(candidates(aligner, s, r, stop_src, stop_tgt)) for s, r in zip(sources, references, strict=True)
     )
-    terms = [[e.target for e in entries] for entries in glossary]
     placeholder_set = with_placeholders(sources[: args.placeholders], args.seed)
-    ph_texts = [text for text, _ in placeholder_set]
-    ph_terms = [ps for _, ps in placeholder_set]
+    return TermSet(
+        direction=f"{src_lang}-{tgt_lang}",
+        sources=sources,
+        references=references,
+        terms=[[e.target for e in entries] for entries in glossary],
+        candidates=n_candidates,
+        placeholder_texts=[text for text, _ in placeholder_set],
+        placeholder_terms=[ps for _, ps in placeholder_set],
+    )
 
+
+def run_direction(src_lang: str, tgt_lang: str, args: argparse.Namespace) -> DirectionResult:
+    from model.decoding.translator import Translator  # torch: only once a model is run
+
+    data = term_set(src_lang, tgt_lang, args)
     model_dir = args.models / f"multi30k-{src_lang}-{tgt_lang}"
     translator = Translator.load(model_dir, device="cpu")
+    return measure(translator, data, str(model_dir), beam=args.beam, repeats=args.repeats)
+
+
+def measure(translator: Any, data: TermSet, model: str, beam: int, repeats: int) -> DirectionResult:
+    """Translate ``data`` with ``translator`` without and (where it can) with the terms."""
+    sources, references, terms = data.sources, data.references, data.terms
+    ph_texts, ph_terms = data.placeholder_texts, data.placeholder_terms
     constrained = supports_terms(translator)
-    translate(translator, sources[:16], args.beam, None)  # warm-up: first-use allocations, caches
+    translate(translator, sources[:16], beam, None)  # warm-up: first-use allocations, caches
     if constrained:
-        translate(translator, sources[:16], args.beam, terms[:16])
+        translate(translator, sources[:16], beam, terms[:16])
     plain_times: list[float] = []
     forced_times: list[float] = []
     plain: list[str] = []
     forced: list[str] = []
-    for _ in range(args.repeats):  # alternating, so a noisy neighbour slows both alike
-        plain, seconds = translate(translator, sources, args.beam, None)
+    for _ in range(repeats):  # alternating, so a noisy neighbour slows both alike
+        plain, seconds = translate(translator, sources, beam, None)
         plain_times.append(seconds)
         if constrained:
-            forced, seconds = translate(translator, sources, args.beam, terms)
+            forced, seconds = translate(translator, sources, beam, terms)
             forced_times.append(seconds)
-    ph_plain, _ = translate(translator, ph_texts, args.beam, None)
-    ph_forced = translate(translator, ph_texts, args.beam, ph_terms)[0] if constrained else None
+    ph_plain, _ = translate(translator, ph_texts, beam, None)
+    ph_forced = translate(translator, ph_texts, beam, ph_terms)[0] if constrained else None
 
     import sacrebleu
 
@@ -287,15 +316,19 @@ def run_direction(src_lang: str, tgt_lang: str, args: argparse.Namespace) -> Dir
         {"source": sources[k], "reference": references[k], "terms": terms[k], "unconstrained": plain[k]}
         | ({"constrained": forced[k]} if constrained else {})
         for k in [k for k, ts in enumerate(terms) if ts][:5]
+    ] + [
+        {"source": ph_texts[k], "terms": ph_terms[k], "unconstrained": ph_plain[k]}
+        | ({"constrained": ph_forced[k]} if ph_forced is not None else {})
+        for k in range(min(3, len(ph_texts)))
     ]
     return DirectionResult(
-        direction=f"{src_lang}-{tgt_lang}",
-        model=str(model_dir),
+        direction=data.direction,
+        model=model,
         sentences=len(sources),
         sentences_with_terms=len(sources) - len(without),
         sentences_without_terms=len(without),
         entries=sum(len(ts) for ts in terms),
-        candidates_per_sentence=round(n_candidates / max(1, len(sources)), 2),
+        candidates_per_sentence=round(data.candidates / max(1, len(sources)), 2),
         constraints_supported=constrained,
         term_success_unconstrained=percent(*share_found(plain, terms)),
         term_success_constrained=percent(*share_found(forced, terms)) if constrained else None,

@@ -4,13 +4,14 @@ it builds (benchmarks.terminology): on a synthetic corpus whose word-for-word al
 from __future__ import annotations
 
 import random
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from benchmarks import terminology
 from benchmarks.aligner import Aligner, cached, tokenize, words
-from benchmarks.terminology import Entry, candidates, occurs
+from benchmarks.terminology import Entry, TermSet, candidates, measure, occurs, table
 
 # A fixed bilingual dictionary: source word i translates to target word i, one for one.
 SRC_WORDS = [f"s{i}x" for i in range(30)]
@@ -116,3 +117,64 @@ def test_occurs_is_case_sensitive_and_respects_word_boundaries() -> None:
     assert not occurs("%d", "Wert %dx")
     assert occurs("https://example.com/a?b=1", "siehe https://example.com/a?b=1.")
     assert not occurs("42", "1420 Leute")
+
+
+@dataclass
+class FakeResult:
+    hypotheses: list[str]
+
+
+class PlainTranslator:
+    """Today's translate_batch: no ``terms`` parameter. Translates by looking words up."""
+
+    def translate_batch(self, texts: list[str], *, beam_size: int = 5) -> list[FakeResult]:
+        return [FakeResult([" ".join(WORD_FOR_WORD.get(w, "unk") for w in t.split())]) for t in texts]
+
+
+class ConstrainedTranslator(PlainTranslator):
+    """Honours ``terms`` by appending the missing ones, as a constrained search would put them in."""
+
+    def translate_batch(
+        self, texts: list[str], *, beam_size: int = 5, terms: list[list[str]] | None = None
+    ) -> list[FakeResult]:
+        plain = super().translate_batch(texts, beam_size=beam_size)
+        out = []
+        for result, ts in zip(plain, terms or [[] for _ in texts], strict=True):
+            text = result.hypotheses[0]
+            out.append(FakeResult([" ".join([text, *[t for t in ts if not occurs(t, text)]])]))
+        return out
+
+
+def fake_set() -> TermSet:
+    sources = ["s1x s2x", "s3x zzz", "s4x s5x"]
+    return TermSet(
+        direction="xx-yy",
+        sources=sources,
+        references=["t1y t2y", "t3y Qqq", "t4y t5y"],
+        terms=[["t2y"], ["Qqq"], []],  # "Qqq": a term the plain translation misses
+        candidates=4,
+        placeholder_texts=["s1x {name} s2x", "s3x %1$s"],
+        placeholder_terms=[["{name}"], ["%1$s"]],
+    )
+
+
+def test_measure_without_terms_support_reports_the_unconstrained_side_only() -> None:
+    r = measure(PlainTranslator(), fake_set(), "fake", beam=5, repeats=2)
+    assert not r.constraints_supported
+    assert (r.entries, r.sentences_with_terms, r.sentences_without_terms) == (2, 2, 1)
+    assert r.term_success_unconstrained == 50.0
+    assert r.term_success_constrained is None and r.bleu_constrained is None
+    assert r.identical_without_terms is None and r.throughput_ratio is None
+    assert r.placeholders_kept_unconstrained == 0.0 and r.placeholders_kept_constrained is None
+    assert r.sentences_per_s_unconstrained > 0
+    assert "n/a" in table([r])
+
+
+def test_measure_with_terms_support() -> None:
+    r = measure(ConstrainedTranslator(), fake_set(), "fake", beam=5, repeats=1)
+    assert r.constraints_supported
+    assert r.term_success_unconstrained == 50.0 and r.term_success_constrained == 100.0
+    assert r.bleu_constrained is not None and r.bleu_constrained >= r.bleu_unconstrained
+    assert r.identical_without_terms == 100.0
+    assert r.placeholders_kept_constrained == 100.0
+    assert r.throughput_ratio is not None and r.throughput_ratio > 0
