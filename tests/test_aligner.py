@@ -11,7 +11,7 @@ import pytest
 
 from benchmarks import terminology
 from benchmarks.aligner import Aligner, cached, tokenize, words
-from benchmarks.terminology import Entry, TermSet, candidates, measure, occurs, table
+from benchmarks.terminology import Entry, TermSet, candidates, inside_words, measure, occurs, table
 
 # A fixed bilingual dictionary: source word i translates to target word i, one for one.
 SRC_WORDS = [f"s{i}x" for i in range(30)]
@@ -117,6 +117,7 @@ def test_occurs_is_case_sensitive_and_respects_word_boundaries() -> None:
     assert not occurs("%d", "Wert %dx")
     assert occurs("https://example.com/a?b=1", "siehe https://example.com/a?b=1.")
     assert not occurs("42", "1420 Leute")
+    assert inside_words(["Home fangende Junge"], [["fangen", "Home"]]) == 1
 
 
 @dataclass
@@ -165,6 +166,7 @@ def test_measure_without_terms_support_reports_the_unconstrained_side_only() -> 
     assert r.term_success_unconstrained == 50.0
     assert r.term_success_constrained is None and r.bleu_constrained is None
     assert r.identical_without_terms is None and r.throughput_ratio is None
+    assert r.length_ratio is None and r.terms_inside_words is None
     assert r.placeholders_kept_unconstrained == 0.0 and r.placeholders_kept_constrained is None
     assert r.sentences_per_s_unconstrained > 0
     assert "n/a" in table([r])
@@ -178,3 +180,6 @@ def test_measure_with_terms_support() -> None:
     assert r.identical_without_terms == 100.0
     assert r.placeholders_kept_constrained == 100.0
     assert r.throughput_ratio is not None and r.throughput_ratio > 0
+    assert r.length_ratio is not None and r.length_ratio > 1  # "Qqq" appended
+    assert r.terms_inside_words == 0
+    assert "found only inside a longer word" in table([r])
