@@ -145,6 +145,7 @@ def build_glossary(
     max_terms: int,
     share: float,
     seed: int = 0,
+    grow_diag: bool = False,
 ) -> list[list[Entry]]:
     """Per sentence its entries: for a seeded ``share`` of the sentences up to ``max_terms`` of
     their candidates (drawn at random: which words the model gets right anyway is not chosen), for
@@ -152,7 +153,7 @@ def build_glossary(
     rng = random.Random(seed)
     glossary: list[list[Entry]] = []
     for source, reference in zip(sources, references, strict=True):
-        found = candidates(aligner, source, reference, stop_src, stop_tgt)
+        found = candidates(aligner, source, reference, stop_src, stop_tgt, grow_diag)
         chosen = rng.random() < share  # drawn for every sentence: the choice does not shift with found
         picked = sorted(rng.sample(range(len(found)), min(max_terms, len(found)))) if chosen else []
         glossary.append([found[k] for k in picked])
@@ -272,10 +273,19 @@ def term_set(src_lang: str, tgt_lang: str, args: argparse.Namespace) -> TermSet:
         sources, references = sources[: args.limit], references[: args.limit]
     stop_src, stop_tgt = STOPWORDS.get(src_lang, frozenset()), STOPWORDS.get(tgt_lang, frozenset())
     glossary = build_glossary(
-        aligner, sources, references, stop_src, stop_tgt, args.max_terms, args.share, args.seed
+        aligner,
+        sources,
+        references,
+        stop_src,
+        stop_tgt,
+        args.max_terms,
+        args.share,
+        args.seed,
+        args.grow_diag,
     )
     n_candidates = sum(
-        len(candidates(aligner, s, r, stop_src, stop_tgt)) for s, r in zip(sources, references, strict=True)
+        len(candidates(aligner, s, r, stop_src, stop_tgt, args.grow_diag))
+        for s, r in zip(sources, references, strict=True)
     )
     placeholder_set = with_placeholders(sources[: args.placeholders], args.seed)
     return TermSet(
@@ -413,6 +423,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--iterations", type=int, default=5, help="EM iterations of the aligner")
     p.add_argument("--diagonal", type=float, default=DIAGONAL, help="aligner's diagonal tension (0: Model 1)")
+    p.add_argument(
+        "--grow-diag",
+        action="store_true",
+        help="aligner links: grow-diag (more, less precise), not intersection",
+    )
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     p.add_argument("--json", type=Path, default=None, help="write the results here")
     return p.parse_args(argv)
