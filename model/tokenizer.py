@@ -105,6 +105,54 @@ class Tokenizer:
             str(self.target_sp.DecodePieces([vocab[i] for i in seq if i not in skip])).strip() for seq in ids
         ]
 
+    def decode_spans(
+        self, ids: list[int], spans: Iterable[tuple[int, int, int]], terms: Sequence[str]
+    ) -> str:
+        """``decode([ids])`` with the tokens of each span (start, end, term index: token indices
+        into ``ids``, end exclusive, as ``Hypothesis.spans``) replaced by ``terms[index]`` exactly,
+        so that a term the vocabulary cannot spell (a character it lacks) still comes out as given."""
+        return self.decode_spans_with_offsets(ids, spans, terms)[0]
+
+    def decode_spans_with_offsets(
+        self, ids: list[int], spans: Iterable[tuple[int, int, int]], terms: Sequence[str]
+    ) -> tuple[str, list[tuple[int, int, int]]]:
+        """``decode_spans``, and where each term is in the text: (start, end, term index) in
+        characters, end exclusive, in text order.
+
+        The text is put together segment by segment (the runs of tokens between spans decoded as
+        ``decode`` does, each term as given), a space between two segments where the second one's
+        first piece begins a word ("▁"), as SentencePiece's own decoding would put it; a term's
+        tokens always begin a word (a term is encoded on its own, with SentencePiece's dummy
+        prefix)."""
+        segments: list[tuple[list[int], int]] = []  # (ids, term index; -1: the model's own text)
+        at = 0
+        for start, end, term in sorted(spans):
+            if start < at or end <= start or end > len(ids):
+                raise ValueError(
+                    f"span {(start, end, term)} overlaps another or lies outside {len(ids)} tokens"
+                )
+            segments += [(ids[at:start], -1), (ids[start:end], term)]
+            at = end
+        segments.append((ids[at:], -1))
+        text, offsets = "", []
+        for seg_ids, term in segments:
+            shown = self._shown(seg_ids)
+            part = terms[term] if term >= 0 else self.decode([seg_ids])[0] if shown else ""
+            if not part:
+                continue
+            if text and (not shown or self.pieces(shown[:1])[0].startswith("\u2581")):
+                text += " "
+            if term >= 0:
+                offsets.append((len(text), len(text) + len(part), term))
+            text += part
+        return text, offsets
+
+    def _shown(self, ids: list[int]) -> list[int]:
+        """The ids of ``ids`` that decoding shows (not the specials, controls or skipped ids)."""
+        if self.mapped:
+            return [i for i in ids if i not in self.skip]
+        return [i for i in ids if i > EOS_ID and not self.sp.IsControl(i)]
+
     def pieces(self, ids: list[int], *, source: bool = False) -> list[str]:
         """The pieces of target ids (of source ids with ``source``)."""
         if not self.mapped:
