@@ -226,8 +226,10 @@ def test_unconstrained_inputs_decode_as_if_no_input_had_constraints(
     assert_same([mixed[i] for i in unconstrained], [plain[i] for i in unconstrained])
     for i, cs in enumerate(constraints):
         assert all(contains(h.tokens, seq) for h in mixed[i] for seq in cs)
-        if cs:  # the constrained ones did change
+        if cs:  # the constrained ones did change, and read their own rows' (forced) log-probs
             assert mixed[i][0].tokens != plain[i][0].tokens
+            for h in mixed[i]:
+                assert h.log_prob == pytest.approx(rescore(model, sources[i], h.tokens), abs=1e-3)
 
 
 def test_a_constrained_input_decodes_the_same_alone_and_among_neighbours(model: Transformer) -> None:

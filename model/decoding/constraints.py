@@ -24,7 +24,6 @@ be replaced by its term's exact text (``model.tokenizer.Tokenizer.decode_spans``
 
 from __future__ import annotations
 
-import heapq
 import math
 from collections.abc import Collection, Sequence
 from typing import NamedTuple
@@ -138,19 +137,22 @@ class ConstraintSet:
         position: int,
         scores: Sequence[float],
         states: Sequence[ConstraintState],
-        top: Sequence[Sequence[tuple[float, int]]],
+        best: Sequence[tuple[float, int, int]],
+        row_best: Sequence[tuple[float, int]],
         forced: Sequence[Sequence[tuple[float, int]]],
         eos: tuple[int, Sequence[float]],
         banned: Sequence[Collection[int]] | None = None,
     ) -> tuple[list[tuple[int, float, ConstraintState]], list[tuple[int, int, float, ConstraintState]]]:
         """One step of dynamic beam allocation for an input's K beams.
 
-        ``scores``: the beams' cumulative log-probs (-inf: a dead copy); ``top[j]``: beam j's best
-        (log-prob, token) pairs, best first, as the step returned them; ``forced[j]``: the
-        (log-prob, token) of the tokens ``allowed`` gave for beam j; ``eos``: (eos id, each beam's
-        eos log-prob); ``banned[j]``: tokens the repetition guard forbids after beam j (a token
-        that advances a constraint is never banned: the guard must not make a constraint
-        impossible). ``position``: the index of the tokens generated now.
+        ``scores``: the beams' cumulative log-probs (-inf: a dead copy); ``best``: the best 2K
+        extensions of the K beams as (score, token, beam), best first (what an unconstrained beam
+        chooses from; the repetition guard already applied); ``row_best[j]``: beam j's best
+        (log-prob, token); ``forced[j]``: the (log-prob, token) of the tokens ``allowed`` gave for
+        beam j; ``eos``: (eos id, each beam's eos log-prob); ``banned[j]``: the tokens the
+        repetition guard forbids after beam j, for ``row_best`` (forced tokens all advance a
+        constraint: the guard must not make a constraint impossible). ``position``: the index of
+        the tokens generated now.
 
         Returns (enders, continuing): the beams that end now with eos, as (beam, score, state),
         best first: a complete beam's eos among the K best candidates of the complete bank (the
@@ -158,38 +160,34 @@ class ConstraintSet:
         K continuations (beam, token, score, state), best first, taken bank by bank
         (``bank_sizes``; a candidate's bank: its state's ``bank``, constraint tokens met)."""
         eos_id, eos_lprobs = eos
-        live = [j for j in range(k) if scores[j] != -math.inf]
-        # Every extension considered, once: (score, order, beam, token), order breaking ties the
-        # way they were listed (the best 2K first, as an unconstrained beam would rank them).
-        seen: set[tuple[int, int]] = set()
-        cands: list[tuple[float, int, int, int]] = []
-
-        def add(score: float, j: int, token: int) -> None:
-            if score != -math.inf and (j, token) not in seen:
-                seen.add((j, token))
-                cands.append((score, len(cands), j, token))
-
-        extensions = ((scores[j] + lp, j, t) for j in live for lp, t in top[j])
-        for score, j, t in heapq.nlargest(2 * k, extensions, key=lambda e: e[0]):
-            add(score, j, t)
-        for j in live:
-            if top[j]:
-                add(scores[j] + top[j][0][0], j, top[j][0][1])
+        # Every extension considered, once, in the order listed (the best 2K first, as an
+        # unconstrained beam ranks them; a stable sort keeps that order among equal scores).
+        cands: dict[tuple[int, int], float] = {}
+        for score, t, j in best:
+            if score != -math.inf:  # (a dead copy's)
+                cands.setdefault((j, t), score)
+        for j in range(k):
+            base = scores[j]
+            if base == -math.inf:
+                continue
+            lp, t = row_best[j]
+            if banned is None or t not in banned[j]:
+                cands.setdefault((j, t), base + lp)
             for lp, t in forced[j]:
-                add(scores[j] + lp, j, t)
-            if self.complete(states[j]):
-                add(scores[j] + eos_lprobs[j], j, eos_id)
+                cands.setdefault((j, t), base + lp)
+            if states[j].met == self.all_met:  # only hypotheses that have met everything may end
+                cands.setdefault((j, eos_id), base + eos_lprobs[j])
         ranked: list[tuple[float, int, int, ConstraintState]] = []  # (score, beam, token, state)
-        for score, _, j, t in sorted(cands, key=lambda c: (-c[0], c[1])):
+        by_first = self.by_first
+        for (j, t), score in sorted(cands.items(), key=lambda c: -c[1]):
             state = states[j]
             if t == eos_id:
-                if self.complete(state):  # only hypotheses that have met everything may end
+                if state.met == self.all_met:
                     ranked.append((score, j, t, state))
-                continue
-            after = self.advance(state, t, position)
-            if banned is not None and t in banned[j] and after.n_met == state.n_met and not after.matched:
-                continue  # banned, and it neither starts, continues nor completes a constraint
-            ranked.append((score, j, t, after))
+            elif state.matched or t in by_first:
+                ranked.append((score, j, t, self.advance(state, t, position)))
+            else:  # (the common case: a token that neither starts nor continues anything)
+                ranked.append((score, j, t, state))
         enders: list[tuple[int, float, ConstraintState]] = []
         in_top_bank = 0
         counts = [0] * (self.tokens + 1)

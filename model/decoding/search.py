@@ -116,16 +116,17 @@ class Beam:
 
     def advance_constrained(
         self,
-        top: list[list[tuple[float, int]]],
+        best: list[tuple[float, int, int]],
+        row_best: list[tuple[float, int]],
         forced: list[list[tuple[float, int]]],
         eos_lprobs: list[float],
         eos: int,
         alpha: float,
         guard: int = 0,
     ) -> list[int]:
-        """``advance`` for an input with constraints (``ConstraintSet.choose``), given each beam's
-        best (log-prob, token) pairs, the (log-prob, token) of its forced tokens and its eos
-        log-prob; returns the parent beam of each new beam.
+        """``advance`` for an input with constraints (``ConstraintSet.choose``), given the best 2K
+        (score, token, beam) extensions, each beam's best (log-prob, token), the (log-prob, token)
+        of its forced tokens and its eos log-prob; returns the parent beam of each new beam.
 
         Only a hypothesis that has met every constraint may end before the limit; at the limit
         every live beam ends (met or not: the input must end), and ``best`` ranks those that met
@@ -146,7 +147,7 @@ class Beam:
             return []
         banned = [banned_tokens(h, guard) for h in self.history] if guard > 0 else None
         enders, continuing = cs.choose(
-            self.k, self.steps, self.scores, self.states, top, forced, (eos, eos_lprobs), banned
+            self.k, self.steps, self.scores, self.states, best, row_best, forced, (eos, eos_lprobs), banned
         )
         for j, score, state in enders:
             if len(self.finished) < self.k:
@@ -292,7 +293,10 @@ class Search:
         device = step.choice.device
         rows = torch.tensor([top_at[i] + j for i in members for j in range(k)], device=device)
         top = step.top_tokens.size(1)
-        assert top >= 2 * k, f"{top} candidates per row cannot serve a beam of {k}"
+        # (A constrained input's beam may outgrow the step's top, beam_for: it then takes the best
+        # of its rows' candidates, and its forced tokens.)
+        constrained = beams[members[0]].constraints is not None
+        assert top >= 2 * k or constrained, f"{top} candidates per row cannot serve a beam of {k}"
         values = step.top_lprobs.index_select(0, rows).view(len(members), k, top)  # (A, K, top)
         tokens = step.top_tokens.index_select(0, rows).view(len(members), k, top)
         limited = [beams[i].at_limit for i in members]
@@ -306,7 +310,7 @@ class Search:
             values = self._guard(beams, members, values, tokens)
         scores = torch.tensor([beams[i].scores for i in members], device=device)
         total = (scores[:, :, None] + values).view(len(members), k * top)  # (A, K*top)
-        cand_scores, flat = total.topk(2 * k, dim=1)  # (A, 2K)
+        cand_scores, flat = total.topk(min(2 * k, k * top), dim=1)  # (A, 2K)
         cand_tokens = tokens.view(len(members), k * top).gather(1, flat)
         return cand_scores, cand_tokens, flat // top
 
@@ -321,21 +325,33 @@ class Search:
         """Advance the constrained inputs ``members``: their rows' candidates, eos and forced
         log-probs come to Python once for all of them (only constrained inputs pay for this)."""
         device = step.choice.device
+        best: dict[int, list[tuple[float, int, int]]] = {}
+        by_k: dict[int, list[int]] = {}
+        for i in members:
+            by_k.setdefault(beams[i].k, []).append(i)
+        for k, group in by_k.items():  # the best 2K extensions, as for unconstrained beams
+            scores, tokens, parents_of = (c.tolist() for c in self._candidates(beams, group, k, top_at, step))
+            for a, i in enumerate(group):
+                best[i] = list(zip(scores[a], tokens[a], parents_of[a], strict=True))
         rows = torch.tensor([top_at[i] + j for i in members for j in range(beams[i].k)], device=device)
-        tokens = step.top_tokens.index_select(0, rows).tolist()
-        lprobs = step.top_lprobs.index_select(0, rows).tolist()
+        row_lp = step.top_lprobs[:, 0].index_select(0, rows).tolist()
+        row_token = step.top_tokens[:, 0].index_select(0, rows).tolist()
         eos_lp = step.eos_lprob.index_select(0, rows).tolist()
         forced_lp = None if step.forced_lprobs is None else step.forced_lprobs.index_select(0, rows).tolist()
         at = 0
         for i in members:
             b = beams[i]
-            top = [list(zip(lprobs[at + j], tokens[at + j], strict=True)) for j in range(b.k)]
             forced: list[list[tuple[float, int]]] = [[] for _ in range(b.k)]
             if forced_lp is not None and b.forced:  # (the padding columns are not read)
                 forced = [list(zip(forced_lp[at + j], b.forced[j], strict=False)) for j in range(b.k)]
-            guard = self.no_repeat_ngram_size
             parents[i] = b.advance_constrained(
-                top, forced, eos_lp[at : at + b.k], self.eos, self.length_penalty, guard
+                best[i],
+                list(zip(row_lp[at : at + b.k], row_token[at : at + b.k], strict=True)),
+                forced,
+                eos_lp[at : at + b.k],
+                self.eos,
+                self.length_penalty,
+                self.no_repeat_ngram_size,
             )
             at += b.k
 
