@@ -24,6 +24,7 @@ be replaced by its term's exact text (``model.tokenizer.Tokenizer.decode_spans``
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections.abc import Collection, Sequence
 from typing import NamedTuple
@@ -70,6 +71,7 @@ class ConstraintSet:
         self.n = len(self.seqs)
         self.all_met = (1 << self.n) - 1
         self.tokens = sum(map(len, self.seqs))  # the top bank: every constraint met
+        self.needed = sum(1 for seq in self.seqs if seq)  # spans of a hypothesis that met them all
         by_first: dict[int, list[int]] = {}
         for c, seq in enumerate(self.seqs):
             if seq:
@@ -138,7 +140,7 @@ class ConstraintSet:
         scores: Sequence[float],
         states: Sequence[ConstraintState],
         best: Sequence[tuple[float, int, int]],
-        row_best: Sequence[tuple[float, int]],
+        top: Sequence[Sequence[tuple[float, int]]],
         forced: Sequence[Sequence[tuple[float, int]]],
         eos: tuple[int, Sequence[float]],
         banned: Sequence[Collection[int]] | None = None,
@@ -147,18 +149,21 @@ class ConstraintSet:
 
         ``scores``: the beams' cumulative log-probs (-inf: a dead copy); ``best``: the best 2K
         extensions of the K beams as (score, token, beam), best first (what an unconstrained beam
-        chooses from; the repetition guard already applied); ``row_best[j]``: beam j's best
-        (log-prob, token); ``forced[j]``: the (log-prob, token) of the tokens ``allowed`` gave for
-        beam j; ``eos``: (eos id, each beam's eos log-prob); ``banned[j]``: the tokens the
-        repetition guard forbids after beam j, for ``row_best`` (forced tokens all advance a
-        constraint: the guard must not make a constraint impossible). ``position``: the index of
-        the tokens generated now.
+        chooses from; the repetition guard already applied); ``top[j]``: beam j's best (log-prob,
+        token) pairs, best first, as the step returned them; ``forced[j]``: the (log-prob, token)
+        of the tokens ``allowed`` gave for beam j; ``eos``: (eos id, each beam's eos log-prob);
+        ``banned[j]``: the tokens the repetition guard forbids after beam j, for its best token
+        (forced tokens all advance a constraint: the guard must not make a constraint
+        impossible). ``position``: the index of the tokens generated now.
 
         Returns (enders, continuing): the beams that end now with eos, as (beam, score, state),
-        best first: a complete beam's eos among the K best candidates of the complete bank (the
-        stopping rule of unconstrained beams, within the hypotheses allowed to stop); and at most
-        K continuations (beam, token, score, state), best first, taken bank by bank
-        (``bank_sizes``; a candidate's bank: its state's ``bank``, constraint tokens met)."""
+        best first; and at most K continuations (beam, token, score, state), best first, taken
+        bank by bank (``bank_sizes``; a candidate's bank: its state's ``bank``, constraint tokens
+        met). A beam that has met every constraint ends when its eos is among the K best
+        extensions of all such beams (their ``top`` and eos): the stopping rule of unconstrained
+        beams, among the hypotheses allowed to stop. (Ranked within its bank's candidates
+        instead, eos came first too easily: a bank holds few candidates, and hypotheses ended
+        as soon as their constraints were met.)"""
         eos_id, eos_lprobs = eos
         # Every extension considered, once, in the order listed (the best 2K first, as an
         # unconstrained beam ranks them; a stable sort keeps that order among equal scores).
@@ -170,38 +175,36 @@ class ConstraintSet:
             base = scores[j]
             if base == -math.inf:
                 continue
-            lp, t = row_best[j]
-            if banned is None or t not in banned[j]:
-                cands.setdefault((j, t), base + lp)
+            if top[j]:  # its best token, whatever the others' scores (Post & Vilar)
+                lp, t = top[j][0]
+                if banned is None or t not in banned[j]:
+                    cands.setdefault((j, t), base + lp)
             for lp, t in forced[j]:
                 cands.setdefault((j, t), base + lp)
-            if states[j].met == self.all_met:  # only hypotheses that have met everything may end
-                cands.setdefault((j, eos_id), base + eos_lprobs[j])
         ranked: list[tuple[float, int, int, ConstraintState]] = []  # (score, beam, token, state)
         by_first = self.by_first
         for (j, t), score in sorted(cands.items(), key=lambda c: -c[1]):
             state = states[j]
-            if t == eos_id:
-                if state.met == self.all_met:
-                    ranked.append((score, j, t, state))
-            elif state.matched or t in by_first:
+            if t == eos_id:  # (ending is decided below)
+                continue
+            if state.matched or t in by_first:
                 ranked.append((score, j, t, self.advance(state, t, position)))
             else:  # (the common case: a token that neither starts nor continues anything)
                 ranked.append((score, j, t, state))
         enders: list[tuple[int, float, ConstraintState]] = []
-        in_top_bank = 0
+        complete = [j for j in range(k) if scores[j] != -math.inf and states[j].met == self.all_met]
+        if complete:  # only hypotheses that have met everything may end
+            ending = [(scores[j] + eos_lprobs[j], j) for j in complete]
+            pool = [scores[j] + lp for j in complete for lp, t in top[j] if t != eos_id]
+            kth = heapq.nlargest(k, pool + [e for e, _ in ending])[-1]
+            enders = [(j, e, states[j]) for e, j in sorted(ending, reverse=True) if e >= kth]
         counts = [0] * (self.tokens + 1)
-        for score, j, t, after in ranked:
-            if after.met == self.all_met:
-                if t == eos_id and in_top_bank < k:
-                    enders.append((j, score, after))
-                in_top_bank += 1
-            if t != eos_id:
-                counts[after.bank] += 1
+        for _, _, _, after in ranked:
+            counts[after.bank] += 1
         sizes = bank_sizes(k, counts)
         continuing: list[tuple[int, int, float, ConstraintState]] = []
         for score, j, t, after in ranked:
-            if t != eos_id and sizes[after.bank] > 0:
+            if sizes[after.bank] > 0:
                 sizes[after.bank] -= 1
                 continuing.append((j, t, score, after))
         return enders, continuing

@@ -73,9 +73,13 @@ class Beam:
 
     def best(self, n_best: int = 1) -> list[Hypothesis]:
         if self.constraints is not None:
-            # Hypotheses that met every constraint first: the others end only at the length limit
-            # (so that an input whose constraints cannot fit still ends), the more met the better.
-            return sorted(self.finished, key=lambda h: (len(h.spans), h.score), reverse=True)[:n_best]
+            # Only the hypotheses that met every constraint (fewer than n_best where the search
+            # found fewer: alternatives that drop a term would break the promise); where none did
+            # (the constraints did not fit in the length limit: hypotheses end there, met or not,
+            # so that the input ends), those that met the most.
+            ranked = sorted(self.finished, key=lambda h: (len(h.spans), h.score), reverse=True)
+            complete = [h for h in ranked if len(h.spans) == self.constraints.needed]
+            return (complete or ranked)[:n_best]
         return sorted(self.finished, key=lambda h: h.score, reverse=True)[:n_best]
 
     def advance(
@@ -117,7 +121,7 @@ class Beam:
     def advance_constrained(
         self,
         best: list[tuple[float, int, int]],
-        row_best: list[tuple[float, int]],
+        top: list[list[tuple[float, int]]],
         forced: list[list[tuple[float, int]]],
         eos_lprobs: list[float],
         eos: int,
@@ -125,8 +129,8 @@ class Beam:
         guard: int = 0,
     ) -> list[int]:
         """``advance`` for an input with constraints (``ConstraintSet.choose``), given the best 2K
-        (score, token, beam) extensions, each beam's best (log-prob, token), the (log-prob, token)
-        of its forced tokens and its eos log-prob; returns the parent beam of each new beam.
+        (score, token, beam) extensions, each beam's best (log-prob, token) pairs, the (log-prob,
+        token) of its forced tokens and its eos log-prob; returns the parent beam of each new beam.
 
         Only a hypothesis that has met every constraint may end before the limit; at the limit
         every live beam ends (met or not: the input must end), and ``best`` ranks those that met
@@ -147,7 +151,7 @@ class Beam:
             return []
         banned = [banned_tokens(h, guard) for h in self.history] if guard > 0 else None
         enders, continuing = cs.choose(
-            self.k, self.steps, self.scores, self.states, best, row_best, forced, (eos, eos_lprobs), banned
+            self.k, self.steps, self.scores, self.states, best, top, forced, (eos, eos_lprobs), banned
         )
         for j, score, state in enders:
             if len(self.finished) < self.k:
@@ -334,8 +338,8 @@ class Search:
             for a, i in enumerate(group):
                 best[i] = list(zip(scores[a], tokens[a], parents_of[a], strict=True))
         rows = torch.tensor([top_at[i] + j for i in members for j in range(beams[i].k)], device=device)
-        row_lp = step.top_lprobs[:, 0].index_select(0, rows).tolist()
-        row_token = step.top_tokens[:, 0].index_select(0, rows).tolist()
+        top_lp = step.top_lprobs.index_select(0, rows).tolist()
+        top_token = step.top_tokens.index_select(0, rows).tolist()
         eos_lp = step.eos_lprob.index_select(0, rows).tolist()
         forced_lp = None if step.forced_lprobs is None else step.forced_lprobs.index_select(0, rows).tolist()
         at = 0
@@ -346,7 +350,7 @@ class Search:
                 forced = [list(zip(forced_lp[at + j], b.forced[j], strict=False)) for j in range(b.k)]
             parents[i] = b.advance_constrained(
                 best[i],
-                list(zip(row_lp[at : at + b.k], row_token[at : at + b.k], strict=True)),
+                [list(zip(top_lp[r], top_token[r], strict=True)) for r in range(at, at + b.k)],
                 forced,
                 eos_lp[at : at + b.k],
                 self.eos,

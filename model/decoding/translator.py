@@ -252,8 +252,10 @@ class Translator:
                 target tokenizer and rendered exactly as given (``Tokenizer.decode_spans``); blank
                 ones are ignored, the others stripped of surrounding whitespace. A text with terms
                 decodes with ``beam_for(beam_size, number of terms)``; one without decodes exactly
-                as without ``terms``. A term that does not fit in the output's length limit is
-                not guaranteed (the hypotheses that met the most terms are returned first).
+                as without ``terms``. Every hypothesis returned contains every term, so a text
+                with terms may get fewer than ``n_best`` (where the search finished fewer); only
+                where none could (the terms do not fit in the output's length limit) are the
+                hypotheses that met the most returned instead.
         """
         chosen = self._options(
             options, {"beam_size": beam_size, "n_best": n_best, "length_penalty": length_penalty}
