@@ -17,7 +17,7 @@ import torch
 from conftest import compile_cache_dir, random_model
 
 from model.cache import KVCache
-from model.decoding.batch import decode
+from model.decoding.batch import RunningBatch, Source, decode
 from model.decoding.constraints import MAX_CONSTRAINED_BEAM, ConstraintSet, bank_sizes, beam_for
 from model.decoding.options import DecodeOptions
 from model.decoding.search import Hypothesis
@@ -281,6 +281,39 @@ def test_a_constraint_that_cannot_fit_in_the_length_limit_does_not_hang(model: T
     assert hyps and all(len(h.tokens) + 1 <= 4 for h in hyps)
     (hyps,) = run(model, [src], options, [((20,), tuple(range(10, 15)))])
     assert 20 in hyps[0].tokens and [c for _, _, c in hyps[0].spans] == [0]
+
+
+def test_a_beam_of_one_and_the_repetition_guard_still_meet_every_constraint(model: Transformer) -> None:
+    """A source given a beam of 1 with constraints (a caller that did not apply ``beam_for``) and
+    a search with the repetition guard: every constraint is still in the output (forced tokens
+    are never banned), and the guarded output repeats no other bigram."""
+    vocab = model.cfg.vocab_size
+    sources = sources_of(vocab, [6, 4, 8], seed=14)
+    options = DecodeOptions(beam_size=1, max_length_a=1.5, max_length_b=10)
+    rng = random.Random(6)
+    constraints = [random_constraints(rng, vocab, 2) for _ in sources]
+    runner = load_runner(
+        model, top=4, capacity=8, positions=options.positions(model.cfg.max_positions), compile=False
+    )
+    with torch.inference_mode():
+        batch: RunningBatch[int] = RunningBatch(model, runner, capacity=8, options=options)
+        batch.add(
+            [Source(i, s, 1, 1, cs) for i, (s, cs) in enumerate(zip(sources, constraints, strict=True))]
+        )
+        done: dict[int, list[Hypothesis]] = {}
+        while len(batch):
+            done.update(batch.step())
+    for i, cs in enumerate(constraints):
+        assert all(contains(done[i][0].tokens, seq) for seq in cs), (done[i][0].tokens, cs)
+    repeated = tuple(rng.randrange(4, vocab) for _ in range(2))
+    guarded = options.but(beam_size=2, no_repeat_ngram_size=2)
+    for hyps in run(model, sources, guarded, [((repeated), repeated)] * len(sources)):
+        tokens = hyps[0].tokens
+        assert sum(tokens[j : j + 2] == list(repeated) for j in range(len(tokens) - 1)) >= 2
+        others = [
+            tuple(tokens[j : j + 2]) for j in range(len(tokens) - 1) if tuple(tokens[j : j + 2]) != repeated
+        ]
+        assert len(others) == len(set(others)), tokens
 
 
 # -- the compiled step ----------------------------------------------------------------------------

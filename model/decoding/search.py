@@ -264,7 +264,7 @@ class Search:
                 token = self.eos if b.at_limit else choice[offsets[i]]
                 parents[i] = b.extend(0.0, token, self.eos, self.length_penalty)
         guard = self.no_repeat_ngram_size > 0
-        greedy = [i for i in top_at if beams[i].k == 1 and not guard]
+        greedy = [i for i in top_at if beams[i].k == 1 and not guard and beams[i].constraints is None]
         if greedy:  # the argmax's log-prob is the best candidate's
             rows = torch.tensor([top_at[i] for i in greedy], device=step.top_lprobs.device)
             best = step.top_lprobs.index_select(0, rows)[:, 0].tolist()
