@@ -51,8 +51,8 @@ def thread_ms(fn: Callable[[], object], steps: int, repeats: int) -> float:
 
 
 def unforced(beam_rows: torch.Tensor) -> torch.Tensor:
-    """The step's ``forced`` when no input has constraints: one dummy column (pad) per beam row."""
-    return torch.zeros((len(beam_rows), 1), dtype=torch.long, device=beam_rows.device)
+    """The step's ``forced`` without constraints: two dummy columns (pad) per beam row, as decoding."""
+    return torch.zeros((len(beam_rows), 2), dtype=torch.long, device=beam_rows.device)
 
 
 def filled_cache(

@@ -66,7 +66,7 @@ def join(cache: KVCache, translator: Translator, sources: list[list[int]]) -> No
 
 
 def step(runner: Runner, cache: KVCache, tokens: torch.Tensor, beam_rows: list[int]) -> StepChoice:
-    forced = torch.zeros((len(beam_rows), 1), dtype=torch.long)  # nothing forced: one dummy column
+    forced = torch.zeros((len(beam_rows), 2), dtype=torch.long)  # nothing forced: dummy columns
     choice, top_tokens, top_lprobs, eos_lprob, new_kv, _ = runner(
         tokens, *cache.views(), torch.tensor(beam_rows), forced
     )

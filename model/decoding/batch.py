@@ -101,7 +101,7 @@ class RunningBatch(Generic[K]):
         self.steps_since_join = 0  # steps decoded since inputs last joined
         self.tokens = torch.zeros(0, dtype=torch.long, device=weight.device)  # (R,) next token per row
         self.constrained = 0  # inputs with constraints: while 0, no step asks for forced tokens
-        self._unforced: dict[int, Tensor] = {}  # beam rows -> the dummy ``forced`` (B, 1) of pad
+        self._unforced: dict[int, Tensor] = {}  # beam rows -> the dummy ``forced`` (B, 2) of pad
 
     @property
     def rows(self) -> int:
@@ -175,13 +175,14 @@ class RunningBatch(Generic[K]):
 
     def _forced(self, beams: list[Beam], rows: int) -> Tensor:
         """The step's ``forced`` (B, F): the tokens the constrained inputs need scored whatever their
-        rank; without constrained inputs one dummy column (pad), made once per number of rows."""
+        rank; without constrained inputs two dummy columns (pad: ``Search.forced``'s least width),
+        made once per number of rows."""
         device = self.tokens.device
         if self.constrained:
             return torch.tensor(self.search.forced(beams), dtype=torch.long, device=device)
         unforced = self._unforced.get(rows)
         if unforced is None:
-            unforced = self._unforced[rows] = torch.zeros((rows, 1), dtype=torch.long, device=device)
+            unforced = self._unforced[rows] = torch.zeros((rows, 2), dtype=torch.long, device=device)
         return unforced
 
     def drop(self, gone: Callable[[K], bool]) -> list[K]:

@@ -223,7 +223,8 @@ class Search:
         """The tokens whose log-probs the step must return (``DecodeStep``'s ``forced``) for each
         row that ``wants_candidates``, in ``step``'s order: each live constrained beam's ``allowed``
         tokens (whatever their rank), none for other rows; padded with pad (0) to one width, at
-        least 1. ``step`` reads them back from the beams."""
+        least 2 (``torch.compile`` would specialize a width of 1, and compile again for more).
+        ``step`` reads them back from the beams."""
         rows: list[list[int]] = []
         for b in beams:
             if not self.wants_candidates(b):
@@ -237,7 +238,7 @@ class Search:
                 for s, score in zip(b.states, b.scores, strict=True)
             ]
             rows += b.forced
-        width = max(1, *map(len, rows)) if rows else 1
+        width = max(2, *map(len, rows)) if rows else 2
         return [r + [0] * (width - len(r)) for r in rows]
 
     def step(self, beams: list[Beam], step: StepChoice) -> tuple[Tensor | None, Tensor]:

@@ -192,9 +192,9 @@ def load_runner(
     call: compiled where ``compile`` and the device allow (a package on CPU, ``torch.compile`` on
     CUDA), eager otherwise or when compiling fails (no C++ compiler, an unwritable cache...: slower,
     but decoding; ``runner.kind`` says which). Warmed up: greedy and beam steps on one row and on
-    two (where the cache holds two), with one forced token per beam row and with two, so that lazy
-    initialisation (kernels, thread pools, compilation: ``torch.compile`` specializes a size of 1
-    and compiles again for larger ones) happens here."""
+    two (where the cache holds two), with two forced tokens per beam row and with three (decoding
+    passes at least two), so that lazy initialisation (kernels, thread pools, compilation:
+    ``torch.compile`` specializes a size of 1 and compiles again for larger ones) happens here."""
     started = time.perf_counter()
     step = DecodeStep(model, top=top).eval()
     cache_dir = cache_dir or DEFAULT_CACHE_DIR
@@ -230,7 +230,7 @@ def warm_up(runner: Runner, model: Transformer, *, capacity: int, positions: int
         cache = _example_cache(model, rows, capacity=capacity, positions=positions, align=runner.align)
         tokens = torch.full((rows,), model.cfg.bos_id, dtype=torch.long, device=cache.lengths.device)
         for beam_rows in (torch.zeros(1, dtype=torch.long), torch.arange(rows)):
-            for width in (1, 2):
+            for width in (2, 3):
                 forced = torch.full((len(beam_rows), width), model.cfg.eos_id, dtype=torch.long)
                 out = runner(tokens, *cache.views(), beam_rows.to(tokens.device), forced.to(tokens.device))
                 cache.advance(out[4])

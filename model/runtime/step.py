@@ -98,7 +98,8 @@ class DecodeStep(nn.Module):
     ``beam_rows`` (B,) long, B >= 1: the rows whose best ``top`` candidates the search needs (a
     batch of greedy rows passes one row, unused); ``forced`` (B, F) long, F >= 1: token ids per
     beam row whose log-probs the search needs whatever their rank (constrained decoding's next
-    constraint tokens; without constraints one dummy column, pad). F is a symbol of the compiled
+    constraint tokens; without constraints dummy columns of pad; decoding passes F >= 2, so that
+    ``torch.compile`` never specializes a width of 1). F is a symbol of the compiled
     graph like the rows: one graph serves every width.
 
     Returns ``(choice, top_tokens, top_lprobs, eos_lprob, new_kv, forced_lprobs)``: the argmax of
