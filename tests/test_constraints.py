@@ -21,7 +21,7 @@ from model.decoding.batch import RunningBatch, Source, decode
 from model.decoding.constraints import MAX_CONSTRAINED_BEAM, ConstraintSet, bank_sizes, beam_for
 from model.decoding.options import DecodeOptions
 from model.decoding.search import Hypothesis
-from model.runtime.runners import Runner, load_runner
+from model.runtime.runners import EagerRunner, Runner, load_runner
 from model.runtime.step import DecodeStep
 from model.tokenizer import BOS_ID, EOS_ID, Tokenizer
 from model.transformer import Transformer
@@ -314,6 +314,33 @@ def test_a_beam_of_one_and_the_repetition_guard_still_meet_every_constraint(mode
             tuple(tokens[j : j + 2]) for j in range(len(tokens) - 1) if tuple(tokens[j : j + 2]) != repeated
         ]
         assert len(others) == len(set(others)), tokens
+
+
+def test_a_hypothesis_does_not_end_as_soon_as_its_constraints_are_met() -> None:
+    """A scripted decoder that copies its source (p .7), would rather say anything but eos before
+    the copy is done (eos .001, the rest of the mass spread), and gives the constraint X .01: the
+    best output with X is the whole copy with X in it, not a copy cut short once X is in (an
+    eos ranked only among the few candidates of its bank would end it there)."""
+    from test_search import ScriptedModel, V, as_model
+
+    x = 15
+
+    def copy_ignoring_x(source: list[int], out: list[int]) -> dict[int, float]:
+        done = [t for t in out if t != x]
+        if done == source[: len(done)]:
+            nxt = source[len(done)] if len(done) < len(source) else EOS_ID
+            return {nxt: 0.7, x: 0.01} if nxt == EOS_ID else {nxt: 0.7, x: 0.01, EOS_ID: 0.001}
+        return {EOS_ID: 0.6}
+
+    words = [[7, 8, 9, 10, 11], [12, 4], [5, 6, 7, 8, 9, 10, 11, 12]]
+    model = ScriptedModel(copy_ignoring_x)
+    for beam_size in (1, 3):
+        options = DecodeOptions(beam_size=beam_size, max_length_a=2.0, max_length_b=4)
+        runner = EagerRunner(DecodeStep(as_model(model), top=V))
+        sources = [[*w, EOS_ID] for w in words]
+        results = decode(as_model(model), runner, sources, options, capacity=64, constraints=[((x,),)] * 3)
+        for w, hyps in zip(words, results, strict=True):
+            assert x in hyps[0].tokens and [t for t in hyps[0].tokens if t != x] == w, hyps[0].tokens
 
 
 # -- the compiled step ----------------------------------------------------------------------------
