@@ -343,6 +343,19 @@ def test_a_hypothesis_does_not_end_as_soon_as_its_constraints_are_met() -> None:
             assert x in hyps[0].tokens and [t for t in hyps[0].tokens if t != x] == w, hyps[0].tokens
 
 
+def test_constraint_tokens_that_cannot_be_generated_are_refused(model: Transformer) -> None:
+    """Before anything joins: a token outside the vocabulary would fail every row's step."""
+    options = DecodeOptions(beam_size=2)
+    runner = load_runner(
+        model, top=4, capacity=8, positions=options.positions(model.cfg.max_positions), compile=False
+    )
+    batch: RunningBatch[int] = RunningBatch(model, runner, capacity=8, options=options)
+    for bad in ((model.cfg.vocab_size,), (5, EOS_ID), (-1,)):
+        with pytest.raises(ValueError, match="cannot be generated"):
+            batch.add([Source(0, [5, EOS_ID], 2, 1, ((7,),)), Source(1, [6, EOS_ID], 2, 1, (bad,))])
+        assert batch.rows == 0 and not len(batch)
+
+
 # -- the compiled step ----------------------------------------------------------------------------
 
 

@@ -122,11 +122,22 @@ class RunningBatch(Generic[K]):
         return not live or newcomers >= JOIN_RATIO * live or self.steps_since_join >= JOIN_WAIT_STEPS
 
     def add(self, sources: Sequence[Source[K]]) -> None:
-        """Encode ``sources`` as one padded batch and add their rows after the last one."""
+        """Encode ``sources`` as one padded batch and add their rows after the last one.
+
+        Raises ValueError, before anything changes, for a constraint token the step cannot score
+        (outside the vocabulary: it would fail the whole batch's step) or that cannot be generated
+        inside an output (pad, bos, eos)."""
         if not sources:
             return
-        self.steps_since_join = 0
         cfg = self.model.cfg
+        for s in sources:
+            if not s.constraints:
+                continue
+            bad = {t for c in s.constraints for t in c if not 0 <= t < cfg.vocab_size}
+            bad |= {t for c in s.constraints for t in c} & {cfg.pad_id, cfg.bos_id, cfg.eos_id}
+            if bad:
+                raise ValueError(f"constraint tokens {sorted(bad)} cannot be generated")
+        self.steps_since_join = 0
         src = pad_batch([s.ids for s in sources], cfg.pad_id, self.tokens.device)
         enc = self.model.encode(src)
         kv = self.model.source_kv(enc)  # (B, L, 2, H, S, Dh)
