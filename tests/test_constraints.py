@@ -305,6 +305,11 @@ def test_a_beam_of_one_and_the_repetition_guard_still_meet_every_constraint(mode
             done.update(batch.step())
     for i, cs in enumerate(constraints):
         assert all(contains(done[i][0].tokens, seq) for seq in cs), (done[i][0].tokens, cs)
+    # A beam (beam_for: 5) larger than the step's top serves (2 per row: a Translator made for
+    # greedy): its rows' candidates and the forced tokens are enough.
+    many = [random_constraints(rng, vocab, 4) for _ in sources]
+    for hyps, cs in zip(run(model, sources, options, many, top=2), many, strict=True):
+        assert all(contains(hyps[0].tokens, seq) for seq in cs), (hyps[0].tokens, cs)
     repeated = tuple(rng.randrange(4, vocab) for _ in range(2))
     guarded = options.but(beam_size=2, no_repeat_ngram_size=2)
     for hyps in run(model, sources, guarded, [((repeated), repeated)] * len(sources)):
