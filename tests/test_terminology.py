@@ -43,10 +43,10 @@ def test_decode_spans_writes_each_term_exactly(tokenizer: Tokenizer) -> None:
     term = tokenizer.encode(["{name}"], target=True)[0]  # "{" and "}": not in the vocabulary
     ids = words[:3] + term + words[3:]
     spans = [(3, 3 + len(term), 0)]
-    text, placed = tokenizer.place_spans(ids, spans, ["{name}"])
+    text, placed = tokenizer.decode_spans_with_offsets(ids, spans, ["{name}"])
     assert text == tokenizer.decode_spans(ids, spans, ["{name}"]) == "a man plays {name} with the ball"
-    assert placed == [(12, 18)]
-    assert tokenizer.place_spans(ids, [], []) == (tokenizer.decode([ids])[0], [])
+    assert placed == [(12, 18, 0)]
+    assert tokenizer.decode_spans_with_offsets(ids, [], []) == (tokenizer.decode([ids])[0], [])
 
 
 def served(model_dir: Path, name: str = "tiny") -> ServedModel:
