@@ -326,6 +326,24 @@ def test_a_glossary_term_is_marked_in_the_translation(page: Page) -> None:
     expect(page.locator("#terms-note")).to_have_text("Glossary terms: Hund → puppy.")
 
 
+def test_an_answer_from_the_translation_memory_is_marked(page: Page, server: Server) -> None:
+    """Against the service: a sentence of the memory is answered from it, and the page says so."""
+    sentence, stored = "Zwei Katzen schlafen auf dem Sofa.", "Two cats doze on the sofa."
+    table = f"{sentence}\t{stored}\n".encode()
+    response = httpx.post(
+        f"{server.url}/memories",
+        files={"file": ("team.tsv", table, "text/tab-separated-values")},
+        data={"source_lang": "de", "target_lang": "en"},
+        timeout=30,
+    )
+    assert response.status_code == 200, response.text
+    output = page.locator("#output")
+    page.get_by_label("Text to translate").fill(sentence)
+    expect(output).to_have_text(stored)
+    expect(output).to_have_class(re.compile("memory"))
+    expect(page.locator("#terms-note")).to_have_text("From translation memory.")
+
+
 def test_decided_terms_and_memory_answers_are_marked_as_text(page: Page) -> None:
     text = "😀 <b>x</b> The invoice for {name}."  # before the terms: a character of 2 UTF-16 units
     terms = [
