@@ -251,6 +251,20 @@ def open_glossary(page: Page) -> None:
     expect(page.get_by_label("Stored glossary")).to_be_visible()
 
 
+# Keeps the text fields of each form the page sends with fetch, in window.sentForms.
+RECORD_FORMS = """() => {
+  const send = window.fetch;
+  window.sentForms = [];
+  window.fetch = (url, options = {}) => {
+    if (options.body instanceof FormData) {
+      const fields = [...options.body].filter(([, value]) => typeof value === "string");
+      window.sentForms.push(Object.fromEntries(fields));
+    }
+    return send(url, options);
+  };
+}"""
+
+
 def translation_request(page: Page, text: str) -> dict[str, Any]:
     """The body of the /translate request the page sends for ``text`` typed in, once answered."""
     with page.expect_request(lambda r: r.url.endswith("/translate")) as info:
@@ -276,6 +290,14 @@ def test_typed_terms_are_sent_with_each_translation(page: Page) -> None:
     ]
     assert "glossary_id" not in body
     expect(page.locator("#output")).not_to_be_empty()
+
+    # (Chromium does not show a multipart body with a file to Playwright: the page's forms are kept.)
+    page.evaluate(RECORD_FORMS)
+    choose_file(page, "brief.txt", "Ein Hund läuft.".encode())  # files get the terms too
+    expect(page.get_by_role("link", name=re.compile("Download brief_en.txt"))).to_be_visible()
+    page.get_by_role("tab", name="Text").click()
+    forms = page.evaluate("() => window.sentForms")
+    assert [json.loads(form["glossary"]) for form in forms] == [body["glossary"]]
 
     terms.fill("")
     expect(page.locator("#glossary-state")).to_have_text("none")
