@@ -443,7 +443,9 @@ def test_the_page_asks_for_the_api_key_and_sends_it(browser: Browser, keyed_serv
         page.get_by_label("Text to translate").fill("Ein Hund.")
         expect(page.get_by_role("alert")).to_contain_text("API key")  # 403 without one
         page.get_by_label("API key", exact=True).fill("secret-1")
-        page.get_by_role("button", name="Save key").click()
+        with page.expect_response(lambda r: "/glossaries?" in r.url) as listed:
+            page.get_by_role("button", name="Save key").click()
+        assert listed.value.url.endswith("/glossaries?api_key=secret-1") and listed.value.ok
         expect(page.get_by_label("Translation", exact=True)).not_to_be_empty()
         expect(page.locator("#message")).to_be_hidden()
     finally:
