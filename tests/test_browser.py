@@ -360,9 +360,10 @@ def test_an_answer_from_the_translation_memory_is_marked(page: Page, server: Ser
     )
     assert response.status_code == 200, response.text
     output = page.locator("#output")
-    page.get_by_label("Text to translate").fill(sentence)
-    expect(output).to_have_text(stored)
-    expect(output).to_have_class(re.compile("memory"))
+    page.get_by_label("Text to translate").fill(f"Danke. {sentence}")
+    expect(output.locator("mark.memory")).to_have_text(stored)  # that sentence, not the other
+    expect(output.locator("mark.memory")).to_have_attribute("title", "from translation memory")
+    expect(output).to_contain_text(stored)
     expect(page.locator("#terms-note")).to_have_text("From translation memory.")
 
 
@@ -373,16 +374,26 @@ def test_decided_terms_and_memory_answers_are_marked_as_text(page: Page) -> None
         {"source": "{name}", "target": "{name}", "start": 27, "end": 33},
     ]
     assert [text[t["start"] : t["end"]] for t in terms] == ["invoice", "{name}"]
+    remembered = "Thank you. <i>Our</i> dog barks."
     answers = iter(
         [
             {"translatedText": text, "terminology": {"memory": False, "terms": terms}},
-            {"translatedText": "A dog barks loudly.", "terminology": {"memory": True, "terms": []}},
-            {"translatedText": "A dog."},
+            {
+                "translatedText": remembered,
+                "terminology": {
+                    "memory": True,
+                    "terms": [],
+                    "segments": [{"start": 11, "end": len(remembered)}],
+                },
+            },
+            {"translatedText": "A dog.", "terminology": {"memory": True, "terms": []}},  # all of it
+            {"translatedText": "A cat."},
         ]
     )
     page.route("**/translate", lambda route: route.fulfill(json=next(answers)))
     output = page.locator("#output")
-    page.get_by_label("Text to translate").fill("Die Rechnung für {name}.")
+    box = page.get_by_label("Text to translate")
+    box.fill("Die Rechnung für {name}.")
     expect(output).to_have_text(text)
     marks = output.locator("mark")
     expect(marks).to_have_text(["invoice", "{name}"])
@@ -391,17 +402,22 @@ def test_decided_terms_and_memory_answers_are_marked_as_text(page: Page) -> None
     expect(output.locator("b")).to_have_count(0)  # the model's text stays text
     note = page.locator("#terms-note")
     expect(note).to_have_text("Glossary terms: Rechnung → invoice; {name} → {name}.")
-    expect(output).not_to_have_class(re.compile("memory"))
+    expect(output.locator("mark.memory")).to_have_count(0)
 
-    page.get_by_label("Text to translate").fill("Ein Hund bellt.")
-    expect(output).to_have_text("A dog barks loudly.")
-    expect(output).to_have_class(re.compile("memory"))
+    box.fill("Danke. Unser Hund bellt.")
+    expect(output).to_have_text(remembered)
+    expect(marks).to_have_text(["<i>Our</i> dog barks."])  # the sentence from the memory, as text
+    expect(marks).to_have_class("memory")
+    expect(marks).to_have_attribute("title", "from translation memory")
     expect(note).to_have_text("From translation memory.")
-    expect(marks).to_have_count(0)
 
-    page.get_by_label("Text to translate").fill("Ein Hund.")
+    box.fill("Ein Hund.")
+    expect(output.locator("mark.memory")).to_have_text("A dog.")
     expect(output).to_have_text("A dog.")
-    expect(output).not_to_have_class(re.compile("memory"))
+
+    box.fill("Eine Katze.")
+    expect(output).to_have_text("A cat.")
+    expect(marks).to_have_count(0)
     expect(note).to_be_hidden()
 
 

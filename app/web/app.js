@@ -280,31 +280,36 @@ async function translateNow(attempt = 0, alternatives = 0) {
   }
 }
 
-// The translation, each term a glossary or placeholder decided in a <mark>; the whole of it marked
-// when it came from the translation memory. Text nodes only: nothing the model wrote is parsed.
+// The translation, each term a glossary or placeholder decided in a <mark>, and each sentence
+// answered from the translation memory (`segments`; without them, the whole text) in a
+// <mark class="memory">. Text nodes only: nothing the model or the memory wrote is parsed.
 function showTranslation(text, terminology = null) {
   state.translation = text;
   const chars = Array.from(text); // the server's offsets count characters, not UTF-16 units
-  const terms = terminology ? [...terminology.terms].sort((a, b) => a.start - b.start) : [];
+  const info = terminology || { memory: false, terms: [] };
+  const memory = info.memory ? info.segments || [{ start: 0, end: chars.length }] : [];
+  const spans = [
+    ...memory.map((span) => ({ ...span, title: "from translation memory" })),
+    ...info.terms.map((term) => ({ ...term, title: `glossary: ${term.source} → ${term.target}` })),
+  ].sort((a, b) => a.start - b.start);
   const parts = [];
-  const titles = [];
+  const terms = [];
   let at = 0;
-  for (const term of terms) {
-    if (term.start < at || term.end <= term.start || term.end > chars.length) continue;
+  for (const span of spans) {
+    if (span.start < at || span.end <= span.start || span.end > chars.length) continue;
     const mark = document.createElement("mark");
-    mark.textContent = chars.slice(term.start, term.end).join("");
-    mark.title = `glossary: ${term.source} → ${term.target}`;
-    parts.push(chars.slice(at, term.start).join(""), mark);
-    titles.push(`${term.source} → ${term.target}`);
-    at = term.end;
+    mark.textContent = chars.slice(span.start, span.end).join("");
+    mark.title = span.title;
+    if (span.target === undefined) mark.className = "memory";
+    else terms.push(`${span.source} → ${span.target}`);
+    parts.push(chars.slice(at, span.start).join(""), mark);
+    at = span.end;
   }
   parts.push(chars.slice(at).join(""));
   $("output").replaceChildren(...parts.filter((part) => part !== ""));
-  const memory = Boolean(terminology && terminology.memory);
-  $("output").classList.toggle("memory", memory);
   const notes = [];
-  if (memory) notes.push("From translation memory.");
-  if (titles.length) notes.push(`Glossary terms: ${titles.join("; ")}.`);
+  if (memory.length) notes.push("From translation memory.");
+  if (terms.length) notes.push(`Glossary terms: ${terms.join("; ")}.`);
   $("terms-note").textContent = notes.join(" ");
   $("terms-note").hidden = notes.length === 0;
 }
