@@ -18,6 +18,7 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 from app.formats.limits import DocumentLimits
 from app.terminology.glossaries import GlossaryLimits
 from model.decoding.options import DecodeOptions
+from model.decoding.terms import MAX_TERMS_PER_SENTENCE
 from model.runtime import DEFAULT_CACHE_DIR
 
 ENV_PREFIX = "NMT_"
@@ -137,7 +138,7 @@ class Settings(BaseSettings):
     # that sentence's beam: ``model.decoding.constraints.beam_for``).
     max_glossary_entries: PositiveInt = 1000
     max_term_chars: PositiveInt = 200
-    max_terms_per_sentence: PositiveInt = 10
+    max_terms_per_sentence: PositiveInt = MAX_TERMS_PER_SENTENCE
     length_penalty: Annotated[float, Field(ge=0)] = _DECODE.length_penalty
     max_input_tokens: PositiveInt = _DECODE.max_input_tokens  # longer sentences are truncated
     max_length_a: Annotated[float, Field(ge=0)] = _DECODE.max_length_a

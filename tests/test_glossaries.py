@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from app.terminology.entries import GlossaryEntry
 from app.terminology.glossaries import (
     GlossaryError,
     GlossaryLimits,
@@ -19,6 +18,7 @@ from app.terminology.glossaries import (
     check_entries,
     parse_entries,
 )
+from model.decoding.terms import GlossaryEntry
 from tests.test_api import assert_error, make_settings, serve
 
 E = GlossaryEntry

@@ -28,9 +28,9 @@ from app.serving.protocol import Answers, Constraints, Done, Hypotheses, ModelDe
 from app.serving.router import Hop, Route
 from app.serving.scheduler import Scheduler
 from app.serving.worker import HeldJob, Inbox
-from app.terminology.entries import GlossaryEntry
 from model.decoding.batch import RunningBatch, Source
 from model.decoding.constraints import beam_for
+from model.decoding.terms import GlossaryEntry
 from model.tokenizer import Tokenizer
 from model.translator import Translator
 from tests.test_api import assert_error, best, make_settings, serve, translate

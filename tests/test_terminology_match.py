@@ -1,4 +1,4 @@
-"""Terminology matching (``app.terminology.match``): which glossary entries and placeholders a
+"""Terminology matching (``model.decoding.terms``): which glossary entries and placeholders a
 source sentence holds, under the documented rules (case, Unicode word boundaries, overlaps,
 inflected forms listed, placeholder kinds), and the service's terms per sentence and offsets."""
 
@@ -7,10 +7,9 @@ from __future__ import annotations
 import pytest
 from fastapi import HTTPException
 
-from app.terminology.entries import GlossaryEntry
-from app.terminology.match import Glossary, find_terms, placeholders, resolve
 from app.terminology.service import sentence_terms, text_terminology
 from app.text import split_text
+from model.decoding.terms import Glossary, GlossaryEntry, find_terms, placeholders, resolve
 
 # -- matching -------------------------------------------------------------------------------------
 

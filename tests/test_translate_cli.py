@@ -334,16 +334,29 @@ def test_the_cli_and_the_service_translate_alike_long_inputs_included(
 ) -> None:
     """The same lines through ``python -m model.translate`` and the HTTP service, both with their
     defaults (DecodeOptions): the same translations, a line of ~400 tokens included (cut at 250
-    source tokens by both; one sentence, so that the service does not split it)."""
+    source tokens by both; one sentence, so that the service does not split it), and lines with
+    placeholders (kept by both by default) and a glossary term (the same glossary given to both)."""
     words = ["Hund", "Katze", "Haus", "Baum", "Wasser", "Straße", "Mann", "Frau", "Kind", "Ball"]
     long_line = " ".join(words[i % len(words)] for i in range(300))
     assert len(tokenizer.encode([long_line])[0]) > 300
     lines = ["Ein Hund läuft im Park", long_line, "Zwei Kinder spielen", long_line[: len(long_line) // 3]]
+    lines.append("Ein Hund mit {name} läuft 42 Mal")
     src = tmp_path / "in.txt"
     src.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    glossary = tmp_path / "glossary.tsv"
+    glossary.write_text("Park\tgarden\n", encoding="utf-8")
     cli = subprocess.run(
         [sys.executable, "-m", "model.translate", "--model", str(long_model_dir), "--input", str(src)]
-        + ["--device", "cpu", "--beam-size", "2", *FLOAT32_EAGER, "--no-progress"],
+        + [
+            "--device",
+            "cpu",
+            "--beam-size",
+            "2",
+            *FLOAT32_EAGER,
+            "--no-progress",
+            "--glossary",
+            str(glossary),
+        ],
         capture_output=True,
         text=True,
         cwd=REPO,
@@ -358,8 +371,16 @@ def test_the_cli_and_the_service_translate_alike_long_inputs_included(
     }
     with running_server(tmp_path / "uvicorn.log", **env) as server:
         response = httpx.post(
-            f"{server.url}/translate", json={"q": lines, "source": "de", "target": "en"}, timeout=120
+            f"{server.url}/translate",
+            json={
+                "q": lines,
+                "source": "de",
+                "target": "en",
+                "glossary": [{"source": "Park", "target": "garden"}],
+            },
+            timeout=120,
         )
     assert response.status_code == 200, response.text
     assert response.json()["translatedText"] == cli
+    assert "garden" in cli[0] and "{name}" in cli[4] and "42" in cli[4]
     assert len(set(cli)) >= 3  # the test means something: the lines translate differently

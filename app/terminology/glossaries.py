@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from app.terminology.database import Database
-from app.terminology.entries import GlossaryEntry
 from app.terminology.tables import Format, TableError, check_term, read_rows
+from model.decoding.terms import GlossaryEntry
 
 DATABASE = "glossaries.sqlite3"
 # Defaults of the settings (app.config): a DeepL glossary may be 10 MB; ours are matched in every

@@ -18,9 +18,9 @@ from fastapi import HTTPException, Request
 from app.config import Settings
 from app.key_limits import key_owner
 from app.schemas import GlossaryEntryBody, Terminology, TermMark
-from app.terminology.entries import GlossaryEntry
-from app.terminology.match import Glossary, Term, find_terms
 from app.text import SplitText
+from model.decoding.terms import Glossary, GlossaryEntry, Term, TooManyTerms
+from model.decoding.terms import sentence_terms as choose_terms
 
 AUTO = "auto"
 
@@ -116,15 +116,10 @@ def sentence_terms(
     what the glossary leaves, in order (the ones past it are translated as the model likes)."""
     found: list[list[Term]] = []
     for n, sentence in enumerate(sentences, 1):
-        terms = find_terms(sentence, glossary, protect=protect) if sentence.strip() else []
-        chosen = [t for t in terms if t.kind == "glossary"]
-        if len(chosen) > limit:
-            raise HTTPException(
-                413, f"sentence {n} has {len(chosen)} glossary terms (at most {limit} per sentence)"
-            )
-        room = limit - len(chosen)
-        chosen += [t for t in terms if t.kind == "placeholder"][:room]
-        found.append(sorted(chosen, key=lambda t: t.start))
+        try:
+            found.append(choose_terms(sentence, glossary, protect=protect, limit=limit))
+        except TooManyTerms as e:
+            raise HTTPException(413, f"sentence {n} has {e}") from None
     return SentenceTerms(found)
 
 

@@ -29,6 +29,7 @@ from tqdm import tqdm
 
 from model.checkpoint import ModelDirError, source_prefix
 from model.decoding.options import DecodeOptions
+from model.decoding.terms import MAX_TERMS_PER_SENTENCE, Glossary, TooManyTerms, read_glossary, sentence_terms
 from model.decoding.translator import DTYPES, QUANTIZATIONS, Translator
 
 # Lines handed to Translator.translate_batch at a time. Large enough that the translator's
@@ -134,6 +135,24 @@ def build_parser() -> argparse.ArgumentParser:
         default=os.environ.get("NMT_COMPILE_CACHE_DIR") or None,
         help="default: the service's (NMT_COMPILE_CACHE_DIR, else ~/.cache/nmt-service/compiled)",
     )
+    parser.add_argument(
+        "--glossary",
+        type=Path,
+        help="terms each translation must use: one per line, source<TAB>target (a line without a "
+        "tab: a term kept as it is); matched as the service matches a request's glossary",
+    )
+    parser.add_argument(
+        "--no-protect-placeholders",
+        action="store_true",
+        help="translate {name}, %%s, URLs, e-mail addresses and numbers as the model likes (by default "
+        "they are kept verbatim, as the service keeps them)",
+    )
+    parser.add_argument(
+        "--max-terms",
+        type=positive_int,
+        default=MAX_TERMS_PER_SENTENCE,
+        help=f"terms per line at most (more glossary matches: an error; default {MAX_TERMS_PER_SENTENCE})",
+    )
     parser.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     return parser
 
@@ -224,6 +243,9 @@ def translate_lines(
     chunk_lines: int,
     progress: tqdm | None = None,
     target: str | None = None,
+    glossary: Glossary | None = None,
+    protect: bool = True,
+    max_terms: int = MAX_TERMS_PER_SENTENCE,
 ) -> int:
     """Translate ``lines`` chunk by chunk, writing one line per input line; returns the line count.
 
@@ -231,7 +253,14 @@ def translate_lines(
     """
     total = 0
     for chunk in chunked(lines, chunk_lines):
-        results = translator.translate_batch(chunk, target=target)
+        try:  # each line's terms, chosen as the service chooses a sentence's (model.decoding.terms)
+            terms = [
+                [t.target for t in sentence_terms(line, glossary, protect=protect, limit=max_terms)]
+                for line in chunk
+            ]
+        except TooManyTerms as e:
+            raise InputError(f"a line has {e}") from None
+        results = translator.translate_batch(chunk, target=target, terms=terms if any(terms) else None)
         out.write(b"".join((one_line(r.hypotheses[0]) + "\n").encode("utf-8") for r in results))
         out.flush()
         total += len(chunk)
@@ -257,6 +286,12 @@ def main(argv: list[str] | None = None) -> int:
     from_file = args.input not in (None, "-")
     if from_file and not Path(args.input).is_file():
         return fail(f"input file not found: {args.input}")
+    glossary = None
+    if args.glossary is not None:
+        try:
+            glossary = read_glossary(args.glossary.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError) as e:
+            return fail(f"cannot read the glossary: {e}")
 
     try:
         options = DecodeOptions(
@@ -307,6 +342,9 @@ def main(argv: list[str] | None = None) -> int:
                 chunk_lines=1 if not from_file and sys.stdin.isatty() else CHUNK_LINES,
                 progress=bar,
                 target=args.target,
+                glossary=glossary,
+                protect=not args.no_protect_placeholders,
+                max_terms=args.max_terms,
             )
     except InputError as e:
         return fail(str(e))

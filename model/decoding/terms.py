@@ -1,7 +1,9 @@
 """The terms of a source sentence: glossary entries found in it, and placeholders to keep verbatim.
 
 A term is a span of the sentence and the exact text its translation must contain (the decoder is
-given each term's target as a constraint). Torch-free: it runs in the front end, per sentence.
+given each term's target as a constraint: ``model.decoding.constraints``). Torch-free: the service's
+front end and the command line (``model.decoding.cli``) choose a sentence's terms with the same
+code (``sentence_terms``), so that a line translates alike in both.
 
 Glossary matching rules:
 
@@ -33,7 +35,15 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from app.terminology.entries import GlossaryEntry
+
+@dataclass(frozen=True)
+class GlossaryEntry:
+    """``source`` is translated as ``target``; an entry whose target equals its source is a
+    do-not-translate term."""
+
+    source: str
+    target: str
+
 
 # Word characters: \w (Unicode letters, digits, underscore) and the combining marks of decomposed
 # text ("e" + U+0301), which \w leaves out.
@@ -195,3 +205,36 @@ def find_terms(sentence: str, glossary: Glossary | None = None, *, protect: bool
     if protect:
         candidates += placeholders(sentence)
     return resolve(candidates) if candidates else []
+
+
+# Terms of one sentence at most (the service's NMT_MAX_TERMS_PER_SENTENCE, the CLI's --max-terms):
+# each raises the sentence's beam (``beam_for``) and costs the search per step.
+MAX_TERMS_PER_SENTENCE = 10
+
+
+class TooManyTerms(ValueError):
+    """A sentence has more glossary matches than a sentence may have terms."""
+
+
+def sentence_terms(sentence: str, glossary: Glossary | None, *, protect: bool, limit: int) -> list[Term]:
+    """The terms ``sentence`` is translated with: every glossary match (more than ``limit`` raise
+    ``TooManyTerms``), then placeholders while room is left (the ones past it are translated as
+    the model likes); in order."""
+    terms = find_terms(sentence, glossary, protect=protect) if sentence.strip() else []
+    chosen = [t for t in terms if t.kind == "glossary"]
+    if len(chosen) > limit:
+        raise TooManyTerms(f"{len(chosen)} glossary terms (at most {limit} per sentence)")
+    chosen += [t for t in terms if t.kind == "placeholder"][: limit - len(chosen)]
+    return sorted(chosen, key=lambda t: t.start)
+
+
+def read_glossary(text: str) -> Glossary:
+    """A glossary written one entry per line, ``source<TAB>target`` (a line without a tab keeps its
+    term as it is: do-not-translate); blank lines and lines starting with ``#`` are skipped."""
+    entries = []
+    for line in text.splitlines():
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        source, _, target = line.partition("\t")
+        entries.append(GlossaryEntry(source.strip(), (target or source).strip()))
+    return Glossary(entries)
