@@ -134,11 +134,14 @@ def text_terminology(
     best: Sequence[str],
     placed: Sequence[Sequence[tuple[int, int, int]]],
     outputs: Sequence[str],
+    memory: Sequence[bool] | None = None,
 ) -> list[Terminology | None]:
-    """Each text's terminology (None where no term was placed): each term placed in a sentence's
-    best translation (``placed``: (term index, start, end) in ``best``), at its offset in the
-    text's translation (``outputs``). Plain text: ``SplitText.join`` makes it of separators and
-    sentences in turn. HTML: the term as the markup writes it, found in order."""
+    """Each text's terminology (None where no term was placed and no sentence came from the
+    translation memory, ``memory[i]`` for sentence i): each term placed in a sentence's best
+    translation (``placed``: (term index, start, end) in ``best``), at its offset in the text's
+    translation (``outputs``); ``memory`` true when any of its sentences came from the memory.
+    Plain text: ``SplitText.join`` makes it of separators and sentences in turn. HTML: the term as
+    the markup writes it, found in order."""
     out: list[Terminology | None] = []
     k = 0  # the first sentence of the text
     for layout, output in zip(layouts, outputs, strict=True):
@@ -162,6 +165,7 @@ def text_terminology(
                     marks.append(mark)
             if plain:
                 offset += len(best[k + j]) + len(layout.separators[j + 1])
-        out.append(Terminology(memory=False, terms=marks) if marks else None)
+        remembered = memory is not None and any(memory[k : k + n])
+        out.append(Terminology(memory=remembered, terms=marks) if marks or remembered else None)
         k += n
     return out
