@@ -73,14 +73,22 @@ def sample(client: TestClient, name: str) -> float:
     return float(client.app.state.metrics.sample(name))  # type: ignore[attr-defined]
 
 
-MEMORY_ONLY = {"memory": True, "terms": []}
+def memory_only(text: str, start: int = 0) -> dict[str, Any]:
+    """The terminology of a text whose one sentence, ``text``, the memory answered."""
+    return {"memory": True, "terms": [], "segments": [{"start": start, "end": start + len(text)}]}
+
+
+MEMORY_ONLY = memory_only(REMEMBERED)
 
 
 def test_an_imported_segment_is_answered_verbatim_without_decoding(
     client: TestClient, jobs: list[SentenceJob]
 ) -> None:
     assert translate(client, q=IN_MEMORY) == {"translatedText": REMEMBERED, "terminology": MEMORY_ONLY}
-    assert translate(client, q=TMX_SOURCE) == {"translatedText": TMX_TARGET, "terminology": MEMORY_ONLY}
+    assert translate(client, q=TMX_SOURCE) == {
+        "translatedText": TMX_TARGET,
+        "terminology": memory_only(TMX_TARGET),
+    }
     # "auto": the memory of the detected language; a form too.
     auto = translate(client, q=IN_MEMORY, source="auto")
     assert auto["translatedText"] == REMEMBERED and auto["terminology"] == MEMORY_ONLY
@@ -114,7 +122,20 @@ def test_memory_then_glossary_then_model_per_sentence(
     assert [job.constraints for job in jobs] == [target_ids(model_dir, "hound")] * 2
     memory, model = answer["terminology"]
     assert memory["memory"] is True and not second.startswith(REMEMBERED)
+    # Where the memory's sentence is: for the page's marks, as terms have theirs.
+    assert memory["segments"] == [{"start": 0, "end": len(REMEMBERED)}]
     assert model is None or model["memory"] is False
+
+
+def test_a_remembered_sentence_is_marked_where_it_is(client: TestClient) -> None:
+    text = f"Ein Hund schläft.\n\n  {IN_MEMORY}"
+    answer = translate(client, q=text)
+    start = answer["translatedText"].index(REMEMBERED)
+    assert answer["terminology"] == memory_only(REMEMBERED, start)
+    html = translate(client, q=f"<p>Ein Hund schläft.</p><p><b>{IN_MEMORY}</b></p>", format="html")
+    start = html["translatedText"].index(REMEMBERED)
+    assert html["translatedText"].endswith(f"<b>{REMEMBERED}</b></p>")
+    assert html["terminology"] == memory_only(REMEMBERED, start)
 
 
 def test_alternatives_of_a_remembered_sentence_are_the_memory_text(client: TestClient) -> None:

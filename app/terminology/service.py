@@ -17,7 +17,7 @@ from fastapi import HTTPException, Request
 
 from app.config import Settings
 from app.key_limits import key_owner
-from app.schemas import GlossaryEntryBody, Terminology, TermMark
+from app.schemas import GlossaryEntryBody, Span, Terminology, TermMark
 from app.terminology.entries import GlossaryEntry
 from app.terminology.match import Glossary, Term, find_terms
 from app.text import SplitText
@@ -139,17 +139,25 @@ def text_terminology(
     """Each text's terminology (None where no term was placed and no sentence came from the
     translation memory, ``memory[i]`` for sentence i): each term placed in a sentence's best
     translation (``placed``: (term index, start, end) in ``best``), at its offset in the text's
-    translation (``outputs``); ``memory`` true when any of its sentences came from the memory.
-    Plain text: ``SplitText.join`` makes it of separators and sentences in turn. HTML: the term as
-    the markup writes it, found in order."""
+    translation (``outputs``); ``memory`` true when any of its sentences came from the memory, and
+    ``segments`` where those are. Plain text: ``SplitText.join`` makes it of separators and
+    sentences in turn. HTML: the term or sentence as the markup writes it, found in order (a
+    sentence that inline tags cut is not marked)."""
     out: list[Terminology | None] = []
     k = 0  # the first sentence of the text
     for layout, output in zip(layouts, outputs, strict=True):
         n = len(layout.sentences)
         marks: list[TermMark] = []
+        segments: list[Span] = []
         plain = isinstance(layout, SplitText)
         offset = len(layout.separators[0]) if plain else 0
         for j in range(n):
+            if memory is not None and memory[k + j]:  # no terms placed in it: the memory's words
+                written = best[k + j] if plain else layout.escape(best[k + j])
+                at = offset if plain else output.find(written, offset)
+                if at >= 0 and output[at : at + len(written)] == written:
+                    segments.append(Span(start=at, end=at + len(written)))
+                    offset = offset if plain else at + len(written)
             for index, start, _ in sorted(placed[k + j], key=lambda p: p[1]):
                 term = terms.terms[k + j][index]
                 if plain:
@@ -166,6 +174,9 @@ def text_terminology(
             if plain:
                 offset += len(best[k + j]) + len(layout.separators[j + 1])
         remembered = memory is not None and any(memory[k : k + n])
-        out.append(Terminology(memory=remembered, terms=marks) if marks or remembered else None)
+        if remembered:
+            out.append(Terminology(memory=True, terms=marks, segments=segments))
+        else:
+            out.append(Terminology(memory=False, terms=marks, segments=None) if marks else None)
         k += n
     return out
