@@ -14,8 +14,9 @@ from fastapi.testclient import TestClient
 from app.serving.protocol import SentenceJob
 from app.serving.scheduler import Scheduler
 from app.terminology.cache import SegmentCache
+from app.terminology.database import StoreUnavailable
 from model.translator import Translator
-from tests.test_api import best, make_settings, serve
+from tests.test_api import assert_error, best, make_settings, serve
 from tests.test_terminology import target_ids
 
 IN_MEMORY = "Der Hund läuft im Park."
@@ -187,6 +188,20 @@ def test_the_cache_keeps_within_its_bytes(client: TestClient, jobs: list[Sentenc
     finally:
         cache.clear()
         cache.max_bytes = limit
+
+
+def test_an_unreadable_memory_is_503_not_the_models_answer(
+    client: TestClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def broken(*args: Any) -> Any:
+        raise StoreUnavailable("cannot read memory.sqlite3: disk I/O error")
+
+    monkeypatch.setattr(client.app.state.memory, "lookup_many", broken)  # type: ignore[attr-defined]
+    response = client.post(
+        "/translate", json={"q": IN_MEMORY, "source": "de", "target": "en", "api_key": "k1"}
+    )
+    assert_error(response, 503, "translation memory is unavailable", "disk I/O error")
+    assert response.headers["Retry-After"] == "1"
 
 
 def test_the_memory_persists_across_a_restart(model_dir: Path, tmp_path: Path) -> None:

@@ -63,7 +63,8 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
         413: "Too many texts, characters, sentences or too large a body; a sentence with more "
         "glossary terms than NMT_MAX_TERMS_PER_SENTENCE",
         429: "Over a limit of the api_key (see Retry-After)",
-        503: "Every queue full (see Retry-After), engine stopped, or model not loaded yet",
+        503: "Every queue full (see Retry-After), engine stopped, model not loaded yet, or the "
+        "translation memory unreadable",
         504: "The translation did not finish within the request timeout",
     }.items()
 }
