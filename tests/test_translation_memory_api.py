@@ -4,7 +4,8 @@ sentence, memory > glossary > model, the cache invisible but for its metrics
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import asyncio
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +14,7 @@ from fastapi.testclient import TestClient
 
 from app.serving.protocol import SentenceJob
 from app.serving.scheduler import Scheduler
+from app.terminology.answers import answer
 from app.terminology.cache import SegmentCache
 from app.terminology.database import StoreUnavailable
 from model.translator import Translator
@@ -202,6 +204,30 @@ def test_an_unreadable_memory_is_503_not_the_models_answer(
     )
     assert_error(response, 503, "translation memory is unavailable", "disk I/O error")
     assert response.headers["Retry-After"] == "1"
+
+
+def test_answer_leaves_blanks_to_the_decoder_and_returns_none_when_the_client_went() -> None:
+    cache: SegmentCache[str] = SegmentCache(1 << 20)
+    asked: list[list[int]] = []
+
+    def run(sentences: list[str], *, client_gone: bool = False) -> list[str] | None:
+        async def decode(indices: list[int]) -> list[str] | None:
+            asked.append(indices)
+            return None if client_gone else [sentences[i].upper() for i in indices]
+
+        def lookup(indices: Sequence[int], texts: Sequence[str]) -> list[str | None]:
+            return ["remembered" if text == "b" else None for text in texts]
+
+        return asyncio.run(
+            answer(sentences, sentences, decode, lambda t: f"<{t}>", lookup=lookup, cache=cache)
+        )
+
+    assert run(["a", " ", "b", "c", "a"]) == ["A", " ", "<remembered>", "C", "A"]
+    assert asked == [[0, 1, 3]]  # the blank too (no model work there), "a" once, not "b"
+    assert " " not in cache and "a" in cache and "b" not in cache
+    assert run(["c", "d"]) == ["C", "D"] and asked[-1] == [1]
+    assert run(["b", "c"]) == ["<remembered>", "C"] and asked[-1] == []  # still asked: ends the wait
+    assert run(["e"], client_gone=True) is None and "e" not in cache
 
 
 def test_the_memory_persists_across_a_restart(model_dir: Path, tmp_path: Path) -> None:

@@ -63,9 +63,9 @@ def memory_lookup(request: Request, languages: Sequence[str], target: str) -> Me
         for i, index in enumerate(indices):
             groups.setdefault(languages[index], []).append(i)
         try:
-            for language, indices in groups.items():
-                texts = [sentences[i] for i in indices]
-                for i, text in zip(indices, memory.lookup_many(owner, language, target, texts), strict=True):
+            for language, members in groups.items():
+                texts = [sentences[i] for i in members]
+                for i, text in zip(members, memory.lookup_many(owner, language, target, texts), strict=True):
                     found[i] = text
         except StoreUnavailable as e:
             # Not the model instead: the key's team expects their translation, and would get
