@@ -228,6 +228,8 @@ def test_answer_leaves_blanks_to_the_decoder_and_returns_none_when_the_client_we
     assert run(["c", "d"]) == ["C", "D"] and asked[-1] == [1]
     assert run(["b", "c"]) == ["<remembered>", "C"] and asked[-1] == []  # still asked: ends the wait
     assert run(["e"], client_gone=True) is None and "e" not in cache
+    many = ["b", "a"] * 10  # looked up on a thread: the same answers
+    assert run(many) == ["<remembered>", "A"] * 10
 
 
 def test_the_memory_persists_across_a_restart(model_dir: Path, tmp_path: Path) -> None:

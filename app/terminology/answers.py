@@ -4,8 +4,9 @@ a request).
 
 - Memory: the request owner's (``key_owner``), for each sentence's source language (a text's
   detected one when the source is "auto") and the request's target; exact after whitespace is
-  normalised. Read on the event loop, as ``app.terminology.database`` is made for (WAL: readers
-  never wait for a writer), one indexed query per sentence.
+  normalised. One indexed query per sentence (~30 us): a request of a few sentences reads on
+  the event loop, as ``app.terminology.database`` allows (WAL: readers never wait for a writer),
+  a larger one on a thread.
 - Cache: keyed by everything that decides the model's answer (``cache_key``), so that a cached
   answer is the one decoding would give ("one answer per input" makes that true).
 - Model: the rest, with their constraints; what it decodes is cached.
@@ -19,6 +20,7 @@ nothing here depends on HTTP routes.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable, Hashable, Sequence
 from typing import Any, TypeVar
 
@@ -36,6 +38,7 @@ R = TypeVar("R")
 # stored translation or None.
 MemoryLookup = Callable[[Sequence[int], Sequence[str]], list[str | None]]
 STORE_RETRY_AFTER_S = "1"
+INLINE_LOOKUPS = 8  # sentences looked up on the event loop itself (to_thread costs ~50-100 us)
 
 
 def cache_key(
@@ -96,8 +99,15 @@ async def answer(
     went away, which this returns too)."""
     todo = [i for i, s in enumerate(sentences) if s.strip()]
     blank = [i for i, s in enumerate(sentences) if not s.strip()]
-    memory = None if lookup is None else (lambda texts: lookup(todo, texts))
-    chosen = plan([sentences[i] for i in todo], [keys[i] for i in todo], lookup=memory, cache=cache)
+    texts = [sentences[i] for i in todo]
+    memory: Callable[[Sequence[str]], Sequence[str | None]] | None = None
+    if lookup is not None and todo:
+        # ~30 us a sentence: a few inline; more (up to NMT_MAX_TEXTS' sentences, milliseconds) on a
+        # thread, so that the event loop goes on serving everyone else meanwhile.
+        inline = len(todo) <= INLINE_LOOKUPS
+        stored = lookup(todo, texts) if inline else await asyncio.to_thread(lookup, todo, texts)
+        memory = lambda _: stored  # noqa: E731  (plan asks for the texts it was given)
+    chosen = plan(texts, [keys[i] for i in todo], lookup=memory, cache=cache)
     asked = sorted(blank + [todo[j] for j in chosen.decode])
     # Called even with nothing to decode: the caller's decoding also ends the request's wait at the
     # admission gate (``app.shedding.passed``).
