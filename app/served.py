@@ -96,7 +96,7 @@ class ServedModel:
         terms: Sequence[Sequence[str]] = (),
     ) -> list[Rendered]:
         """Each sentence's n-best texts, with each constraint's tokens written as its term exactly
-        (``Tokenizer.place_spans``) where ``spans`` (each hypothesis's, per sentence) says where
+        (``Tokenizer.decode_spans_with_offsets``) where ``spans`` (each hypothesis's, per sentence) says where
         the search realised ``terms`` (per sentence); those without, as ``texts``."""
         plain = self.texts(results)
         out = []
@@ -109,12 +109,10 @@ class ServedModel:
             placed: tuple[tuple[int, int, int], ...] = ()
             for k, (tokens, _) in enumerate(results[i]):
                 hyp_spans = own[k] if k < len(own) else ()
-                text, where = self.tokenizer.place_spans(tokens, hyp_spans, terms[i])
+                text, where = self.tokenizer.decode_spans_with_offsets(tokens, hyp_spans, terms[i])
                 rendered.append(text)
-                if k == 0:
-                    placed = tuple(
-                        (span[2], *at) for span, at in zip(hyp_spans, where, strict=True) if at is not None
-                    )
+                if k == 0:  # (term index, start, end) of the best hypothesis' terms, in text order
+                    placed = tuple((term, start, end) for start, end, term in where)
             out.append(Rendered(rendered, placed))
         return out
 

@@ -414,9 +414,10 @@ def step_ms(
     cache = filled_cache(translator, runner, sources, ns)
     tokens = torch.full((rows,), 5, dtype=torch.long)
     chosen = torch.arange(rows) if beam else torch.zeros(1, dtype=torch.long)
+    unforced = torch.zeros((len(chosen), 2), dtype=torch.long)  # no constraints: dummy columns (as decoding)
 
     def step() -> None:
-        cache.advance(runner(tokens, *cache.views(), chosen)[4])
+        cache.advance(runner(tokens, *cache.views(), chosen, unforced)[4])
         cache.lengths[:rows] -= 1  # the same history at every call
         cache.max_length -= 1
 

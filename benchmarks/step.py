@@ -50,6 +50,11 @@ def thread_ms(fn: Callable[[], object], steps: int, repeats: int) -> float:
     return statistics.median(times)
 
 
+def unforced(beam_rows: torch.Tensor) -> torch.Tensor:
+    """The step's ``forced`` without constraints: two dummy columns (pad) per beam row, as decoding."""
+    return torch.zeros((len(beam_rows), 2), dtype=torch.long, device=beam_rows.device)
+
+
 def filled_cache(
     translator: Translator, runner: Runner, sources: list[list[int]], args: argparse.Namespace
 ) -> KVCache:
@@ -69,7 +74,7 @@ def filled_cache(
     tokens = torch.full((len(sources),), model.cfg.bos_id, dtype=torch.long, device=translator.device)
     beam_rows = torch.zeros(1, dtype=torch.long, device=translator.device)
     for _ in range(args.history):
-        out = runner(tokens, *cache.views(), beam_rows)
+        out = runner(tokens, *cache.views(), beam_rows, unforced(beam_rows))
         cache.advance(out[4])
         tokens = out[0]
     return cache
@@ -83,7 +88,7 @@ def step_ms(
     beam_rows = torch.zeros(1, dtype=torch.long, device=translator.device)
 
     def step() -> None:
-        cache.advance(runner(tokens, *cache.views(), beam_rows)[4])
+        cache.advance(runner(tokens, *cache.views(), beam_rows, unforced(beam_rows))[4])
         cache.lengths[: len(sources)] -= 1  # the same history at every call
         cache.max_length -= 1
 
@@ -160,7 +165,7 @@ def profile(translator: Translator, sources: list[list[int]], args: argparse.Nam
         beam_rows = torch.zeros(1, dtype=torch.long)
         with torch_profile(activities=[ProfilerActivity.CPU]) as prof:
             for _ in range(args.steps):
-                cache.advance(runner(tokens, *cache.views(), beam_rows)[4])
+                cache.advance(runner(tokens, *cache.views(), beam_rows, unforced(beam_rows))[4])
                 cache.lengths[: len(sources)] -= 1
                 cache.max_length -= 1
     print(f"\nThe {runner.kind} step's kernels at {len(sources)} rows ({args.steps} steps):\n")

@@ -105,53 +105,53 @@ class Tokenizer:
             str(self.target_sp.DecodePieces([vocab[i] for i in seq if i not in skip])).strip() for seq in ids
         ]
 
-    # -- terminology: constrained hypotheses ---------------------------------------------------------
     def decode_spans(
-        self, ids: list[int], spans: Sequence[tuple[int, int, int]], terms: Sequence[str]
+        self, ids: list[int], spans: Iterable[tuple[int, int, int]], terms: Sequence[str]
     ) -> str:
-        """The text of target ``ids`` with each span's text replaced by its term exactly (a term
-        with characters the vocabulary lacks still comes out right). ``spans``: (start, end,
-        term index), token indices into ``ids``, end exclusive."""
-        return self.place_spans(ids, spans, terms)[0]
+        """``decode([ids])`` with the tokens of each span (start, end, term index: token indices
+        into ``ids``, end exclusive, as ``Hypothesis.spans``) replaced by ``terms[index]`` exactly,
+        so that a term the vocabulary cannot spell (a character it lacks) still comes out as given."""
+        return self.decode_spans_with_offsets(ids, spans, terms)[0]
 
-    def place_spans(
-        self, ids: list[int], spans: Sequence[tuple[int, int, int]], terms: Sequence[str]
-    ) -> tuple[str, list[tuple[int, int] | None]]:
-        """``decode_spans``' text, and where each span's term lies in it: (start, end) character
-        offsets, one per span in ``spans``' order (None for one that could not be placed).
+    def decode_spans_with_offsets(
+        self, ids: list[int], spans: Iterable[tuple[int, int, int]], terms: Sequence[str]
+    ) -> tuple[str, list[tuple[int, int, int]]]:
+        """``decode_spans``, and where each term is in the text: (start, end, term index) in
+        characters, end exclusive, in text order.
 
-        A span's text is cut from the whole decoded text (so the words around it read as they
-        would without it) at the lengths of the decoded prefixes before and after it; the
-        whitespace at its edges (a piece's word-initial space) stays outside the term."""
-        text = self.decode([ids])[0]
-        placed: list[tuple[int, int] | None] = [None] * len(spans)
-        out: list[str] = []
-        length = cursor = 0  # characters of ``out``; of ``text`` consumed
-        for i in sorted(range(len(spans)), key=lambda i: spans[i][0]):
-            start, end, which = spans[i]
-            before, through = self.decode([ids[:start], ids[:end]])
-            if text.startswith(through) and through.startswith(before):
-                a, b = len(before), len(through)
-            else:  # a prefix that decodes otherwise inside the whole (not seen with SentencePiece)
-                own = self.decode([ids[start:end]])[0].strip()
-                a = text.find(own, cursor) if own else -1
-                if a < 0:
-                    continue
-                b = a + len(own)
-            while a < b and text[a].isspace():
-                a += 1
-            while b > a and text[b - 1].isspace():
-                b -= 1
-            if a < cursor:
-                continue  # overlaps the span before: not placed
-            term = terms[which]
-            out += [text[cursor:a], term]
-            length += a - cursor
-            placed[i] = (length, length + len(term))
-            length += len(term)
-            cursor = b
-        out.append(text[cursor:])
-        return "".join(out), placed
+        The text is put together segment by segment (the runs of tokens between spans decoded as
+        ``decode`` does, each term as given), a space between two segments where the second one's
+        first piece begins a word ("▁"), as SentencePiece's own decoding would put it; a term's
+        tokens always begin a word (a term is encoded on its own, with SentencePiece's dummy
+        prefix)."""
+        segments: list[tuple[list[int], int]] = []  # (ids, term index; -1: the model's own text)
+        at = 0
+        for start, end, term in sorted(spans):
+            if start < at or end <= start or end > len(ids):
+                raise ValueError(
+                    f"span {(start, end, term)} overlaps another or lies outside {len(ids)} tokens"
+                )
+            segments += [(ids[at:start], -1), (ids[start:end], term)]
+            at = end
+        segments.append((ids[at:], -1))
+        text, offsets = "", []
+        for seg_ids, term in segments:
+            shown = self._shown(seg_ids)
+            part = terms[term] if term >= 0 else self.decode([seg_ids])[0] if shown else ""
+            if not part:
+                continue
+            if text and (not shown or self.pieces(shown[:1])[0].startswith("\u2581")):
+                text += " "
+            if term >= 0:
+                offsets.append((len(text), len(text) + len(part), term))
+            text += part
+        return text, offsets
+
+    def _shown(self, ids: list[int]) -> list[int]:
+        """The ids of ``ids`` that decoding shows (not the specials, controls or skipped ids)."""
+        if self.mapped:
+            return [i for i in ids if i not in self.skip]
+        return [i for i in ids if i > EOS_ID and not self.sp.IsControl(i)]
 
     def pieces(self, ids: list[int], *, source: bool = False) -> list[str]:
         """The pieces of target ids (of source ids with ``source``)."""

@@ -5,7 +5,8 @@ The browser is the system's (``apt-get install chromium``; .ci/run installs it),
 ``playwright install`` would download. A person's steps: type German and read English, the
 character counter, swap, auto-detection, copy, the messages for a 413 (a real one, from a file too
 large), a busy server (retried by itself) and a timeout, the file tab's round trip, the keyboard,
-and the API key prompt.
+the API key prompt, and terminology: typed terms, a stored glossary uploaded and picked, and the
+terms a glossary or the translation memory decided marked in the translation.
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     srv = start_server(
         log,
         NMT_MODEL_DIR=str(REPO / "artifacts" / "multi30k-de-en"),
+        NMT_DATA_DIR=str(tmp_path_factory.mktemp("browser-data")),  # its stored glossaries
         NMT_MAX_CHARS=str(MAX_CHARS),
         NMT_MAX_FILE_BYTES=str(MAX_FILE_BYTES),
         NMT_FRONTEND_TIMEOUT_MS="150",
@@ -95,7 +97,7 @@ def test_type_german_read_english_with_the_language_detected(page: Page, server:
     assert "man" in expected.lower()  # English from the shipped model
     expect(page.locator("#source")).to_have_value("auto")
     page.locator("#input").press_sequentially(text, delay=5)  # typing: translated once typing pauses
-    expect(page.locator("#output")).to_have_value(expected)
+    expect(page.locator("#output")).to_have_text(expected)
     expect(page.locator("#detected")).to_have_text("Detected: German (100%)")
     expect(page.locator("#message")).to_be_hidden()
 
@@ -108,7 +110,7 @@ def test_counter_and_the_character_limit(page: Page) -> None:
     box = page.locator("#input")
     box.fill("Ein Hund.")
     expect(page.locator("#counter")).to_have_text(f"9 / {MAX_CHARS}")
-    expect(page.locator("#output")).not_to_have_value("")
+    expect(page.locator("#output")).not_to_be_empty()
     before = len(sent)
     box.fill("Ein Hund. " * 21)  # 210 characters
     expect(page.locator("#counter")).to_have_text(f"210 / {MAX_CHARS}")
@@ -121,7 +123,7 @@ def test_counter_and_the_character_limit(page: Page) -> None:
 def test_swap_where_the_reverse_pair_is_served(page: Page) -> None:
     swap = page.get_by_role("button", name="Swap languages")
     page.locator("#input").fill("Zwei Hunde spielen im Schnee.")
-    expect(page.locator("#output")).not_to_have_value("")
+    expect(page.locator("#output")).not_to_be_empty()
     expect(swap).to_be_disabled()  # English->German is not served by this model
     assert "not available" in (swap.get_attribute("title") or "")
 
@@ -135,29 +137,29 @@ def test_swap_where_the_reverse_pair_is_served(page: Page) -> None:
     expect(page.locator("#target")).to_have_value("en")
     page.locator("#input").fill("Zwei Hunde spielen im Schnee.")
     translation = page.locator("#output")
-    expect(translation).not_to_have_value("")
-    english = translation.input_value()
+    expect(translation).not_to_be_empty()
+    english = translation.inner_text()
     expect(swap).to_be_enabled()
     page.route("**/translate", lambda route: route.fulfill(json={"translatedText": "Zwei Hunde."}))
     swap.click()
     expect(page.locator("#source")).to_have_value("en")  # the detected German became the target
     expect(page.locator("#target")).to_have_value("de")
     expect(page.locator("#input")).to_have_value(english)
-    expect(translation).to_have_value("Zwei Hunde.")
+    expect(translation).to_have_text("Zwei Hunde.")
 
 
 def test_copy_puts_the_translation_on_the_clipboard(page: Page) -> None:
     page.locator("#input").fill("Eine Frau singt.")
     output = page.locator("#output")
-    expect(output).not_to_have_value("")
+    expect(output).not_to_be_empty()
     page.get_by_role("button", name="Copy").click()
     expect(page.get_by_role("status")).to_have_text("Copied")
-    assert page.evaluate("() => navigator.clipboard.readText()") == output.input_value()
+    assert page.evaluate("() => navigator.clipboard.readText()") == output.text_content()
 
 
 def test_alternatives_on_request(page: Page) -> None:
     page.locator("#input").fill("Ein Kind spielt im Park.")
-    expect(page.locator("#output")).not_to_have_value("")
+    expect(page.locator("#output")).not_to_be_empty()
     more = page.get_by_role("button", name="Alternatives")
     more.click()
     expect(more).to_have_attribute("aria-expanded", "true")
@@ -180,7 +182,7 @@ def test_busy_server_is_retried_and_a_timeout_explained(page: Page) -> None:
     page.locator("#input").fill("Ein Hund läuft.")
     expect(page.locator("#message")).to_contain_text("busy")
     expect(page.locator("#message")).to_contain_text("Retrying")
-    expect(page.locator("#output")).not_to_have_value("")  # the retry went through
+    expect(page.locator("#output")).not_to_be_empty()  # the retry went through
     expect(page.locator("#message")).to_be_hidden()
 
     page.unroute("**/translate")
@@ -229,7 +231,7 @@ def test_keyboard_and_labels(page: Page) -> None:
     box.focus()
     box.press_sequentially("Ein Hund")
     box.press("Control+Enter")  # translates at once
-    expect(page.get_by_label("Translation", exact=True)).not_to_have_value("")
+    expect(page.get_by_label("Translation", exact=True)).not_to_be_empty()
     text_tab = page.get_by_role("tab", name="Text")
     text_tab.focus()
     page.keyboard.press("ArrowRight")
@@ -238,13 +240,208 @@ def test_keyboard_and_labels(page: Page) -> None:
     expect(page.get_by_label("File to translate")).to_be_visible()
 
 
+# --- terminology ----------------------------------------------------------------------------------
+
+
+def open_glossary(page: Page) -> None:
+    summary = page.locator("#glossary-panel summary")
+    expect(summary).to_contain_text("Glossary")
+    summary.focus()
+    summary.press("Enter")  # opens the <details>, as a click does
+    expect(page.get_by_label("Stored glossary")).to_be_visible()
+
+
+# Keeps the text fields of each form the page sends with fetch, in window.sentForms.
+RECORD_FORMS = """() => {
+  const send = window.fetch;
+  window.sentForms = [];
+  window.fetch = (url, options = {}) => {
+    if (options.body instanceof FormData) {
+      const fields = [...options.body].filter(([, value]) => typeof value === "string");
+      window.sentForms.push(Object.fromEntries(fields));
+    }
+    return send(url, options);
+  };
+}"""
+
+
+def translation_request(page: Page, text: str) -> dict[str, Any]:
+    """The body of the /translate request the page sends for ``text`` typed in, once answered."""
+    with page.expect_request(lambda r: r.url.endswith("/translate")) as info:
+        page.get_by_label("Text to translate").fill(text)
+    response = info.value.response()
+    assert response is not None and response.status == 200, response and response.text()
+    body: dict[str, Any] = info.value.post_data_json
+    return body
+
+
+def test_typed_terms_are_sent_with_each_translation(page: Page) -> None:
+    open_glossary(page)
+    terms = page.get_by_label("Terms for this page")
+    terms.fill("Hund\tpuppy")  # pasted from a spreadsheet: Tab itself moves on to the next field
+    terms.press("End")
+    terms.press_sequentially("\nStraße, street \n\nACME\n")
+    expect(page.locator("#glossary-state")).to_have_text("3 terms typed")
+    body = translation_request(page, "Ein Hund läuft über die Straße.")
+    assert body["glossary"] == [
+        {"source": "Hund", "target": "puppy"},
+        {"source": "Straße", "target": "street"},
+        {"source": "ACME", "target": "ACME"},  # a term alone: kept untranslated
+    ]
+    assert "glossary_id" not in body
+    expect(page.locator("#output")).not_to_be_empty()
+
+    # (Chromium does not show a multipart body with a file to Playwright: the page's forms are kept.)
+    page.evaluate(RECORD_FORMS)
+    choose_file(page, "brief.txt", "Ein Hund läuft.".encode())  # files get the terms too
+    expect(page.get_by_role("link", name=re.compile("Download brief_en.txt"))).to_be_visible()
+    page.get_by_role("tab", name="Text").click()
+    forms = page.evaluate("() => window.sentForms")
+    assert [json.loads(form["glossary"]) for form in forms] == [body["glossary"]]
+
+    terms.fill("")
+    expect(page.locator("#glossary-state")).to_have_text("none")
+    assert "glossary" not in translation_request(page, "Ein Hund läuft.")
+
+
+def test_a_glossary_uploaded_is_stored_picked_and_sent(page: Page, server: Server) -> None:
+    open_glossary(page)
+    page.get_by_label("CSV or TSV file").set_input_files(
+        {"name": "pets.csv", "mimeType": "text/csv", "buffer": b"Hund,puppy\nACME,ACME\n"}
+    )
+    name = page.get_by_label("Name", exact=True)
+    name.fill("pets")
+    name.press("Enter")  # submits the form
+    status = page.locator("#glossary-status")
+    expect(status).to_contain_text("Choose the language")  # "Detect language" has no language yet
+    expect(page.get_by_label("From")).to_be_focused()
+
+    page.get_by_label("From").select_option("de")
+    page.get_by_role("button", name="Upload glossary").click()
+    expect(status).to_have_text('Stored "pets": 2 terms, de → en.')
+    picked = page.get_by_label("Stored glossary")
+    expect(picked).to_be_focused()
+    expect(picked.locator("option:checked")).to_have_text("pets (de → en, 2 terms)")
+    expect(page.locator("#glossary-state")).to_have_text("pets")
+
+    stored = httpx.get(f"{server.url}/glossaries", timeout=10).json()["glossaries"]
+    found = [g for g in stored if g["name"] == "pets"]
+    assert [(g["source_lang"], g["target_lang"], g["entry_count"]) for g in found] == [("de", "en", 2)]
+    body = translation_request(page, "Ein Hund bellt.")
+    assert body["glossary_id"] == found[0]["id"]
+    assert "glossary" not in body
+
+    picked.select_option(label="None")
+    expect(page.locator("#glossary-state")).to_have_text("none")
+    assert "glossary_id" not in translation_request(page, "Ein Hund bellt laut.")
+
+
+def test_a_glossary_term_is_marked_in_the_translation(page: Page) -> None:
+    """Against the model: the constrained search writes the term, the answer says where."""
+    page.get_by_label("From").select_option("de")
+    open_glossary(page)
+    page.get_by_label("Terms for this page").fill("Hund\tpuppy")
+    page.get_by_label("Text to translate").fill("Ein Hund bellt.")
+    mark = page.locator("#output mark")
+    expect(mark).to_have_text("puppy", timeout=WAIT_MS)  # a constrained beam search: slower
+    expect(mark).to_have_attribute("title", "glossary: Hund → puppy")
+    expect(page.locator("#terms-note")).to_have_text("Glossary terms: Hund → puppy.")
+
+
+def test_an_answer_from_the_translation_memory_is_marked(page: Page, server: Server) -> None:
+    """Against the service: a sentence of the memory is answered from it, and the page says so."""
+    sentence, stored = "Zwei Katzen schlafen auf dem Sofa.", "Two cats doze on the sofa."
+    table = f"{sentence}\t{stored}\n".encode()
+    response = httpx.post(
+        f"{server.url}/memories",
+        files={"file": ("team.tsv", table, "text/tab-separated-values")},
+        data={"source_lang": "de", "target_lang": "en"},
+        timeout=30,
+    )
+    assert response.status_code == 200, response.text
+    output = page.locator("#output")
+    page.get_by_label("Text to translate").fill(f"Danke. {sentence}")
+    expect(output.locator("mark.memory")).to_have_text(stored)  # that sentence, not the other
+    expect(output.locator("mark.memory")).to_have_attribute("title", "from translation memory")
+    expect(output).to_contain_text(stored)
+    expect(page.locator("#terms-note")).to_have_text("From translation memory.")
+
+
+def test_decided_terms_and_memory_answers_are_marked_as_text(page: Page) -> None:
+    text = "😀 <b>x</b> The invoice for {name}."  # before the terms: a character of 2 UTF-16 units
+    terms = [
+        {"source": "Rechnung", "target": "invoice", "start": 15, "end": 22},
+        {"source": "{name}", "target": "{name}", "start": 27, "end": 33},
+    ]
+    assert [text[t["start"] : t["end"]] for t in terms] == ["invoice", "{name}"]
+    remembered = "Thank you. <i>Our</i> dog barks."
+    answers = iter(
+        [
+            {"translatedText": text, "terminology": {"memory": False, "terms": terms}},
+            {
+                "translatedText": remembered,
+                "terminology": {
+                    "memory": True,
+                    "terms": [],
+                    "segments": [{"start": 11, "end": len(remembered)}],
+                },
+            },
+            {"translatedText": "A dog.", "terminology": {"memory": True, "terms": []}},  # all of it
+            {"translatedText": "A cat."},
+        ]
+    )
+    page.route("**/translate", lambda route: route.fulfill(json=next(answers)))
+    output = page.locator("#output")
+    box = page.get_by_label("Text to translate")
+    box.fill("Die Rechnung für {name}.")
+    expect(output).to_have_text(text)
+    marks = output.locator("mark")
+    expect(marks).to_have_text(["invoice", "{name}"])
+    expect(marks.first).to_have_attribute("title", "glossary: Rechnung → invoice")
+    expect(marks.last).to_have_attribute("title", "glossary: {name} → {name}")
+    expect(output.locator("b")).to_have_count(0)  # the model's text stays text
+    note = page.locator("#terms-note")
+    expect(note).to_have_text("Glossary terms: Rechnung → invoice; {name} → {name}.")
+    expect(output.locator("mark.memory")).to_have_count(0)
+
+    box.fill("Danke. Unser Hund bellt.")
+    expect(output).to_have_text(remembered)
+    expect(marks).to_have_text(["<i>Our</i> dog barks."])  # the sentence from the memory, as text
+    expect(marks).to_have_class("memory")
+    expect(marks).to_have_attribute("title", "from translation memory")
+    expect(note).to_have_text("From translation memory.")
+
+    box.fill("Ein Hund.")
+    expect(output.locator("mark.memory")).to_have_text("A dog.")
+    expect(output).to_have_text("A dog.")
+
+    box.fill("Eine Katze.")
+    expect(output).to_have_text("A cat.")
+    expect(marks).to_have_count(0)
+    expect(note).to_be_hidden()
+
+
+def test_the_page_makes_no_requests_elsewhere(page: Page, server: Server) -> None:
+    urls: list[str] = []
+    page.on("request", lambda request: urls.append(request.url))
+    page.reload()
+    expect(page.locator("#target")).to_have_value("en")
+    open_glossary(page)
+    page.get_by_label("Terms for this page").fill("Hund\tpuppy")
+    translation_request(page, "Ein Hund spielt.")
+    expect(page.locator("#output")).not_to_be_empty()
+    assert any(url.endswith("/glossaries") for url in urls)
+    assert urls and all(url.startswith(f"{server.url}/") for url in urls), urls
+
+
 # --- a server that asks for API keys ----------------------------------------------------------------
 
 
 @pytest.fixture(scope="module")
 def keyed_server(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     log = tmp_path_factory.mktemp("browser-keys") / "uvicorn.log"
-    srv = start_server(log, NMT_MODEL_DIR=str(model_dir), NMT_API_KEYS="secret-1")
+    data = tmp_path_factory.mktemp("browser-keys-data")
+    srv = start_server(log, NMT_MODEL_DIR=str(model_dir), NMT_API_KEYS="secret-1", NMT_DATA_DIR=str(data))
     try:
         wait_ready(srv)
         yield srv
@@ -262,8 +459,10 @@ def test_the_page_asks_for_the_api_key_and_sends_it(browser: Browser, keyed_serv
         page.get_by_label("Text to translate").fill("Ein Hund.")
         expect(page.get_by_role("alert")).to_contain_text("API key")  # 403 without one
         page.get_by_label("API key", exact=True).fill("secret-1")
-        page.get_by_role("button", name="Save key").click()
-        expect(page.get_by_label("Translation", exact=True)).not_to_have_value("")
+        with page.expect_response(lambda r: "/glossaries?" in r.url) as listed:
+            page.get_by_role("button", name="Save key").click()
+        assert listed.value.url.endswith("/glossaries?api_key=secret-1") and listed.value.ok
+        expect(page.get_by_label("Translation", exact=True)).not_to_be_empty()
         expect(page.locator("#message")).to_be_hidden()
     finally:
         context.close()

@@ -66,8 +66,9 @@ def join(cache: KVCache, translator: Translator, sources: list[list[int]]) -> No
 
 
 def step(runner: Runner, cache: KVCache, tokens: torch.Tensor, beam_rows: list[int]) -> StepChoice:
-    choice, top_tokens, top_lprobs, eos_lprob, new_kv = runner(
-        tokens, *cache.views(), torch.tensor(beam_rows)
+    forced = torch.zeros((len(beam_rows), 2), dtype=torch.long)  # nothing forced: dummy columns
+    choice, top_tokens, top_lprobs, eos_lprob, new_kv, _ = runner(
+        tokens, *cache.views(), torch.tensor(beam_rows), forced
     )
     cache.advance(new_kv)
     return StepChoice(choice, top_tokens, top_lprobs, eos_lprob)

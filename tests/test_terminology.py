@@ -43,10 +43,10 @@ def test_decode_spans_writes_each_term_exactly(tokenizer: Tokenizer) -> None:
     term = tokenizer.encode(["{name}"], target=True)[0]  # "{" and "}": not in the vocabulary
     ids = words[:3] + term + words[3:]
     spans = [(3, 3 + len(term), 0)]
-    text, placed = tokenizer.place_spans(ids, spans, ["{name}"])
+    text, placed = tokenizer.decode_spans_with_offsets(ids, spans, ["{name}"])
     assert text == tokenizer.decode_spans(ids, spans, ["{name}"]) == "a man plays {name} with the ball"
-    assert placed == [(12, 18)]
-    assert tokenizer.place_spans(ids, [], []) == (tokenizer.decode([ids])[0], [])
+    assert placed == [(12, 18, 0)]
+    assert tokenizer.decode_spans_with_offsets(ids, [], []) == (tokenizer.decode([ids])[0], [])
 
 
 def served(model_dir: Path, name: str = "tiny") -> ServedModel:
@@ -352,6 +352,9 @@ class FakeStore:
         self.asked.append((owner, glossary_id))
         return self.glossaries.get(glossary_id)
 
+    def close(self) -> None:
+        """(The app closes its stores at shutdown.)"""
+
 
 class Stored:
     def __init__(self, source_lang: str, target_lang: str, *entries: tuple[str, str]) -> None:
@@ -363,15 +366,19 @@ def test_a_stored_glossary_is_used_by_id(
     client: TestClient, jobs: list[SentenceJob], model_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     store = FakeStore(g1=Stored("de", "en", ("Park", "garden")), g2=Stored("de", "fr", ("Park", "jardin")))
-    monkeypatch.setattr(client.app.state, "glossaries", store, raising=False)  # type: ignore[attr-defined]
+    state = client.app.state  # type: ignore[attr-defined]
+    real, state.glossaries = state.glossaries, store  # the app closes its own store at shutdown
     inline = [{"source": "Park", "target": "lawn"}]
-    assert translate(client, q="Im Park.", glossary_id="g1").status_code == 200
-    assert jobs[-1].constraints == target_ids(model_dir, "garden")
-    assert translate(client, q="Im Park.", glossary_id="g1", glossary=inline).status_code == 200
-    assert jobs[-1].constraints == target_ids(model_dir, "lawn")  # an inline entry wins
-    assert store.asked[0] == ("", "g1")  # no keys: the owner is ""
-    assert_error(translate(client, q="Im Park.", glossary_id="g2"), 400, "target fr")
-    assert_error(translate(client, q="Im Park.", glossary_id="g3"), 404, "unknown glossary")
+    try:
+        assert translate(client, q="Im Park.", glossary_id="g1").status_code == 200
+        assert jobs[-1].constraints == target_ids(model_dir, "garden")
+        assert translate(client, q="Im Park.", glossary_id="g1", glossary=inline).status_code == 200
+        assert jobs[-1].constraints == target_ids(model_dir, "lawn")  # an inline entry wins
+        assert store.asked[0] == ("", "g1")  # no keys: the owner is ""
+        assert_error(translate(client, q="Im Park.", glossary_id="g2"), 400, "target fr")
+        assert_error(translate(client, q="Im Park.", glossary_id="g3"), 404, "unknown glossary")
+    finally:
+        state.glossaries = real
 
 
 def test_a_stored_glossary_is_the_api_keys_own(model_dir: Path) -> None:

@@ -277,5 +277,5 @@ class Executor:
             lane.metrics.sentences.labels("translated").inc()
         if job.constraints:
             # (getattr: ``Hypothesis.spans`` comes with the constrained search; none before it.)
-            job.spans = tuple(tuple(getattr(h, "spans", ())) for h in hyps)
+            job.spans = tuple(h.spans for h in hyps)
         return [(h.tokens, h.score) for h in hyps]

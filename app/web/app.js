@@ -1,5 +1,6 @@
 // The page at /: plain JavaScript, no library, nothing loaded from elsewhere. It talks to the same
-// API as any LibreTranslate client: /frontend/settings, /languages, /translate, /translate_file.
+// API as any LibreTranslate client: /frontend/settings, /languages, /translate, /translate_file;
+// and our /glossaries, with the terms a glossary or the translation memory decided marked.
 "use strict";
 
 const $ = (id) => document.getElementById(id);
@@ -17,6 +18,8 @@ const state = {
   detected: null, // the language detected for the current text (source "auto")
   retryTimer: null,
   downloadUrl: null,
+  translation: "", // the text shown in #output
+  glossaries: [], // the stored ones, from GET /glossaries
 };
 
 class ApiError extends Error {
@@ -185,8 +188,9 @@ function swap() {
   if (!from || !targetsOf(to).includes(from)) return;
   $("source").value = to;
   fillTargets(from);
-  if ($("output").value) $("input").value = $("output").value;
-  $("output").value = "";
+  fillGlossaries();
+  if (state.translation) $("input").value = state.translation;
+  showTranslation("");
   state.detected = null;
   updateCounter();
   translateNow();
@@ -226,7 +230,7 @@ async function translateNow(attempt = 0, alternatives = 0) {
   const text = $("input").value;
   if (state.controller) state.controller.abort();
   if (!text.trim()) {
-    $("output").value = "";
+    showTranslation("");
     state.detected = null;
     showDetected();
     updateSwap();
@@ -248,6 +252,7 @@ async function translateNow(attempt = 0, alternatives = 0) {
     target: $("target").value,
     format: "text",
     alternatives,
+    ...glossaryFields(),
   });
   $("output").setAttribute("aria-busy", "true");
   try {
@@ -260,7 +265,7 @@ async function translateNow(attempt = 0, alternatives = 0) {
     const result = await response.json();
     if (sequence !== state.sequence) return; // a newer translation has started
     clearMessage();
-    $("output").value = result.translatedText;
+    showTranslation(result.translatedText, result.terminology);
     state.detected = result.detectedLanguage ? result.detectedLanguage.language : null;
     state.confidence = result.detectedLanguage ? result.detectedLanguage.confidence : null;
     showDetected();
@@ -275,9 +280,43 @@ async function translateNow(attempt = 0, alternatives = 0) {
   }
 }
 
+// The translation, each term a glossary or placeholder decided in a <mark>, and each sentence
+// answered from the translation memory (`segments`; without them, the whole text) in a
+// <mark class="memory">. Text nodes only: nothing the model or the memory wrote is parsed.
+function showTranslation(text, terminology = null) {
+  state.translation = text;
+  const chars = Array.from(text); // the server's offsets count characters, not UTF-16 units
+  const info = terminology || { memory: false, terms: [] };
+  const memory = info.memory ? info.segments || [{ start: 0, end: chars.length }] : [];
+  const spans = [
+    ...memory.map((span) => ({ ...span, title: "from translation memory" })),
+    ...info.terms.map((term) => ({ ...term, title: `glossary: ${term.source} → ${term.target}` })),
+  ].sort((a, b) => a.start - b.start);
+  const parts = [];
+  const terms = [];
+  let at = 0;
+  for (const span of spans) {
+    if (span.start < at || span.end <= span.start || span.end > chars.length) continue;
+    const mark = document.createElement("mark");
+    mark.textContent = chars.slice(span.start, span.end).join("");
+    mark.title = span.title;
+    if (span.target === undefined) mark.className = "memory";
+    else terms.push(`${span.source} → ${span.target}`);
+    parts.push(chars.slice(at, span.start).join(""), mark);
+    at = span.end;
+  }
+  parts.push(chars.slice(at).join(""));
+  $("output").replaceChildren(...parts.filter((part) => part !== ""));
+  const notes = [];
+  if (memory.length) notes.push("From translation memory.");
+  if (terms.length) notes.push(`Glossary terms: ${terms.join("; ")}.`);
+  $("terms-note").textContent = notes.join(" ");
+  $("terms-note").hidden = notes.length === 0;
+}
+
 function showAlternatives(alternatives) {
   const list = $("alternative-list");
-  const distinct = [...new Set(alternatives)].filter((a) => a && a !== $("output").value);
+  const distinct = [...new Set(alternatives)].filter((a) => a && a !== state.translation);
   list.replaceChildren(
     ...(distinct.length ? distinct : ["(no other translation found)"]).map((text) => {
       const item = document.createElement("li");
@@ -290,16 +329,110 @@ function showAlternatives(alternatives) {
 }
 
 async function copyTranslation() {
-  const text = $("output").value;
+  const text = state.translation;
   if (!text) return;
   try {
     await navigator.clipboard.writeText(text);
   } catch (_) {
-    $("output").select(); // older browsers, or a page not allowed to use the clipboard API
+    // older browsers, or a page not allowed to use the clipboard API
+    getSelection().selectAllChildren($("output"));
     document.execCommand("copy");
   }
   $("copied").textContent = "Copied";
   setTimeout(() => ($("copied").textContent = ""), 2000);
+}
+
+// --- glossaries --------------------------------------------------------------------------------
+
+// The terms typed on the page, a line each: source<TAB>target or source,target (a term alone is
+// kept untranslated, as an entry whose target is its source is).
+function pageTerms() {
+  const entries = [];
+  for (const line of $("glossary-terms").value.split("\n")) {
+    const cut = line.includes("\t") ? line.indexOf("\t") : line.indexOf(",");
+    const source = (cut < 0 ? line : line.slice(0, cut)).trim();
+    const target = (cut < 0 ? "" : line.slice(cut + 1)).trim() || source;
+    if (source) entries.push({ source, target });
+  }
+  return entries;
+}
+
+// What a translation request carries: the stored glossary picked, the terms typed.
+function glossaryFields() {
+  const fields = {};
+  if ($("glossary-id").value) fields.glossary_id = $("glossary-id").value;
+  const terms = pageTerms();
+  if (terms.length) fields.glossary = terms;
+  return fields;
+}
+
+function updateGlossaryState() {
+  const picked = state.glossaries.find((g) => g.id === $("glossary-id").value);
+  const count = pageTerms().length;
+  const parts = [];
+  if (picked) parts.push(picked.name);
+  if (count) parts.push(`${count} term${count === 1 ? "" : "s"} typed`);
+  $("glossary-state").textContent = parts.join(" + ") || "none";
+}
+
+// The stored glossaries for the languages selected (any source while it is detected).
+function fillGlossaries(wanted = $("glossary-id").value) {
+  const primary = (code) => code.toLowerCase().split("-")[0];
+  const source = $("source").value;
+  const target = primary($("target").value);
+  const fits = (g) =>
+    primary(g.target_lang) === target && (source === "auto" || primary(g.source_lang) === primary(source));
+  const options = state.glossaries.filter(fits).map((g) => ({
+    code: g.id,
+    name: `${g.name} (${g.source_lang} → ${g.target_lang}, ${g.entry_count} terms)`,
+  }));
+  fillSelect($("glossary-id"), [{ code: "", name: "None" }, ...options], wanted);
+  updateGlossaryState();
+}
+
+async function loadGlossaries(wanted) {
+  const query = state.key ? `?api_key=${encodeURIComponent(state.key)}` : "";
+  try {
+    state.glossaries = (await getJson(`/glossaries${query}`)).glossaries;
+  } catch (_) {
+    state.glossaries = []; // no key yet, or no store: typed terms still work
+  }
+  fillGlossaries(wanted);
+}
+
+// Stores the file chosen as a glossary from the language selected to the one selected, and picks it.
+async function uploadGlossary(attempt = 0) {
+  const file = $("glossary-file").files[0];
+  const source = effectiveSource();
+  const status = $("glossary-status");
+  if (!source) {
+    status.textContent = "Choose the language of the terms (From) first.";
+    $("source").focus();
+    return;
+  }
+  const form = new FormData();
+  form.append("name", $("glossary-name").value.trim());
+  form.append("source_lang", source);
+  form.append("target_lang", $("target").value);
+  form.append("file", file);
+  if (state.key) form.append("api_key", state.key);
+  const button = $("glossary-upload");
+  button.disabled = true;
+  status.textContent = `Uploading ${file.name}…`;
+  try {
+    const stored = await (await call("/glossaries", { method: "POST", body: form })).json();
+    clearMessage();
+    status.textContent = `Stored "${stored.name}": ${stored.entry_count} terms, ${stored.source_lang} → ${stored.target_lang}.`;
+    $("glossary-form").reset();
+    await loadGlossaries(stored.id);
+    $("glossary-id").focus();
+    translateNow();
+  } catch (err) {
+    status.textContent = "The glossary was not stored.";
+    handleError(err, "file", (next) => uploadGlossary(next), attempt);
+  } finally {
+    button.disabled = false;
+  }
 }
 
 // --- files -------------------------------------------------------------------------------------
@@ -316,6 +449,9 @@ async function translateFile(attempt = 0) {
   form.append("source", $("source").value);
   form.append("target", $("target").value);
   if (state.key) form.append("api_key", state.key);
+  for (const [name, value] of Object.entries(glossaryFields())) {
+    form.append(name, typeof value === "string" ? value : JSON.stringify(value));
+  }
   const button = $("translate-file");
   button.disabled = true;
   $("download").hidden = true;
@@ -381,6 +517,7 @@ function saveKey(event) {
   else localStorage.removeItem(KEY_STORAGE);
   $("key-help").textContent = state.key ? "Key saved in this browser." : "Enter the key you were given.";
   clearMessage();
+  loadGlossaries();
   if ($("input").value.trim()) translateNow();
 }
 
@@ -413,6 +550,7 @@ async function start(attempt = 0) {
   $("file").accept = settings.supportedFilesFormat.join(",");
   if (settings.keyRequired) showKeyPanel(null);
   updateCounter();
+  loadGlossaries();
 }
 
 function wire() {
@@ -436,12 +574,26 @@ function wire() {
   $("source").addEventListener("change", () => {
     state.detected = null;
     fillTargets($("target").value);
+    fillGlossaries();
     showDetected();
     translateNow();
   });
   $("target").addEventListener("change", () => {
     updateSwap();
+    fillGlossaries();
     translateNow();
+  });
+  $("glossary-id").addEventListener("change", () => {
+    updateGlossaryState();
+    translateNow();
+  });
+  $("glossary-terms").addEventListener("input", () => {
+    updateGlossaryState();
+    scheduleTranslate();
+  });
+  $("glossary-form").addEventListener("submit", (event) => {
+    event.preventDefault();
+    uploadGlossary();
   });
   $("swap").addEventListener("click", swap);
   $("copy").addEventListener("click", copyTranslation);

@@ -17,6 +17,7 @@ import torch
 from torch import Tensor
 
 from model.cache import KVCache
+from model.decoding.constraints import ConstraintSet, beam_for
 from model.decoding.options import DecodeOptions
 from model.decoding.search import Beam, Hypothesis, Search
 from model.layers import aligned
@@ -44,7 +45,10 @@ class Entry(Generic[K]):
 
 @dataclass(frozen=True)
 class Source(Generic[K]):
-    """An input to decode: source ids (eos included), beam size and n-best."""
+    """An input to decode: source ids (eos included), beam size and n-best; ``constraints``:
+    target token sequences (no bos/eos) that every finished hypothesis contains (see
+    ``model.decoding.constraints``; ``beam_size`` is already the beam they decode with,
+    ``beam_for``)."""
 
     key: K
     ids: Sequence[int]
@@ -97,6 +101,8 @@ class RunningBatch(Generic[K]):
         self.entries: list[Entry[K]] = []
         self.steps_since_join = 0  # steps decoded since inputs last joined
         self.tokens = torch.zeros(0, dtype=torch.long, device=weight.device)  # (R,) next token per row
+        self.constrained = 0  # inputs with constraints: while 0, no step asks for forced tokens
+        self._unforced: dict[int, Tensor] = {}  # beam rows -> the dummy ``forced`` (B, 2) of pad
 
     @property
     def rows(self) -> int:
@@ -117,11 +123,22 @@ class RunningBatch(Generic[K]):
         return not live or newcomers >= JOIN_RATIO * live or self.steps_since_join >= JOIN_WAIT_STEPS
 
     def add(self, sources: Sequence[Source[K]]) -> None:
-        """Encode ``sources`` as one padded batch and add their rows after the last one."""
+        """Encode ``sources`` as one padded batch and add their rows after the last one.
+
+        Raises ValueError, before anything changes, for a constraint token the step cannot score
+        (outside the vocabulary: it would fail the whole batch's step) or that cannot be generated
+        inside an output (pad, bos, eos)."""
         if not sources:
             return
-        self.steps_since_join = 0
         cfg = self.model.cfg
+        for s in sources:
+            if not s.constraints:
+                continue
+            bad = {t for c in s.constraints for t in c if not 0 <= t < cfg.vocab_size}
+            bad |= {t for c in s.constraints for t in c} & {cfg.pad_id, cfg.bos_id, cfg.eos_id}
+            if bad:
+                raise ValueError(f"constraint tokens {sorted(bad)} cannot be generated")
+        self.steps_since_join = 0
         src = pad_batch([s.ids for s in sources], cfg.pad_id, self.tokens.device)
         enc = self.model.encode(src)
         kv = self.model.source_kv(enc)  # (B, L, 2, H, S, Dh)
@@ -139,7 +156,9 @@ class RunningBatch(Generic[K]):
         for s in sources:
             limit = self.options.output_limit(len(s.ids), cfg.max_positions)
             rows_of = list(range(first, first + s.beam_size))
-            self.entries.append(Entry(s.key, Beam.start(s.beam_size, limit), rows_of, s.n_best))
+            constraints = ConstraintSet(s.constraints) if s.constraints else None
+            self.constrained += constraints is not None
+            self.entries.append(Entry(s.key, Beam.start(s.beam_size, limit, constraints), rows_of, s.n_best))
             first += s.beam_size
 
     def step(self) -> list[tuple[K, list[Hypothesis]]]:
@@ -150,17 +169,33 @@ class RunningBatch(Generic[K]):
         index = None if rows == list(range(len(rows))) else torch.tensor(rows, device=self.tokens.device)
         # The rows whose best candidates the search needs, in input order (at least one row).
         wanted = [r for e in entries if self.search.wants_candidates(e.beam) for r in e.rows] or [0]
-        out = self.runner(self.tokens, *self.cache.views(), torch.tensor(wanted, device=self.tokens.device))
+        beams = [e.beam for e in entries]
+        device = self.tokens.device
+        forced = self._forced(beams, len(wanted))
+        out = self.runner(self.tokens, *self.cache.views(), torch.tensor(wanted, device=device), forced)
         self.cache.advance(out[4])
         self.steps_since_join += 1
         choice = out[0] if index is None else out[0].index_select(0, index)
-        keep, tokens = self.search.step([e.beam for e in entries], StepChoice(choice, *out[1:4]))
+        scored = StepChoice(choice, *out[1:4], out[5] if self.constrained else None)
+        keep, tokens = self.search.step(beams, scored)
         self._place(rows, keep, tokens)
         done = [i for i, e in enumerate(entries) if e.beam.done]
         finished = [(entries[i].key, entries[i].beam.best(entries[i].n_best)) for i in done]
         if done:  # finished inputs leave at once: only the rows that take their places are copied
             self.keep([i for i, e in enumerate(entries) if not e.beam.done])
         return finished
+
+    def _forced(self, beams: list[Beam], rows: int) -> Tensor:
+        """The step's ``forced`` (B, F): the tokens the constrained inputs need scored whatever their
+        rank; without constrained inputs two dummy columns (pad: ``Search.forced``'s least width),
+        made once per number of rows."""
+        device = self.tokens.device
+        if self.constrained:
+            return torch.tensor(self.search.forced(beams), dtype=torch.long, device=device)
+        unforced = self._unforced.get(rows)
+        if unforced is None:
+            unforced = self._unforced[rows] = torch.zeros((rows, 2), dtype=torch.long, device=device)
+        return unforced
 
     def drop(self, gone: Callable[[K], bool]) -> list[K]:
         """Remove the inputs whose key is ``gone`` (cancelled, expired); returns their keys."""
@@ -191,6 +226,8 @@ class RunningBatch(Generic[K]):
         # Inputs in the order of their rows: with one row per input (greedy), rows then follow
         # input order and a step's choice needs no reordering for the search.
         self.entries = sorted((self.entries[i] for i in keep), key=lambda e: e.rows[0])
+        if self.constrained:
+            self.constrained = sum(e.beam.constraints is not None for e in self.entries)
 
     def _place(self, rows: list[int], keep: Tensor | None, tokens: Tensor) -> None:
         """Put the search's result (``keep``/``tokens`` index ``rows``, every input's rows in input
@@ -222,34 +259,44 @@ def decode(
     positions: int | None = None,
     max_rows: int | None = None,
     max_batch_tokens: int | None = None,
+    constraints: Sequence[Sequence[Sequence[int]]] | None = None,
 ) -> list[list[Hypothesis]]:
     """Decode every source (ids ending in eos) with ``options``; the n-best of each, in order.
 
     Sources join the running batch as rows free up (longest first: similar lengths share steps),
     in groups as the service's executor lets them in, and each input's result does not depend on
-    which others share its steps. ``max_rows``: rows decoded together (default ``capacity``)."""
+    which others share its steps. ``max_rows``: rows decoded together (default ``capacity``).
+    ``constraints``: per source, target token sequences its hypotheses must contain; such a source
+    decodes with ``beam_for(options.beam_size, its number of constraints)``."""
     batch: RunningBatch[int] = RunningBatch(
         model, runner, capacity=capacity, options=options, positions=positions
     )
     order = sorted(range(len(sources)), key=lambda i: len(sources[i]), reverse=True)
     results: dict[int, list[Hypothesis]] = {}
-    k = options.beam_size
+    wanted = [tuple(tuple(c) for c in cs) for cs in constraints] if constraints else [()] * len(sources)
+    ks = [beam_for(options.beam_size, len(cs)) for cs in wanted]
     capacity = min(capacity, max_rows or capacity)
-    if k > capacity:
-        raise ValueError(f"a beam of {k} does not fit in {capacity} rows")
+    if max(ks, default=1) > capacity:
+        raise ValueError(f"a beam of {max(ks)} does not fit in {capacity} rows")
     while order or len(batch):
-        free = (capacity - batch.rows) // k
-        if order and free and batch.joins_now(free):
-            taken = order[:free]
+        taken, rows = [], batch.rows  # the longest waiting sources whose beams fit
+        for i in order:
+            if rows + ks[i] > capacity:
+                break
+            taken.append(i)
+            rows += ks[i]
+        # (When every waiting source fits, the free rows count: as many as could join.)
+        could = len(taken) if len(taken) < len(order) else (capacity - batch.rows) // min(ks)
+        if taken and batch.joins_now(could):
             if max_batch_tokens is not None:
                 while (
                     len(taken) > 1
-                    and (batch.rows + len(taken) * k) * max(batch.width, len(sources[taken[0]]))
+                    and (batch.rows + sum(ks[i] for i in taken)) * max(batch.width, len(sources[taken[0]]))
                     > max_batch_tokens
                 ):
                     taken = taken[: len(taken) // 2]
             order = order[len(taken) :]
-            batch.add([Source(i, sources[i], k, options.n_best) for i in taken])
+            batch.add([Source(i, sources[i], ks[i], options.n_best, wanted[i]) for i in taken])
         for key, hyps in batch.step():
             results[key] = hyps
     return [results[i] for i in range(len(sources))]

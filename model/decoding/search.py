@@ -5,6 +5,11 @@ decoding step chose on the device (``model.runtime.step.StepChoice``: every row'
 best candidates of the rows that asked for them) and advances a list of beams by one token,
 whatever their sizes and however many steps each has taken: the same code serves a batch decoded
 from start to end and the service's running batch that inputs join and leave at any step.
+
+An input with constraints (``model.decoding.constraints``) keeps a ``ConstraintState`` per beam and
+is advanced by dynamic beam allocation (``Beam.advance_constrained``), from the same step's
+candidates plus the log-probs of the tokens it forced (``Search.forced``); inputs without
+constraints never reach that code, and pay for it only an attribute check.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
+from model.decoding.constraints import ConstraintSet, ConstraintState
 from model.runtime.step import StepChoice
 
 
@@ -23,6 +29,9 @@ class Hypothesis:
     tokens: list[int]  # generated ids, without bos and eos
     score: float  # sum of token log-probs (eos included) / length**length_penalty
     log_prob: float  # sum of token log-probs, eos included
+    # (start, end, constraint index) where each constraint was realised in ``tokens``, end
+    # exclusive, in the order they were met; empty without constraints.
+    spans: tuple[tuple[int, int, int], ...] = ()
 
 
 def length_normalized(log_prob: float, length: int, length_penalty: float) -> float:
@@ -41,11 +50,17 @@ class Beam:
     history: list[list[int]]  # tokens of each live beam
     finished: list[Hypothesis] = field(default_factory=list)
     done: bool = False
+    constraints: ConstraintSet | None = None  # None: unconstrained (the plain path)
+    states: list[ConstraintState] = field(default_factory=list)  # each live beam's, with constraints
+    forced: list[list[int]] = field(default_factory=list)  # per beam: the tokens forced this step
 
     @classmethod
-    def start(cls, k: int, limit: int) -> Beam:
+    def start(cls, k: int, limit: int, constraints: ConstraintSet | None = None) -> Beam:
         # K copies of the first row; only the first copy is alive, so step 0 expands one beam.
-        return cls(k, limit, [0.0] + [-math.inf] * (k - 1), [[] for _ in range(k)])
+        beam = cls(k, limit, [0.0] + [-math.inf] * (k - 1), [[] for _ in range(k)])
+        if constraints is not None:
+            beam.constraints, beam.states = constraints, [constraints.start()] * k
+        return beam
 
     @property
     def steps(self) -> int:
@@ -57,6 +72,14 @@ class Beam:
         return self.steps + 1 >= self.limit
 
     def best(self, n_best: int = 1) -> list[Hypothesis]:
+        if self.constraints is not None:
+            # Only the hypotheses that met every constraint (fewer than n_best where the search
+            # found fewer: alternatives that drop a term would break the promise); where none did
+            # (the constraints did not fit in the length limit: hypotheses end there, met or not,
+            # so that the input ends), those that met the most.
+            ranked = sorted(self.finished, key=lambda h: (len(h.spans), h.score), reverse=True)
+            complete = [h for h in ranked if len(h.spans) == self.constraints.needed]
+            return (complete or ranked)[:n_best]
         return sorted(self.finished, key=lambda h: h.score, reverse=True)[:n_best]
 
     def advance(
@@ -92,6 +115,64 @@ class Beam:
         elif not self.finished:  # every candidate banned (repetition guard): the best beam ends
             self.finished.append(
                 Hypothesis(self.history[0], length_normalized(self.scores[0], length, alpha), self.scores[0])
+            )
+        return parents
+
+    def advance_constrained(
+        self,
+        best: list[tuple[float, int, int]],
+        top: list[list[tuple[float, int]]],
+        forced: list[list[tuple[float, int]]],
+        eos_lprobs: list[float],
+        eos: int,
+        alpha: float,
+        guard: int = 0,
+    ) -> list[int]:
+        """``advance`` for an input with constraints (``ConstraintSet.choose``), given the best 2K
+        (score, token, beam) extensions, each beam's best (log-prob, token) pairs, the (log-prob,
+        token) of its forced tokens and its eos log-prob; returns the parent beam of each new beam.
+
+        Only a hypothesis that has met every constraint may end before the limit; at the limit
+        every live beam ends (met or not: the input must end), and ``best`` ranks those that met
+        every constraint first."""
+        cs = self.constraints
+        assert cs is not None
+        length = self.steps + 1  # tokens of a hypothesis ending now, eos included
+        if length >= self.limit:
+            live = [j for j in range(self.k) if self.scores[j] != -math.inf]
+            ending = [(j, self.scores[j] + eos_lprobs[j]) for j in live]
+            ending.sort(key=lambda e: (cs.complete(self.states[e[0]]), e[1]), reverse=True)
+            for j, score in ending[: max(0, self.k - len(self.finished))]:
+                spans = self.states[j].spans
+                self.finished.append(
+                    Hypothesis(self.history[j], length_normalized(score, length, alpha), score, spans)
+                )
+            self.done = True
+            return []
+        banned = [banned_tokens(h, guard) for h in self.history] if guard > 0 else None
+        enders, continuing = cs.choose(
+            self.k, self.steps, self.scores, self.states, best, top, forced, (eos, eos_lprobs), banned
+        )
+        for j, score, state in enders:
+            if len(self.finished) < self.k:
+                hyp = Hypothesis(self.history[j], length_normalized(score, length, alpha), score, state.spans)
+                self.finished.append(hyp)
+        parents = [j for j, _, _, _ in continuing]
+        self.done = len(self.finished) >= self.k or not parents
+        if not self.done:
+            scores = [score for _, _, score, _ in continuing]
+            history = [self.history[j] + [t] for j, t, _, _ in continuing]
+            states = [state for _, _, _, state in continuing]
+            while len(parents) < self.k:  # keep K rows per input: dead copies of the first beam
+                parents.append(parents[0])
+                scores.append(-math.inf)
+                history.append(history[0])
+                states.append(states[0])
+            self.scores, self.history, self.states = scores, history, states
+        elif not self.finished:  # nothing may continue or end (the guard): the best beam ends
+            score, spans = self.scores[0], self.states[0].spans
+            self.finished.append(
+                Hypothesis(self.history[0], length_normalized(score, length, alpha), score, spans)
             )
         return parents
 
@@ -134,7 +215,31 @@ class Search:
 
     def wants_candidates(self, beam: Beam) -> bool:
         """Whether ``beam``'s rows need their best candidates from the step (``beam_rows``)."""
-        return beam.k > 1 or self.greedy_scores or self.no_repeat_ngram_size > 0
+        return (
+            beam.k > 1 or self.greedy_scores or self.no_repeat_ngram_size > 0 or beam.constraints is not None
+        )
+
+    def forced(self, beams: list[Beam]) -> list[list[int]]:
+        """The tokens whose log-probs the step must return (``DecodeStep``'s ``forced``) for each
+        row that ``wants_candidates``, in ``step``'s order: each live constrained beam's ``allowed``
+        tokens (whatever their rank), none for other rows; padded with pad (0) to one width, at
+        least 2 (``torch.compile`` would specialize a width of 1, and compile again for more).
+        ``step`` reads them back from the beams."""
+        rows: list[list[int]] = []
+        for b in beams:
+            if not self.wants_candidates(b):
+                continue
+            cs = b.constraints
+            if cs is None:
+                rows += [[]] * b.k
+                continue
+            b.forced = [
+                cs.allowed(s) if score != -math.inf else []
+                for s, score in zip(b.states, b.scores, strict=True)
+            ]
+            rows += b.forced
+        width = max(2, *map(len, rows)) if rows else 2
+        return [r + [0] * (width - len(r)) for r in rows]
 
     def step(self, beams: list[Beam], step: StepChoice) -> tuple[Tensor | None, Tensor]:
         """Advance every beam by one token.
@@ -160,7 +265,7 @@ class Search:
                 token = self.eos if b.at_limit else choice[offsets[i]]
                 parents[i] = b.extend(0.0, token, self.eos, self.length_penalty)
         guard = self.no_repeat_ngram_size > 0
-        greedy = [i for i in top_at if beams[i].k == 1 and not guard]
+        greedy = [i for i in top_at if beams[i].k == 1 and not guard and beams[i].constraints is None]
         if greedy:  # the argmax's log-prob is the best candidate's
             rows = torch.tensor([top_at[i] for i in greedy], device=step.top_lprobs.device)
             best = step.top_lprobs.index_select(0, rows)[:, 0].tolist()
@@ -170,9 +275,15 @@ class Search:
                 token, lp = (self.eos, end) if b.at_limit else (choice[offsets[i]], lp)
                 parents[i] = b.extend(lp, token, self.eos, self.length_penalty)
         by_k: dict[int, list[int]] = {}
+        constrained: list[int] = []
         for i in top_at:
             if i not in parents:
-                by_k.setdefault(beams[i].k, []).append(i)
+                if beams[i].constraints is None:
+                    by_k.setdefault(beams[i].k, []).append(i)
+                else:
+                    constrained.append(i)
+        if constrained:
+            self._constrained(beams, constrained, top_at, step, parents)
         for k, members in by_k.items():  # one batched top-k per beam size
             cand = self._candidates(beams, members, k, top_at, step)
             for i, s, t, b in zip(members, *(c.tolist() for c in cand), strict=True):
@@ -187,7 +298,10 @@ class Search:
         device = step.choice.device
         rows = torch.tensor([top_at[i] + j for i in members for j in range(k)], device=device)
         top = step.top_tokens.size(1)
-        assert top >= 2 * k, f"{top} candidates per row cannot serve a beam of {k}"
+        # (A constrained input's beam may outgrow the step's top, beam_for: it then takes the best
+        # of its rows' candidates, and its forced tokens.)
+        constrained = beams[members[0]].constraints is not None
+        assert top >= 2 * k or constrained, f"{top} candidates per row cannot serve a beam of {k}"
         values = step.top_lprobs.index_select(0, rows).view(len(members), k, top)  # (A, K, top)
         tokens = step.top_tokens.index_select(0, rows).view(len(members), k, top)
         limited = [beams[i].at_limit for i in members]
@@ -201,9 +315,50 @@ class Search:
             values = self._guard(beams, members, values, tokens)
         scores = torch.tensor([beams[i].scores for i in members], device=device)
         total = (scores[:, :, None] + values).view(len(members), k * top)  # (A, K*top)
-        cand_scores, flat = total.topk(2 * k, dim=1)  # (A, 2K)
+        cand_scores, flat = total.topk(min(2 * k, k * top), dim=1)  # (A, 2K)
         cand_tokens = tokens.view(len(members), k * top).gather(1, flat)
         return cand_scores, cand_tokens, flat // top
+
+    def _constrained(
+        self,
+        beams: list[Beam],
+        members: list[int],
+        top_at: dict[int, int],
+        step: StepChoice,
+        parents: dict[int, list[int]],
+    ) -> None:
+        """Advance the constrained inputs ``members``: their rows' candidates, eos and forced
+        log-probs come to Python once for all of them (only constrained inputs pay for this)."""
+        device = step.choice.device
+        best: dict[int, list[tuple[float, int, int]]] = {}
+        by_k: dict[int, list[int]] = {}
+        for i in members:
+            by_k.setdefault(beams[i].k, []).append(i)
+        for k, group in by_k.items():  # the best 2K extensions, as for unconstrained beams
+            scores, tokens, parents_of = (c.tolist() for c in self._candidates(beams, group, k, top_at, step))
+            for a, i in enumerate(group):
+                best[i] = list(zip(scores[a], tokens[a], parents_of[a], strict=True))
+        rows = torch.tensor([top_at[i] + j for i in members for j in range(beams[i].k)], device=device)
+        top_lp = step.top_lprobs.index_select(0, rows).tolist()
+        top_token = step.top_tokens.index_select(0, rows).tolist()
+        eos_lp = step.eos_lprob.index_select(0, rows).tolist()
+        forced_lp = None if step.forced_lprobs is None else step.forced_lprobs.index_select(0, rows).tolist()
+        at = 0
+        for i in members:
+            b = beams[i]
+            forced: list[list[tuple[float, int]]] = [[] for _ in range(b.k)]
+            if forced_lp is not None and b.forced:  # (the padding columns are not read)
+                forced = [list(zip(forced_lp[at + j], b.forced[j], strict=False)) for j in range(b.k)]
+            parents[i] = b.advance_constrained(
+                best[i],
+                [list(zip(top_lp[r], top_token[r], strict=True)) for r in range(at, at + b.k)],
+                forced,
+                eos_lp[at : at + b.k],
+                self.eos,
+                self.length_penalty,
+                self.no_repeat_ngram_size,
+            )
+            at += b.k
 
     def _guard(self, beams: list[Beam], members: list[int], values: Tensor, tokens: Tensor) -> Tensor:
         """``values`` with -inf for candidates that would repeat an n-gram of their beam."""

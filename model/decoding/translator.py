@@ -8,13 +8,15 @@ the service give one answer per input.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
 from model.checkpoint import ModelInfo, load_model, read_info_and_tokenizer, source_prefix
 from model.decoding.batch import decode, pad_batch
+from model.decoding.constraints import beam_for
 from model.decoding.options import DecodeOptions
 from model.decoding.search import Hypothesis
 from model.runtime.allocator import keep_freed_memory
@@ -52,6 +54,10 @@ class TranslationResult:
     hypotheses: list[str]  # n_best translations, best first
     scores: list[float]  # their length-normalised log-probabilities
     tokens: list[list[int]]  # their token ids (no bos/eos)
+    # Per hypothesis, where each of the text's terms was realised: (start, end, term index) as
+    # character offsets into that hypothesis (end exclusive), the term's index in the text's
+    # ``terms`` as given; empty lists when the text had no terms.
+    spans: list[list[tuple[int, int, int]]] = field(default_factory=list)
 
 
 class Translator:
@@ -204,12 +210,24 @@ class Translator:
         *,
         beam_size: int | None = None,
         n_best: int | None = None,
+        constraints: Sequence[Sequence[Sequence[int]]] | None = None,
     ) -> list[list[Hypothesis]]:
-        """The n-best hypotheses of each source (ids ending in eos), in order."""
+        """The n-best hypotheses of each source (ids ending in eos), in order; ``constraints``: per
+        source, target token sequences every hypothesis of it contains (``Hypothesis.spans`` says
+        where), decoded with ``beam_for(beam_size, their number)`` (more than ``max_beam_size``
+        allows: its rows then choose among fewer than 2K candidates each, plus the forced ones)."""
         chosen = self._options(options, {"beam_size": beam_size, "n_best": n_best})
         # The cache keeps the translator's positions (the step was made for them), whatever the call's.
         at = self.options.positions(self.model.cfg.max_positions)
-        return decode(self.model, self.runner, sources, chosen, capacity=self.capacity, positions=at)
+        return decode(
+            self.model,
+            self.runner,
+            sources,
+            chosen,
+            capacity=self.capacity,
+            positions=at,
+            constraints=constraints,
+        )
 
     def translate_batch(
         self,
@@ -220,6 +238,7 @@ class Translator:
         beam_size: int | None = None,
         n_best: int | None = None,
         length_penalty: float | None = None,
+        terms: Sequence[Sequence[str]] | None = None,
     ) -> list[TranslationResult]:
         """Translate ``texts``; results come back in input order.
 
@@ -228,6 +247,15 @@ class Translator:
                 ``info.directions``' targets), optional for a bilingual one (its target_lang).
             options: the decoding (default: the translator's); ``beam_size``, ``n_best`` and
                 ``length_penalty`` override its fields.
+            terms: per text, target strings that must appear in its translation (lexically
+                constrained decoding, ``model.decoding.constraints``): each is tokenized with the
+                target tokenizer and rendered exactly as given (``Tokenizer.decode_spans``); blank
+                ones are ignored, the others stripped of surrounding whitespace. A text with terms
+                decodes with ``beam_for(beam_size, number of terms)``; one without decodes exactly
+                as without ``terms``. Every hypothesis returned contains every term, so a text
+                with terms may get fewer than ``n_best`` (where the search finished fewer); only
+                where none could (the terms do not fit in the output's length limit) are the
+                hypotheses that met the most returned instead.
         """
         chosen = self._options(
             options, {"beam_size": beam_size, "n_best": n_best, "length_penalty": length_penalty}
@@ -237,12 +265,40 @@ class Translator:
         results: list[TranslationResult | None] = [None] * len(texts)
         todo = [i for i, t in enumerate(texts) if t.strip()]
         for i in set(range(len(texts))) - set(todo):  # blank input: blank output, no model work
-            results[i] = TranslationResult([""] * n, [0.0] * n, [[]] * n)
+            results[i] = TranslationResult([""] * n, [0.0] * n, [[]] * n, [[] for _ in range(n)])
+        if terms is not None and len(terms) != len(texts):
+            raise ValueError(f"terms has {len(terms)} entries for {len(texts)} texts")
+        # Per text, its distinct non-blank terms, each with its index in the text's terms.
+        given = [
+            {t.strip(): j for j, t in reversed(list(enumerate(terms[i]))) if t.strip()} if terms else {}
+            for i in todo
+        ]
+        wanted = [sorted(g, key=g.__getitem__) for g in given]
+        constraints = self._constraints(wanted) if any(wanted) else None
+        if constraints is not None:
+            most = max(beam_for(chosen.beam_size, len(c)) for c in constraints)
+            if most > self.capacity:
+                raise ValueError(f"a beam of {most} (for the terms) does not fit in {self.capacity} rows")
         if todo:
             sources = self.source_ids([texts[i] for i in todo], target=target)
-            for i, nbest in zip(todo, self.generate(sources, chosen), strict=True):
+            nbests = self.generate(sources, chosen, constraints=constraints)
+            for i, nbest, mine, g in zip(todo, nbests, wanted, given, strict=True):
                 tokens = [h.tokens for h in nbest]
-                results[i] = TranslationResult(
-                    hypotheses=self.tokenizer.decode(tokens), scores=[h.score for h in nbest], tokens=tokens
-                )
+                result = TranslationResult([], [h.score for h in nbest], tokens)
+                if mine:
+                    for h in nbest:
+                        text, where = self.tokenizer.decode_spans_with_offsets(h.tokens, h.spans, mine)
+                        result.hypotheses.append(text)
+                        result.spans.append([(a, b, g[mine[c]]) for a, b, c in where])
+                else:
+                    result.hypotheses = self.tokenizer.decode(tokens)
+                    result.spans = [[] for _ in nbest]
+                results[i] = result
         return [r for r in results if r is not None]
+
+    def _constraints(self, terms: list[list[str]]) -> list[tuple[tuple[int, ...], ...]]:
+        """Each text's terms as target token sequences (``Source.constraints``). A term the
+        target tokenizer makes nothing of is left as an empty constraint (met from the start)."""
+        flat = [t for ts in terms for t in ts]
+        encoded = iter(self.tokenizer.encode(flat, target=True)) if flat else iter([])
+        return [tuple(tuple(next(encoded)) for _ in ts) for ts in terms]

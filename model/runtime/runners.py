@@ -97,8 +97,8 @@ class PackagedRunner:
         self.compile_seconds = 0.0
 
     def __call__(self, *args: Tensor) -> StepOutputs:
-        choice, top_tokens, top_lprobs, eos_lprob, new_kv = self._loader.run(args)
-        return choice, top_tokens, top_lprobs, eos_lprob, new_kv
+        choice, top_tokens, top_lprobs, eos_lprob, new_kv, forced_lprobs = self._loader.run(args)
+        return choice, top_tokens, top_lprobs, eos_lprob, new_kv, forced_lprobs
 
     def prepare(self, cache_dir: Path) -> None:
         path = cache_dir / f"step-{self.key()}.pt2"
@@ -191,9 +191,10 @@ def load_runner(
     """The step of ``model`` for a cache of ``capacity`` rows and ``positions`` positions, ready to
     call: compiled where ``compile`` and the device allow (a package on CPU, ``torch.compile`` on
     CUDA), eager otherwise or when compiling fails (no C++ compiler, an unwritable cache...: slower,
-    but decoding; ``runner.kind`` says which). Warmed up: one greedy and one beam step on one row and
-    on two (where the cache holds two), so that lazy initialisation (kernels, thread pools,
-    compilation) happens here."""
+    but decoding; ``runner.kind`` says which). Warmed up: greedy and beam steps on one row and on
+    two (where the cache holds two), with two forced tokens per beam row and with three (decoding
+    passes at least two), so that lazy initialisation (kernels, thread pools, compilation:
+    ``torch.compile`` specializes a size of 1 and compiles again for larger ones) happens here."""
     started = time.perf_counter()
     step = DecodeStep(model, top=top).eval()
     cache_dir = cache_dir or DEFAULT_CACHE_DIR
@@ -229,15 +230,18 @@ def warm_up(runner: Runner, model: Transformer, *, capacity: int, positions: int
         cache = _example_cache(model, rows, capacity=capacity, positions=positions, align=runner.align)
         tokens = torch.full((rows,), model.cfg.bos_id, dtype=torch.long, device=cache.lengths.device)
         for beam_rows in (torch.zeros(1, dtype=torch.long), torch.arange(rows)):
-            out = runner(tokens, *cache.views(), beam_rows.to(tokens.device))
-            cache.advance(out[4])
+            for width in (2, 3):
+                forced = torch.full((len(beam_rows), width), model.cfg.eos_id, dtype=torch.long)
+                out = runner(tokens, *cache.views(), beam_rows.to(tokens.device), forced.to(tokens.device))
+                cache.advance(out[4])
 
 
 def export(step: DecodeStep, *, capacity: int, positions: int) -> torch.export.ExportedProgram:
     """``step`` as a graph over 1 to ``capacity`` rows, 1 to ``positions`` cached and source
-    positions and 1 to ``capacity`` beam rows. The example inputs are views of a real cache (called
-    outside inference mode: export takes no inference tensors): the graph's code is written for
-    their strides."""
+    positions, 1 to ``capacity`` beam rows and 1 to ``vocab_size`` forced tokens per beam row (any
+    width: a constrained input forces up to one token per constraint). The example inputs are
+    views of a real cache (called outside inference mode: export takes no inference tensors): the
+    graph's code is written for their strides."""
     model = step.model
     rows = min(3, capacity)  # an example; the sizes are symbols
     cache = _example_cache(model, rows, capacity=capacity, positions=positions)
@@ -249,6 +253,7 @@ def export(step: DecodeStep, *, capacity: int, positions: int) -> torch.export.E
         cache.cross_kv[:n, :, :, :, :width],
         cache.src_bias[:n, :, :, :width],
         torch.arange(min(2, n)),
+        torch.full((min(2, n), 2), model.cfg.eos_id, dtype=torch.long),
     )
     dim = torch.export.Dim
     r, c, s = (
@@ -256,13 +261,15 @@ def export(step: DecodeStep, *, capacity: int, positions: int) -> torch.export.E
         dim("keys", min=1, max=positions),
         dim("src", min=1, max=positions),
     )
+    b = dim("beam_rows", min=1, max=capacity)
     shapes = (
         {0: r},
         {0: r},
         {0: r, 4: c},
         {0: r, 4: s},
         {0: r, 3: s},
-        {0: dim("beam_rows", min=1, max=capacity)},
+        {0: b},
+        {0: b, 1: dim("forced", min=1, max=model.cfg.vocab_size)},
     )
     # Size-oblivious: a batch of one row is not a special case (else 1 would be specialized away).
     with torch.fx.experimental._config.patch(backed_size_oblivious=True):  # type: ignore[attr-defined]

@@ -4,8 +4,10 @@
 device: every row's argmax (greedy rows need nothing else, not even a log-softmax), and for the
 rows listed in ``beam_rows`` their ``top`` best log-probabilities and the log-probability of eos
 (the best 2K extensions of K beams are always among each beam's own best 2K; a row at its length
-limit may only end). Its inputs are the cache's views (``model.cache.KVCache.views``) and tensors:
-no shape steers the code, so it compiles into one graph that serves every batch.
+limit may only end), and the log-probabilities of the tokens that constrained decoding forces on
+those rows (``forced``), wherever they rank. Its inputs are the cache's views
+(``model.cache.KVCache.views``) and tensors: no shape steers the code, so it compiles into one
+graph that serves every batch.
 
 A runner (``model.runtime.runners``) calls it: eagerly, or as a compiled graph. Runners share its
 signature (``StepRunner``), so the code that drives decoding never knows which one it holds.
@@ -21,8 +23,8 @@ from torch import Tensor, nn
 
 from model.transformer import Transformer
 
-# (choice, top_tokens, top_lprobs, eos_lprob, new_kv): see DecodeStep.forward.
-StepOutputs = tuple[Tensor, Tensor, Tensor, Tensor, Tensor]
+# (choice, top_tokens, top_lprobs, eos_lprob, new_kv, forced_lprobs): see DecodeStep.forward.
+StepOutputs = tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]
 
 
 @dataclass
@@ -33,6 +35,9 @@ class StepChoice:
     top_tokens: Tensor  # (B, top) best next tokens of each of beam_rows, best first
     top_lprobs: Tensor  # (B, top) their log-probs
     eos_lprob: Tensor  # (B,) log-prob of eos of each of beam_rows
+    # (B, F) log-probs of the tokens forced on each of beam_rows (``Search.forced``); None when
+    # no input has constraints (the step's output for its dummy column is then not read).
+    forced_lprobs: Tensor | None = None
 
 
 class StepRunner(Protocol):
@@ -48,6 +53,7 @@ class StepRunner(Protocol):
         cross_kv: Tensor,
         src_bias: Tensor,
         beam_rows: Tensor,
+        forced: Tensor,
         /,
     ) -> StepOutputs: ...
 
@@ -85,16 +91,21 @@ def topk_rows(x: Tensor, k: int, block: int = 64) -> tuple[Tensor, Tensor]:
 
 
 class DecodeStep(nn.Module):
-    """``forward(tokens, positions, self_kv, cross_kv, src_bias, beam_rows)``: one token per row.
+    """``forward(tokens, positions, self_kv, cross_kv, src_bias, beam_rows, forced)``: one token
+    per row.
 
     ``tokens``, ``positions`` (R,) long and the cache views as ``Transformer.step`` takes them;
     ``beam_rows`` (B,) long, B >= 1: the rows whose best ``top`` candidates the search needs (a
-    batch of greedy rows passes one row, unused).
+    batch of greedy rows passes one row, unused); ``forced`` (B, F) long, F >= 1: token ids per
+    beam row whose log-probs the search needs whatever their rank (constrained decoding's next
+    constraint tokens; without constraints dummy columns of pad; decoding passes F >= 2, so that
+    ``torch.compile`` never specializes a width of 1). F is a symbol of the compiled
+    graph like the rows: one graph serves every width.
 
-    Returns ``(choice, top_tokens, top_lprobs, eos_lprob, new_kv)``: the argmax of each row's
-    logits (R,); the best ``top`` next tokens of each of ``beam_rows`` and their log-probs (B, top);
-    the log-prob of eos (B,); the new keys/values (R, L, 2, H, Dh), which the caller writes into the
-    cache (``KVCache.advance``).
+    Returns ``(choice, top_tokens, top_lprobs, eos_lprob, new_kv, forced_lprobs)``: the argmax of
+    each row's logits (R,); the best ``top`` next tokens of each of ``beam_rows`` and their
+    log-probs (B, top); the log-prob of eos (B,); the new keys/values (R, L, 2, H, Dh), which the
+    caller writes into the cache (``KVCache.advance``); the log-probs of ``forced`` (B, F).
     """
 
     def __init__(self, model: Transformer, *, top: int) -> None:
@@ -111,6 +122,7 @@ class DecodeStep(nn.Module):
         cross_kv: Tensor,
         src_bias: Tensor,
         beam_rows: Tensor,
+        forced: Tensor,
     ) -> StepOutputs:
         logits, new_kv = self.model.step(tokens, positions, self_kv, cross_kv, src_bias)  # (R, V)
         # Blocked (a compiled plain argmax walked each row one element at a time: a sixth of a step
@@ -124,4 +136,7 @@ class DecodeStep(nn.Module):
         log_sum = torch.log(torch.exp(rows - most).sum(-1, keepdim=True))  # (B, 1)
         values = top_logits - most - log_sum  # (B, top)
         eos = (rows[:, self.eos : self.eos + 1] - most - log_sum)[:, 0]  # (B,)
-        return choice, indices, values, eos, new_kv
+        # The same arithmetic as the top log-probs, so a forced token that is also among the top
+        # gets the same value from both.
+        forced_values = rows.gather(1, forced) - most - log_sum  # (B, F)
+        return choice, indices, values, eos, new_kv, forced_values
