@@ -125,9 +125,15 @@ def test_memory_then_glossary_then_model_per_sentence(
     assert [job.constraints for job in jobs] == [target_ids(model_dir, "hound")] * 2
     memory, model = answer["terminology"]
     assert memory["memory"] is True and not second.startswith(REMEMBERED)
-    # Where the memory's sentence is: for the page's marks, as terms have theirs.
+    # Where the memory's sentence is: for the page's marks, as terms have theirs; the glossary's
+    # term is marked in the model's sentence only.
     assert memory["segments"] == [{"start": 0, "end": len(REMEMBERED)}]
-    assert model is None or model["memory"] is False
+    hound = {"source": "Hund", "target": "hound"}
+    [mark] = memory["terms"]
+    assert mark["start"] > len(REMEMBERED) and first[mark["start"] : mark["end"]] == "hound"
+    assert {k: mark[k] for k in hound} == hound
+    assert model["memory"] is False and "segments" not in model
+    assert [second[m["start"] : m["end"]] for m in model["terms"]] == ["hound"]
 
 
 def test_a_remembered_sentence_is_marked_where_it_is(client: TestClient) -> None:
