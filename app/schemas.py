@@ -133,9 +133,20 @@ class TermMark(BaseModel):
     end: int = Field(description="End offset, exclusive")
 
 
+class Span(BaseModel):
+    """A stretch of a text's translatedText: ``translatedText[start:end]``."""
+
+    start: int = Field(description="Character offset into the text's translatedText")
+    end: int = Field(description="End offset, exclusive")
+
+
 class Terminology(BaseModel):
-    memory: bool = Field(description="The translation came from a translation memory")
+    memory: bool = Field(description="Some sentence of the text came from the key's translation memory")
     terms: list[TermMark]
+    # Absent unless ``memory``: the page marks these sentences as it marks terms.
+    segments: list[Span] | None = Field(
+        None, description="Where the sentences answered from the translation memory are (when memory is true)"
+    )
 
 
 class TranslateResponse(BaseModel):

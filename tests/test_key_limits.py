@@ -224,6 +224,7 @@ def test_the_slot_is_given_back_however_the_request_ends(
 
     with monkeypatch.context() as patch:
         patch.setattr(client.app.state.scheduler, "submit", broken)  # type: ignore[attr-defined]
+        client.app.state.segment_cache.clear()  # type: ignore[attr-defined]  # (answers decoded before)
         body = {"q": "Hallo", "target": "en", "api_key": "solo-secret"}
         assert lenient.post("/translate", json=body).status_code == 500
     assert free()

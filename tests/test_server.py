@@ -158,6 +158,31 @@ def wait_until(condition: Callable[[], bool], what: str, timeout: float = 20.0) 
         time.sleep(0.05)
 
 
+THINGS = (
+    "Hut",
+    "Ball",
+    "Hund",
+    "Buch",
+    "Korb",
+    "Schal",
+    "Helm",
+    "Stock",
+    "Eimer",
+    "Drachen",
+    "Apfel",
+    "Brot",
+)
+
+
+def long_sentences(n: int) -> list[str]:
+    """``n`` different sentences (a sentence repeated in one request is decoded once), each long
+    enough to keep a worker busy for a while."""
+    return [
+        f"Zwei kleinen Kinder sitzen auf dem roten Ball vor einem großen Gebäude im Park mit {thing}."
+        for thing in THINGS[:n]
+    ]
+
+
 def waiting_sentences(server: Server) -> float:
     text = httpx.get(f"{server.url}/metrics", timeout=10).text
     return metric(text, 'nmt_queue_depth_sentences{model="tiny-de-en"}')
@@ -219,7 +244,7 @@ def test_metrics_over_http(server: Server) -> None:
 
 
 def test_client_disconnect_abandons_the_translation(server: Server) -> None:
-    texts = ["Zwei kleinen Kinder sitzen auf dem roten Ball vor einem großen Gebäude im Park mit Hut."] * 8
+    texts = long_sentences(8)
     body = {"q": texts, "source": "de", "target": "en", "beam_size": 4}
     with held(worker_pids(server)):  # nothing is translated: the client gives up first, for sure
         with pytest.raises(httpx.ReadTimeout):  # and closes the connection
@@ -239,7 +264,7 @@ def test_health_and_metrics_answer_while_a_translation_waits_for_its_worker(serv
     """The model runs in a worker process, never on the event loop: while a translation is
     unfinished (its worker held, so it stays unfinished however fast the machine), /health and
     /metrics answer; the translation is answered once the worker goes on."""
-    texts = ["Zwei kleinen Kinder sitzen auf dem roten Ball vor einem großen Gebäude im Park mit Hut."] * 8
+    texts = long_sentences(8)
     body = {"q": texts, "source": "de", "target": "en", "beam_size": 4}
     answers: list[httpx.Response] = []
     busy = threading.Thread(
@@ -344,7 +369,7 @@ def test_sigterm_fails_readiness_refuses_connections_and_answers_the_requests_in
     refused; what was accepted is answered before the process exits, with the workers stopped
     after. The worker is held from before the request until those checks are done: the request is
     in flight during them (the drain not finished), however fast or slow the machine."""
-    texts = ["Zwei kleinen Kinder sitzen auf dem roten Ball vor einem großen Gebäude im Park mit Hut."] * 12
+    texts = long_sentences(12)
     srv = start_server(tmp_path / "uvicorn.log", NMT_MODEL_DIR=str(model_dir), NMT_MAX_BATCH_SIZE="2")
     try:
         wait_ready(srv)

@@ -215,7 +215,9 @@ def test_every_hypothesis_realises_every_constraint(
 
 @pytest.fixture(scope="module")
 def client(model_dir: Path) -> Iterator[TestClient]:
-    with serve(make_settings(model_dir)) as c:
+    # These tests look at what the workers are given: without the segment cache, which would answer
+    # a sentence an earlier test had translated (tests/test_translation_memory_api.py tests it).
+    with serve(make_settings(model_dir, segment_cache_mb=0)) as c:
         yield c
 
 

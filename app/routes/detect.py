@@ -16,7 +16,8 @@ from app.deps import RouterDep, SettingsDep
 from app.key_limits import admit_key
 from app.langid import detect
 from app.languages import source_languages
-from app.routes.translate import is_utf8, openapi_body
+from app.routes.openapi import openapi_body
+from app.routes.translate import is_utf8
 from app.schemas import DetectedLanguage, DetectRequest, ErrorResponse, ValidationErrorResponse
 
 router = APIRouter(tags=["translate"])

@@ -38,11 +38,11 @@ from app.routes.translate import (
     AUTO,
     CLIENT_CLOSED_REQUEST,
     SearchPlan,
+    answer_sentences,
     check_languages,
     route_of,
     shorten,
     source_language,
-    translate_sentences,
 )
 from app.schemas import (
     BadRequestResponse,
@@ -222,19 +222,22 @@ async def translate_document(
     route: Route[ServedModel],
     scheduler: Scheduler,
     settings: Settings,
-    terms: SentenceTerms | None = None,
+    terms: SentenceTerms,
 ) -> list[str] | None:
-    """Each sentence's best translation, a chunk at a time; None if the client went away.
-    ``terms``: each sentence's (terminology)."""
+    """Each sentence's best translation, a chunk at a time (the key's translation memory and the
+    segment cache first, as for /translate); None if the client went away. ``terms``: each
+    sentence's (terminology)."""
     plan = SearchPlan(beam_size=settings.default_beam_size, n_best=1)
     chunk = max(1, min(CHUNK_SENTENCES, settings.max_queue // 2))
     out: list[str] = []
     for start in range(0, len(sentences), chunk):
         part = list(sentences[start : start + chunk])
         routes = [route] * len(part)
-        targets = terms.targets[start : start + chunk] if terms else None
-        results = await translate_sentences(
-            request, part, routes, scheduler, plan, settings.request_timeout_s, targets
+        own = SentenceTerms(terms.terms[start : start + chunk])
+        languages = [route.source] * len(part)
+        timeout_s = settings.request_timeout_s
+        results = await answer_sentences(
+            request, part, routes, languages, route.target, scheduler, plan, timeout_s, own
         )
         if results is None:
             return None

@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from fastapi import APIRouter, HTTPException, Request, Response
-from pydantic import BaseModel
 from starlette.types import Receive
 
 from app.body import parse_translate_request
@@ -29,6 +28,7 @@ from app.formats.html import HtmlDocument, HtmlError
 from app.key_limits import admit_key
 from app.langid import detect
 from app.languages import language_name, served_pairs, source_languages, supported_pairs, target_languages
+from app.routes.openapi import openapi_body
 from app.schemas import (
     BadRequestResponse,
     DetectedLanguage,
@@ -44,6 +44,7 @@ from app.serving.pipeline import Translation
 from app.serving.router import Route, Router
 from app.serving.scheduler import Scheduler
 from app.shedding import RETRY_AFTER_S, passed
+from app.terminology.answers import answer, cache_key, memory_lookup, segment_cache
 from app.terminology.service import SentenceTerms, request_glossary, sentence_terms, text_terminology
 
 T = TypeVar("T")
@@ -62,7 +63,8 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
         413: "Too many texts, characters, sentences or too large a body; a sentence with more "
         "glossary terms than NMT_MAX_TERMS_PER_SENTENCE",
         429: "Over a limit of the api_key (see Retry-After)",
-        503: "Every queue full (see Retry-After), engine stopped, or model not loaded yet",
+        503: "Every queue full (see Retry-After), engine stopped, model not loaded yet, or the "
+        "translation memory unreadable",
         504: "The translation did not finish within the request timeout",
     }.items()
 }
@@ -79,59 +81,6 @@ _ERRORS[422] = {
     "model": ValidationErrorResponse,
     "description": "Malformed body, a field of the wrong type or an unknown format",
 }
-
-
-def form_schema(schema: dict[str, Any]) -> dict[str, Any]:
-    """``schema`` as a form can carry it: a field is text or repeated text, never null (an optional
-    field is left out instead), and a list has at least one item (an empty one is no field)."""
-    properties = {}
-    for name, field in schema["properties"].items():
-        kinds = [kind for kind in field.get("anyOf", ()) if kind.get("type") != "null"]
-        kinds = [{**kind, "minItems": 1} if kind.get("type") == "array" else kind for kind in kinds]
-        if len(kinds) == 1:
-            field = {**{k: v for k, v in field.items() if k not in ("anyOf", "default")}, **kinds[0]}
-        elif kinds:
-            field = {**field, "anyOf": kinds}
-        properties[name] = field
-    return {**schema, "properties": properties}
-
-
-def inline_refs(schema: dict[str, Any]) -> dict[str, Any]:
-    """``schema`` with its ``$defs`` written in place of their ``$ref``s: a body given through
-    ``openapi_extra`` sits inside the OpenAPI document, where "#/$defs/..." would point nowhere."""
-    defs = schema.get("$defs", {})
-
-    def resolve(node: Any) -> Any:
-        if isinstance(node, dict):
-            ref = node.get("$ref", "")
-            if ref.startswith("#/$defs/"):
-                return resolve(defs[ref.removeprefix("#/$defs/")])
-            return {k: resolve(v) for k, v in node.items() if k != "$defs"}
-        if isinstance(node, list):
-            return [resolve(v) for v in node]
-        return node
-
-    return resolve(schema)  # type: ignore[no-any-return]
-
-
-def openapi_body(model: type[BaseModel]) -> dict[str, Any]:
-    """The request body of an operation whose body app.body parses (JSON, or a form in either of
-    its two content types), declared for /docs since FastAPI does not see it: ``openapi_extra``."""
-    schema = inline_refs(model.model_json_schema())
-    form = {"schema": form_schema(schema)}
-    # A form carries the glossary as JSON text, which no JSON Schema keyword can describe (any
-    # other string is a 422): the form's schema leaves it out; its JSON description says how.
-    form["schema"]["properties"].pop("glossary", None)
-    return {
-        "requestBody": {
-            "required": True,
-            "content": {
-                "application/json": {"schema": schema},
-                "application/x-www-form-urlencoded": form,
-                "multipart/form-data": form,
-            },
-        }
-    }
 
 
 _OPENAPI_BODY = openapi_body(TranslateRequest)
@@ -179,6 +128,7 @@ class SearchPlan:
 class SentenceResult:
     hypotheses: list[str]  # n-best translations, best first
     placed: tuple[tuple[int, int, int], ...] = ()  # its terms in hypotheses[0]: (term, start, end)
+    memory: bool = False  # the translation memory's text (then the only hypothesis), not the model's
 
 
 def clip(value: str, limit: int = 32) -> str:
@@ -369,6 +319,38 @@ async def translate_sentences(
     return results
 
 
+async def answer_sentences(
+    request: Request,
+    sentences: list[str],
+    routes: Sequence[Route[ServedModel]],
+    languages: Sequence[str],
+    target: str,
+    scheduler: Scheduler,
+    plan: SearchPlan,
+    timeout_s: float,
+    terms: SentenceTerms,
+) -> list[SentenceResult] | None:
+    """``translate_sentences``, after the owner's translation memory and the segment cache
+    (``app.terminology.answers``); ``languages[i]``: sentence i's source language."""
+    targets = terms.targets
+    keys = [
+        cache_key(route, plan.beam_size, plan.n_best, own, sentence)
+        for route, own, sentence in zip(routes, targets, sentences, strict=True)
+    ]
+
+    def decode(asked: list[int]) -> Awaitable[list[SentenceResult] | None]:
+        constraints = [targets[i] for i in asked] if terms else None
+        part = [sentences[i] for i in asked]
+        own = [routes[i] for i in asked]
+        return translate_sentences(request, part, own, scheduler, plan, timeout_s, constraints)
+
+    def remembered(text: str) -> SentenceResult:
+        return SentenceResult([text], memory=True)
+
+    lookup = memory_lookup(request, languages, target)
+    return await answer(sentences, keys, decode, remembered, lookup=lookup, cache=segment_cache(request))
+
+
 def route_of(router: Router[ServedModel], source: str, target: str) -> Route[ServedModel]:
     """The route of a pair ``check_languages`` let through (or a language it detected)."""
     route = router.route(source, target)
@@ -427,12 +409,14 @@ def marks(
     results: Sequence[SentenceResult],
     outputs: Sequence[Sequence[str]],
 ) -> list[Terminology | None] | None:
-    """Each text's terminology, where its sentences had terms (else None: no field at all)."""
-    if not terms:
+    """Each text's terminology, where its sentences had terms or came from the memory (else None:
+    no field at all)."""
+    memory = [r.memory for r in results]
+    if not terms and not any(memory):
         return None
     best = [hypothesis(r, 0) for r in results]
     placed = [r.placed for r in results]
-    return text_terminology(layouts, terms, best, placed, [texts[0] for texts in outputs])
+    return text_terminology(layouts, terms, best, placed, [texts[0] for texts in outputs], memory)
 
 
 @router.post(
@@ -475,14 +459,12 @@ async def translate(
     ]
     limit = settings.max_terms_per_sentence
     terms = sentence_terms(sentences, glossary, protect=req.protect_placeholders, limit=limit)
-    results = await translate_sentences(
-        request,
-        sentences,
-        routes,
-        scheduler,
-        plan,
-        settings.request_timeout_s,
-        terms.targets if terms else None,
+    sources = [
+        language for layout, language in zip(layouts, languages, strict=True) for _ in layout.sentences
+    ]
+    timeout_s = settings.request_timeout_s
+    results = await answer_sentences(
+        request, sentences, routes, sources, req.target, scheduler, plan, timeout_s, terms
     )
     if results is None:
         return Response(status_code=CLIENT_CLOSED_REQUEST)

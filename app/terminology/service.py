@@ -17,7 +17,7 @@ from fastapi import HTTPException, Request
 
 from app.config import Settings
 from app.key_limits import key_owner
-from app.schemas import GlossaryEntryBody, Terminology, TermMark
+from app.schemas import GlossaryEntryBody, Span, Terminology, TermMark
 from app.text import SplitText
 from model.decoding.terms import Glossary, GlossaryEntry, Term, TooManyTerms
 from model.decoding.terms import sentence_terms as choose_terms
@@ -129,19 +129,30 @@ def text_terminology(
     best: Sequence[str],
     placed: Sequence[Sequence[tuple[int, int, int]]],
     outputs: Sequence[str],
+    memory: Sequence[bool] | None = None,
 ) -> list[Terminology | None]:
-    """Each text's terminology (None where no term was placed): each term placed in a sentence's
-    best translation (``placed``: (term index, start, end) in ``best``), at its offset in the
-    text's translation (``outputs``). Plain text: ``SplitText.join`` makes it of separators and
-    sentences in turn. HTML: the term as the markup writes it, found in order."""
+    """Each text's terminology (None where no term was placed and no sentence came from the
+    translation memory, ``memory[i]`` for sentence i): each term placed in a sentence's best
+    translation (``placed``: (term index, start, end) in ``best``), at its offset in the text's
+    translation (``outputs``); ``memory`` true when any of its sentences came from the memory, and
+    ``segments`` where those are. Plain text: ``SplitText.join`` makes it of separators and
+    sentences in turn. HTML: the term or sentence as the markup writes it, found in order (a
+    sentence that inline tags cut is not marked)."""
     out: list[Terminology | None] = []
     k = 0  # the first sentence of the text
     for layout, output in zip(layouts, outputs, strict=True):
         n = len(layout.sentences)
         marks: list[TermMark] = []
+        segments: list[Span] = []
         plain = isinstance(layout, SplitText)
         offset = len(layout.separators[0]) if plain else 0
         for j in range(n):
+            if memory is not None and memory[k + j]:  # no terms placed in it: the memory's words
+                written = best[k + j] if plain else layout.escape(best[k + j])
+                at = offset if plain else output.find(written, offset)
+                if at >= 0 and output[at : at + len(written)] == written:
+                    segments.append(Span(start=at, end=at + len(written)))
+                    offset = offset if plain else at + len(written)
             for index, start, _ in sorted(placed[k + j], key=lambda p: p[1]):
                 term = terms.terms[k + j][index]
                 if plain:
@@ -157,6 +168,10 @@ def text_terminology(
                     marks.append(mark)
             if plain:
                 offset += len(best[k + j]) + len(layout.separators[j + 1])
-        out.append(Terminology(memory=False, terms=marks) if marks else None)
+        remembered = memory is not None and any(memory[k : k + n])
+        if remembered:
+            out.append(Terminology(memory=True, terms=marks, segments=segments))
+        else:
+            out.append(Terminology(memory=False, terms=marks, segments=None) if marks else None)
         k += n
     return out

@@ -1,0 +1,125 @@
+"""A request's sentences answered in the issue's order: the key's translation memory, then the
+segment cache, then the model (``app.terminology.precedence`` decides; this module is its glue to
+a request).
+
+- Memory: the request owner's (``key_owner``), for each sentence's source language (a text's
+  detected one when the source is "auto") and the request's target; exact after whitespace is
+  normalised. One indexed query per sentence (~30 us): a request of a few sentences reads on
+  the event loop, as ``app.terminology.database`` allows (WAL: readers never wait for a writer),
+  a larger one on a thread.
+- Cache: keyed by everything that decides the model's answer (``cache_key``), so that a cached
+  answer is the one decoding would give ("one answer per input" makes that true).
+- Model: the rest, with their constraints; what it decodes is cached.
+
+Blank sentences are neither looked up nor cached: the caller's decoding answers them without
+model work anyway, and counting them would only inflate the cache's hit rate.
+
+Generic over the caller's per-sentence result (``app.routes.translate.SentenceResult``), so that
+nothing here depends on HTTP routes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Hashable, Sequence
+from typing import Any, TypeVar
+
+from fastapi import HTTPException, Request
+
+from app.key_limits import key_owner
+from app.serving.router import Route
+from app.terminology.cache import SegmentCache
+from app.terminology.database import StoreUnavailable
+from app.terminology.memory import TranslationMemory
+from app.terminology.precedence import plan
+
+R = TypeVar("R")
+# The memory's answers to some of a request's sentences: (their indices, their texts) -> each one's
+# stored translation or None.
+MemoryLookup = Callable[[Sequence[int], Sequence[str]], list[str | None]]
+STORE_RETRY_AFTER_S = "1"
+INLINE_LOOKUPS = 8  # sentences looked up on the event loop itself (to_thread costs ~50-100 us)
+
+
+def cache_key(
+    route: Route[Any], beam_size: int, n_best: int, targets: Sequence[str], sentence: str
+) -> Hashable:
+    """What decides the model's answer to ``sentence``: the models of each hop (by their unique
+    served names) and the languages they translate between, the search, the terms' targets (in
+    order: a term's index is in the answer's marks) and the sentence exactly as sent (the
+    tokenizer, not this cache, decides what whitespace means)."""
+    hops = tuple((hop.model.name, hop.source, hop.target) for hop in route.hops)
+    return (hops, beam_size, n_best, tuple(targets), sentence)
+
+
+def memory_lookup(request: Request, languages: Sequence[str], target: str) -> MemoryLookup | None:
+    """The owner's memory for the request's sentences (``languages[i]``: sentence i's source
+    language); None without a memory (no store)."""
+    memory: TranslationMemory | None = getattr(request.app.state, "memory", None)
+    if memory is None:
+        return None
+    owner = key_owner(request)
+
+    def lookup(indices: Sequence[int], sentences: Sequence[str]) -> list[str | None]:
+        found: list[str | None] = [None] * len(sentences)
+        groups: dict[str, list[int]] = {}  # one language pair per lookup_many
+        for i, index in enumerate(indices):
+            groups.setdefault(languages[index], []).append(i)
+        try:
+            for language, members in groups.items():
+                texts = [sentences[i] for i in members]
+                for i, text in zip(members, memory.lookup_many(owner, language, target, texts), strict=True):
+                    found[i] = text
+        except StoreUnavailable as e:
+            # Not the model instead: the key's team expects their translation, and would get
+            # another one silently.
+            raise HTTPException(
+                503, f"the translation memory is unavailable: {e}", {"Retry-After": STORE_RETRY_AFTER_S}
+            ) from None
+        return found
+
+    return lookup
+
+
+def segment_cache(request: Request) -> SegmentCache[Any] | None:
+    return getattr(request.app.state, "segment_cache", None)
+
+
+async def answer(
+    sentences: Sequence[str],
+    keys: Sequence[Hashable],
+    decode: Callable[[list[int]], Awaitable[Sequence[R] | None]],
+    remembered: Callable[[str], R],
+    *,
+    lookup: MemoryLookup | None,
+    cache: SegmentCache[R] | None,
+) -> list[R] | None:
+    """Each sentence's result: ``remembered(text)`` for the memory's, a cached one, or the model's
+    (``decode(indices)``: the results of those sentences, in that order, or None when the client
+    went away, which this returns too)."""
+    todo = [i for i, s in enumerate(sentences) if s.strip()]
+    blank = [i for i, s in enumerate(sentences) if not s.strip()]
+    texts = [sentences[i] for i in todo]
+    memory: Callable[[Sequence[str]], Sequence[str | None]] | None = None
+    if lookup is not None and todo:
+        # ~30 us a sentence: a few inline; more (up to NMT_MAX_TEXTS' sentences, milliseconds) on a
+        # thread, so that the event loop goes on serving everyone else meanwhile.
+        inline = len(todo) <= INLINE_LOOKUPS
+        stored = lookup(todo, texts) if inline else await asyncio.to_thread(lookup, todo, texts)
+        memory = lambda _: stored  # noqa: E731  (plan asks for the texts it was given)
+    chosen = plan(texts, [keys[i] for i in todo], lookup=memory, cache=cache)
+    asked = sorted(blank + [todo[j] for j in chosen.decode])
+    # Called even with nothing to decode: the caller's decoding also ends the request's wait at the
+    # admission gate (``app.shedding.passed``).
+    results = await decode(asked)
+    if results is None:
+        return None
+    by_index = dict(zip(asked, results, strict=True))
+    out: dict[int, R] = {i: by_index[i] for i in blank}
+    answers = chosen.finish([by_index[todo[j]] for j in chosen.decode])
+    for i, found in zip(todo, answers, strict=True):
+        if found.memory is not None:
+            out[i] = remembered(found.memory)
+        elif found.result is not None:
+            out[i] = found.result
+    return [out[i] for i in range(len(sentences))]
