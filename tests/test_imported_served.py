@@ -25,6 +25,7 @@ from fastapi.testclient import TestClient
 
 from app.config import Settings
 from app.metrics import Metrics
+from model.decoding.terms import sentence_terms
 from model.translator import Translator
 from tests.conftest import under_ci
 from tests.marian_models import MarianOptions, data_dir, read_gz
@@ -67,8 +68,14 @@ def translator(model_dir: Path, settings: Settings) -> Translator:
 
 
 def library(shelf: Path, settings: Settings, name: str, texts: list[str], target: str) -> list[str]:
-    """What the library translates ``texts`` into, decoding as the service does."""
-    return [r.hypotheses[0] for r in translator(shelf / name, settings).translate_batch(texts, target=target)]
+    """What the library translates ``texts`` into, decoding as the service does: its placeholders
+    (a number, say) kept as the service keeps them by default (``model.decoding.terms``)."""
+    terms = [
+        [t.target for t in sentence_terms(text, None, protect=True, limit=settings.max_terms_per_sentence)]
+        for text in texts
+    ]
+    results = translator(shelf / name, settings).translate_batch(texts, target=target, terms=terms)
+    return [r.hypotheses[0] for r in results]
 
 
 def post(client: TestClient, texts: list[str], target: str) -> list[str]:
