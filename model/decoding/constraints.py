@@ -66,8 +66,14 @@ class ConstraintSet:
     """One input's constraints (non-empty target token sequences; an empty one is met from the
     start) and how hypotheses advance through them."""
 
-    def __init__(self, constraints: Sequence[Sequence[int]]) -> None:
+    def __init__(self, constraints: Sequence[Sequence[int]], continuations: Collection[int] = ()) -> None:
+        """``continuations``: the target ids that continue a word (``Tokenizer.word_continuations``):
+        none may come right after a met constraint, which would glue a piece onto the term
+        ("fangen" + "de": the term is then not in the output as a word). A constraint's own first
+        token begins a word (terms are encoded on their own, with SentencePiece's dummy prefix), so
+        the term never glues onto the word before it."""
         self.seqs = tuple(tuple(c) for c in constraints)
+        self.continuations = continuations
         self.n = len(self.seqs)
         self.all_met = (1 << self.n) - 1
         self.tokens = sum(map(len, self.seqs))  # the top bank: every constraint met
@@ -165,22 +171,28 @@ class ConstraintSet:
         instead, eos came first too easily: a bank holds few candidates, and hypotheses ended
         as soon as their constraints were met.)"""
         eos_id, eos_lprobs = eos
+        # The beams that met a constraint with their last token: no word continuation after it.
+        glue = self.continuations
+        glued = [bool(glue) and bool(s.spans) and s.spans[-1][1] == position for s in states]
         # Every extension considered, once, in the order listed (the best 2K first, as an
         # unconstrained beam ranks them; a stable sort keeps that order among equal scores).
         cands: dict[tuple[int, int], float] = {}
         for score, t, j in best:
-            if score != -math.inf:  # (a dead copy's)
+            if score != -math.inf and not (glued[j] and t in glue):  # (-inf: a dead copy's)
                 cands.setdefault((j, t), score)
         for j in range(k):
             base = scores[j]
             if base == -math.inf:
                 continue
-            if top[j]:  # its best token, whatever the others' scores (Post & Vilar)
-                lp, t = top[j][0]
-                if banned is None or t not in banned[j]:
-                    cands.setdefault((j, t), base + lp)
+            # Its best token, whatever the others' scores (Post & Vilar): the best it may take.
+            for lp, t in top[j]:
+                if not (glued[j] and t in glue):
+                    if banned is None or t not in banned[j]:
+                        cands.setdefault((j, t), base + lp)
+                    break
             for lp, t in forced[j]:
-                cands.setdefault((j, t), base + lp)
+                if not (glued[j] and t in glue):
+                    cands.setdefault((j, t), base + lp)
         ranked: list[tuple[float, int, int, ConstraintState]] = []  # (score, beam, token, state)
         by_first = self.by_first
         for (j, t), score in sorted(cands.items(), key=lambda c: -c[1]):
@@ -195,7 +207,12 @@ class ConstraintSet:
         complete = [j for j in range(k) if scores[j] != -math.inf and states[j].met == self.all_met]
         if complete:  # only hypotheses that have met everything may end
             ending = [(scores[j] + eos_lprobs[j], j) for j in complete]
-            pool = [scores[j] + lp for j in complete for lp, t in top[j] if t != eos_id]
+            pool = [
+                scores[j] + lp
+                for j in complete
+                for lp, t in top[j]
+                if t != eos_id and not (glued[j] and t in glue)
+            ]
             kth = heapq.nlargest(k, pool + [e for e, _ in ending])[-1]
             enders = [(j, e, states[j]) for e, j in sorted(ending, reverse=True) if e >= kth]
         counts = [0] * (self.tokens + 1)
