@@ -1,5 +1,6 @@
 """The quality rules of lexically constrained decoding (``model.decoding.constraints``, ``Beam``):
-no word piece glued onto a met constraint.
+no word piece glued onto a met constraint, and a constrained input that does not stop while a live
+hypothesis could still beat the best finished one.
 
 Scripted decoders (``test_search.ScriptedModel``) give cases with a known answer, each one that
 the rule's absence gets wrong (checked in the same test, where the rule can be switched off).
@@ -7,6 +8,7 @@ the rule's absence gets wrong (checked in the same test, where the rule can be s
 
 from __future__ import annotations
 
+import math
 import random
 
 import torch
@@ -15,8 +17,9 @@ from test_constraints import random_constraints, run, sources_of
 from test_search import ScriptedModel, as_model
 
 from model.decoding.batch import decode
+from model.decoding.constraints import ConstraintSet
 from model.decoding.options import DecodeOptions
-from model.decoding.search import Hypothesis
+from model.decoding.search import Beam, Hypothesis, length_normalized
 from model.runtime.runners import EagerRunner, load_runner
 from model.runtime.step import DecodeStep
 from model.tokenizer import EOS_ID, Tokenizer
@@ -97,3 +100,48 @@ def test_no_span_of_a_real_model_is_followed_by_a_word_continuation() -> None:
         for h in hyps:
             assert len(h.spans) == len(cs)
             assert all(not (h.tokens[end : end + 1] and h.tokens[end] in glue) for _, end, _ in h.spans)
+
+
+def test_a_constrained_input_goes_on_while_a_live_hypothesis_beats_the_best_finished() -> None:
+    """X forced early ends at once (eos .5 after it), before the copy is done; the model puts X at
+    the end of the copy (.6). The hypotheses that forced X early finish first, K of them within
+    two steps; the copy with X at the end, live meanwhile with a far better normalized score,
+    is the better translation and must be found."""
+
+    def x_at_the_end(source: list[int], out: list[int]) -> dict[int, float]:
+        done = [t for t in out if t != X]
+        if done != source[: len(done)]:
+            return {EOS_ID: 0.6}
+        if len(done) < len(source):
+            return {source[len(done)]: 0.4, EOS_ID: 0.5} if X in out else {source[len(done)]: 0.7, X: 0.001}
+        return {EOS_ID: 0.9} if X in out else {X: 0.6, EOS_ID: 0.3}
+
+    words = [[7, 8, 9, 10, 11], [12, 4, 5, 6]]
+    for beam_size in (1, 2, 4):
+        options = DecodeOptions(beam_size=beam_size, max_length_a=2.0, max_length_b=4)
+        results = scripted(ScriptedModel(x_at_the_end), words, options, constraints=[((X,),)] * 2)
+        for w, hyps in zip(words, results, strict=True):
+            assert hyps[0].tokens == [*w, X], (beam_size, hyps[0].tokens)
+            want = len(w) * math.log(0.7) + math.log(0.6) + math.log(0.9)
+            assert math.isclose(hyps[0].log_prob, want, abs_tol=1e-4)
+
+
+def test_the_stopping_rule_compares_normalized_scores() -> None:
+    """One step of ``advance_constrained`` with a finished hypothesis of normalized score -1.0:
+    the input goes on while a live beam's score over its length (eos to come) reaches it, and
+    stops once none does, however few hypotheses have finished."""
+    cs = ConstraintSet([(9,)])
+    met = cs.advance(cs.start(), 9, 0)
+
+    def after_one_step(live_score: float) -> bool:
+        beam = Beam.start(2, limit=50, constraints=cs)
+        beam.history, beam.scores, beam.states = [[9], [9]], [-0.5, -math.inf], [met, met]
+        beam.finished = [Hypothesis([9, 4], -1.0, -3.0, ((0, 1, 0),))]
+        top = [[(live_score + 0.5, 5), (-9.0, 6)], [(-9.0, 5), (-9.5, 6)]]
+        beam.advance_constrained([(live_score, 5, 0)], top, [[], []], [-20.0, -20.0], EOS_ID, 1.0)
+        return beam.done
+
+    # A continuation [9, 5] would end with 3 tokens: normalized score live_score / 3.
+    assert not after_one_step(-2.9)  # -0.97 >= -1.0: it may still win
+    assert after_one_step(-3.1)  # -1.03 < -1.0: none can (in the rule's estimate)
+    assert length_normalized(-2.9, 3, 1.0) > -1.0 > length_normalized(-3.1, 3, 1.0)
