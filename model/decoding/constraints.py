@@ -8,7 +8,9 @@ it has not met (for a constraint in progress, its continuation); candidates are 
 by how many constraint tokens they have met (a constraint in progress counts its tokens so far:
 without that, a multi-token constraint's first token would have to win a slot on its probability
 alone, and rarely does), the K slots are shared out across the banks, and eos is allowed only to
-hypotheses that have met every constraint. This module holds what that needs and
+hypotheses that have met every constraint. Right after a constraint is met no piece that continues
+a word may come (``ConstraintSet``'s ``continuations``): the term stays a word of its own. (When an
+input stops: ``model.decoding.search.Beam.advance_constrained``.) This module holds what that needs and
 nothing of tensors: ``beam_for`` (how many rows such an input takes, which the front end counts
 too), ``ConstraintSet`` (an input's constraints: how a token advances a hypothesis' state, which
 tokens the step must score for it) and ``ConstraintSet.choose`` (one step's choice of an input's
@@ -160,7 +162,9 @@ class ConstraintSet:
         of the tokens ``allowed`` gave for beam j; ``eos``: (eos id, each beam's eos log-prob);
         ``banned[j]``: the tokens the repetition guard forbids after beam j, for its best token
         (forced tokens all advance a constraint: the guard must not make a constraint
-        impossible). ``position``: the index of the tokens generated now.
+        impossible). ``position``: the index of the tokens generated now. A beam whose last
+        token met a constraint takes none of ``continuations`` (each such beam's best token is
+        then its best other one).
 
         Returns (enders, continuing): the beams that end now with eos, as (beam, score, state),
         best first; and at most K continuations (beam, token, score, state), best first, taken
