@@ -42,15 +42,19 @@ Span = tuple[int, int, int]  # (start, end, constraint index): tokens [start, en
 def beam_for(beam_size: int, n_constraints: int) -> int:
     """The beam an input with ``n_constraints`` constraints decodes with (its cache rows).
 
-    ``beam_size`` without constraints. With them ``max(beam_size, n_constraints + 1)``: room for a
-    hypothesis at each number of constraints met (0, 1, ..., n_constraints), so that those that
-    met one early do not crowd out the others; the growth capped at ``MAX_CONSTRAINED_BEAM`` (a
-    request's own larger beam is kept). A greedy request with one constraint thus decodes with a
-    beam of 2. (Banks count tokens, ``ConstraintSet.choose``; with fewer slots than banks the
-    hypotheses furthest on keep them.)"""
+    ``beam_size`` without constraints. With them ``max(n_constraints + 1, beam_size +
+    n_constraints - 1)``, capped at ``MAX_CONSTRAINED_BEAM`` (a request's own larger beam is kept):
+    room for a hypothesis at each number of constraints met (0, 1, ..., n_constraints), so that
+    those that met one early do not crowd out the others, and from the second constraint on a row
+    more per constraint (measured, multi30k de->en, beam 5, two glossary terms per sentence: BLEU
+    +0.9 for ~10 % of the throughput; a row per constraint from the first cost ~30 % for no more
+    BLEU, and without more rows the banks of few constraints met hold 1 slot of 5). A greedy
+    request with one constraint thus decodes with a beam of 2. (Banks count tokens,
+    ``ConstraintSet.choose``; with fewer slots than banks the hypotheses furthest on keep them.)"""
     if n_constraints <= 0:
         return beam_size
-    return max(beam_size, min(n_constraints + 1, MAX_CONSTRAINED_BEAM))
+    grown = max(n_constraints + 1, beam_size + n_constraints - 1)
+    return max(beam_size, min(grown, MAX_CONSTRAINED_BEAM))
 
 
 class ConstraintState(NamedTuple):
