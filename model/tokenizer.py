@@ -56,6 +56,7 @@ class Tokenizer:
         self.path = Path(path)
         self.sp = _load(self.path)
         self.target_sp = self.sp if target is None else _load(Path(target))
+        self._continuations: frozenset[int] | None = None  # word_continuations(), made on first use
         self.mapped = source_vocab is not None
         if not self.mapped:
             if target is not None or target_vocab is not None:
@@ -159,6 +160,25 @@ class Tokenizer:
             return [str(p) for p in self.sp.IdToPiece(ids)]
         vocab = self.source_vocab if source else self.target_vocab
         return [vocab[i] for i in ids]
+
+    def word_continuations(self) -> frozenset[int]:
+        """The target ids whose piece continues the word before it: no leading "\u2581" and a
+        letter or digit first ("ing", "7"). After a constrained term no such piece may follow: it
+        would glue onto the term ("fangen" + "de"); punctuation ("." or ",") may. Computed once."""
+        if self._continuations is None:
+            specials = self._specials()
+            self._continuations = frozenset(
+                i
+                for i, p in enumerate(self.vocabulary())
+                if i not in specials and not p.startswith("\u2581") and p[:1].isalnum()
+            )
+        return self._continuations
+
+    def _specials(self) -> frozenset[int]:
+        """Ids that decode to nothing: specials, controls, skipped ids (never word pieces)."""
+        if self.mapped:
+            return self.skip
+        return frozenset(i for i in range(self.vocab_size) if i <= EOS_ID or self.sp.IsControl(i))
 
     def vocabulary(self, *, source: bool = False) -> list[str]:
         """Every piece in id order (what CTranslate2 is given)."""

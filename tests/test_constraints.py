@@ -102,7 +102,7 @@ def random_constraints(
 
 def test_beam_for_is_the_smallest_beam_with_a_slot_per_constraint_count() -> None:
     assert [beam_for(1, n) for n in range(4)] == [1, 2, 3, 4]
-    assert [beam_for(5, n) for n in range(7)] == [5, 5, 5, 5, 5, 6, 7]
+    assert [beam_for(5, n) for n in range(7)] == [5, 5, 6, 7, 8, 8, 8]
     assert beam_for(1, 50) == MAX_CONSTRAINED_BEAM and beam_for(12, 50) == 12
 
 

@@ -79,9 +79,13 @@ class RunningBatch(Generic[K]):
         options: DecodeOptions,
         greedy_scores: bool = True,
         positions: int | None = None,
+        word_continuations: frozenset[int] = frozenset(),
     ) -> None:
-        """``positions``: the cache's (the step's, when compiled for it); default ``options``'."""
+        """``positions``: the cache's (the step's, when compiled for it); default ``options``'.
+        ``word_continuations``: the target ids that may not follow a met constraint
+        (``Tokenizer.word_continuations``, ``ConstraintSet``)."""
         self.model, self.runner, self.options = model, runner, options
+        self.word_continuations = word_continuations
         cfg = model.cfg
         self.search = Search(
             eos=cfg.eos_id,
@@ -156,7 +160,7 @@ class RunningBatch(Generic[K]):
         for s in sources:
             limit = self.options.output_limit(len(s.ids), cfg.max_positions)
             rows_of = list(range(first, first + s.beam_size))
-            constraints = ConstraintSet(s.constraints) if s.constraints else None
+            constraints = ConstraintSet(s.constraints, self.word_continuations) if s.constraints else None
             self.constrained += constraints is not None
             self.entries.append(Entry(s.key, Beam.start(s.beam_size, limit, constraints), rows_of, s.n_best))
             first += s.beam_size
@@ -260,6 +264,7 @@ def decode(
     max_rows: int | None = None,
     max_batch_tokens: int | None = None,
     constraints: Sequence[Sequence[Sequence[int]]] | None = None,
+    word_continuations: frozenset[int] = frozenset(),
 ) -> list[list[Hypothesis]]:
     """Decode every source (ids ending in eos) with ``options``; the n-best of each, in order.
 
@@ -267,9 +272,15 @@ def decode(
     in groups as the service's executor lets them in, and each input's result does not depend on
     which others share its steps. ``max_rows``: rows decoded together (default ``capacity``).
     ``constraints``: per source, target token sequences its hypotheses must contain; such a source
-    decodes with ``beam_for(options.beam_size, its number of constraints)``."""
+    decodes with ``beam_for(options.beam_size, its number of constraints)``, and no met constraint
+    is followed by one of ``word_continuations`` (``RunningBatch``)."""
     batch: RunningBatch[int] = RunningBatch(
-        model, runner, capacity=capacity, options=options, positions=positions
+        model,
+        runner,
+        capacity=capacity,
+        options=options,
+        positions=positions,
+        word_continuations=word_continuations,
     )
     order = sorted(range(len(sources)), key=lambda i: len(sources[i]), reverse=True)
     results: dict[int, list[Hypothesis]] = {}

@@ -134,17 +134,23 @@ class Beam:
 
         Only a hypothesis that has met every constraint may end before the limit; at the limit
         every live beam ends (met or not: the input must end), and ``best`` ranks those that met
-        every constraint first."""
+        every constraint first.
+
+        The input stops once no live beam's length-normalized score (as if it ended with its next
+        token) reaches the best finished one's, not once K hypotheses have ended (fairseq's rule,
+        ``advance``): the hypotheses that forced a term where the model would not put it meet
+        their constraints first and end soon after, and K of them would stop the input before the
+        hypothesis that places the term where the model wants it (and is the better translation)
+        gets there. Finished hypotheses are kept K at most, the best (met constraints, score)."""
         cs = self.constraints
         assert cs is not None
         length = self.steps + 1  # tokens of a hypothesis ending now, eos included
         if length >= self.limit:
             live = [j for j in range(self.k) if self.scores[j] != -math.inf]
             ending = [(j, self.scores[j] + eos_lprobs[j]) for j in live]
-            ending.sort(key=lambda e: (cs.complete(self.states[e[0]]), e[1]), reverse=True)
-            for j, score in ending[: max(0, self.k - len(self.finished))]:
+            for j, score in ending:
                 spans = self.states[j].spans
-                self.finished.append(
+                self._finish(
                     Hypothesis(self.history[j], length_normalized(score, length, alpha), score, spans)
                 )
             self.done = True
@@ -154,11 +160,17 @@ class Beam:
             self.k, self.steps, self.scores, self.states, best, top, forced, (eos, eos_lprobs), banned
         )
         for j, score, state in enders:
-            if len(self.finished) < self.k:
-                hyp = Hypothesis(self.history[j], length_normalized(score, length, alpha), score, state.spans)
-                self.finished.append(hyp)
+            self._finish(
+                Hypothesis(self.history[j], length_normalized(score, length, alpha), score, state.spans)
+            )
         parents = [j for j, _, _, _ in continuing]
-        self.done = len(self.finished) >= self.k or not parents
+        self.done = not parents
+        if self.finished and parents:
+            leader = max(h.score for h in self.finished)
+            # (length + 1: a continuation's tokens and its eos. An estimate, as Hugging Face's
+            # early_stopping=False: log-probs only fall, but the length term may still lift a
+            # long beam's normalized score; the length limit bounds the search either way.)
+            self.done = all(length_normalized(c[2], length + 1, alpha) < leader for c in continuing)
         if not self.done:
             scores = [score for _, _, score, _ in continuing]
             history = [self.history[j] + [t] for j, t, _, _ in continuing]
@@ -175,6 +187,14 @@ class Beam:
                 Hypothesis(self.history[0], length_normalized(score, length, alpha), score, spans)
             )
         return parents
+
+    def _finish(self, hyp: Hypothesis) -> None:
+        """Keep ``hyp`` among the K best finished (those that met the most constraints, then by
+        score: the order ``best`` returns them in)."""
+        self.finished.append(hyp)
+        if len(self.finished) > self.k:
+            self.finished.sort(key=lambda h: (len(h.spans), h.score), reverse=True)
+            del self.finished[self.k :]
 
     def extend(self, lprob: float, token: int, eos: int, alpha: float) -> list[int]:
         """``advance`` for a beam of one (greedy), given the best next token and its log-prob."""

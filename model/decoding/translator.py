@@ -215,7 +215,8 @@ class Translator:
         """The n-best hypotheses of each source (ids ending in eos), in order; ``constraints``: per
         source, target token sequences every hypothesis of it contains (``Hypothesis.spans`` says
         where), decoded with ``beam_for(beam_size, their number)`` (more than ``max_beam_size``
-        allows: its rows then choose among fewer than 2K candidates each, plus the forced ones)."""
+        allows: its rows then choose among fewer than 2K candidates each, plus the forced ones);
+        no constraint is followed by a piece that would continue its last word."""
         chosen = self._options(options, {"beam_size": beam_size, "n_best": n_best})
         # The cache keeps the translator's positions (the step was made for them), whatever the call's.
         at = self.options.positions(self.model.cfg.max_positions)
@@ -227,6 +228,7 @@ class Translator:
             capacity=self.capacity,
             positions=at,
             constraints=constraints,
+            word_continuations=self.tokenizer.word_continuations() if constraints else frozenset(),
         )
 
     def translate_batch(
