@@ -87,6 +87,8 @@ class Lane:
             capacity=translator.capacity,
             options=translator.options,
             greedy_scores=False,
+            # A completed term is never glued to the next piece ("fangen" + "de"), as in the library.
+            word_continuations=translator.tokenizer.word_continuations(),
         )
         self.joining: list[Job] = []  # taken from the source, being encoded into the batch
 
