@@ -25,7 +25,7 @@ from app.deps import RouterDep, SchedulerDep, SettingsDep
 from app.errors import ApiError, missing_parameter
 from app.formats import Layout, PlainText, parse
 from app.formats.html import HtmlDocument, HtmlError
-from app.key_limits import admit_key
+from app.key_limits import admit_key, key_owner
 from app.langid import detect
 from app.languages import language_name, served_pairs, source_languages, supported_pairs, target_languages
 from app.routes.openapi import openapi_body
@@ -333,8 +333,9 @@ async def answer_sentences(
     """``translate_sentences``, after the owner's translation memory and the segment cache
     (``app.terminology.answers``); ``languages[i]``: sentence i's source language."""
     targets = terms.targets
+    owner = key_owner(request)
     keys = [
-        cache_key(route, plan.beam_size, plan.n_best, own, sentence)
+        cache_key(owner, route, plan.beam_size, plan.n_best, own, sentence)
         for route, own, sentence in zip(routes, targets, sentences, strict=True)
     ]
 

@@ -42,14 +42,16 @@ INLINE_LOOKUPS = 8  # sentences looked up on the event loop itself (to_thread co
 
 
 def cache_key(
-    route: Route[Any], beam_size: int, n_best: int, targets: Sequence[str], sentence: str
+    owner: str, route: Route[Any], beam_size: int, n_best: int, targets: Sequence[str], sentence: str
 ) -> Hashable:
     """What decides the model's answer to ``sentence``: the models of each hop (by their unique
     served names) and the languages they translate between, the search, the terms' targets (in
     order: a term's index is in the answer's marks) and the sentence exactly as sent (the
-    tokenizer, not this cache, decides what whitespace means)."""
+    tokenizer, not this cache, decides what whitespace means); and whose it is (``key_owner``):
+    shared, a key could tell from the time of its answer that another key translated that
+    sentence recently."""
     hops = tuple((hop.model.name, hop.source, hop.target) for hop in route.hops)
-    return (hops, beam_size, n_best, tuple(targets), sentence)
+    return (owner, hops, beam_size, n_best, tuple(targets), sentence)
 
 
 def memory_lookup(request: Request, languages: Sequence[str], target: str) -> MemoryLookup | None:
