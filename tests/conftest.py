@@ -80,6 +80,23 @@ SENTENCES = [
 
 
 @pytest.fixture
+def jobs(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """Every sentence (``SentenceJob``) the scheduler is given during the test, as the workers get it."""
+    from app.serving.scheduler import Scheduler
+
+    given: list[Any] = []
+    submit = Scheduler.submit
+
+    def spy(self: Scheduler, *args: Any, **kwargs: Any) -> Any:
+        request = submit(self, *args, **kwargs)
+        given.extend(state.job for state in request.sentences)
+        return request
+
+    monkeypatch.setattr(Scheduler, "submit", spy)
+    return given
+
+
+@pytest.fixture
 def sentences() -> list[str]:
     """``SENTENCES``: inputs of clearly different token lengths, for batching and padding tests."""
     return list(SENTENCES)

@@ -26,7 +26,6 @@ from app.serving.models import ModelTable
 from app.serving.pipeline import Translation
 from app.serving.protocol import Answers, Constraints, Done, Hypotheses, ModelDescription, SentenceJob, Spans
 from app.serving.router import Hop, Route
-from app.serving.scheduler import Scheduler
 from app.serving.worker import HeldJob, Inbox
 from model.decoding.batch import RunningBatch, Source
 from model.decoding.constraints import beam_for
@@ -219,21 +218,6 @@ def client(model_dir: Path) -> Iterator[TestClient]:
     # a sentence an earlier test had translated (tests/test_translation_memory_api.py tests it).
     with serve(make_settings(model_dir, segment_cache_mb=0)) as c:
         yield c
-
-
-@pytest.fixture
-def jobs(monkeypatch: pytest.MonkeyPatch) -> list[SentenceJob]:
-    """Every sentence the scheduler is given during the test, as the workers get it."""
-    given: list[SentenceJob] = []
-    submit = Scheduler.submit
-
-    def spy(self: Scheduler, *args: Any, **kwargs: Any) -> Any:
-        request = submit(self, *args, **kwargs)
-        given.extend(state.job for state in request.sentences)
-        return request
-
-    monkeypatch.setattr(Scheduler, "submit", spy)
-    return given
 
 
 def target_ids(model_dir: Path, *terms: str) -> Constraints:

@@ -13,7 +13,6 @@ import pytest
 from fastapi.testclient import TestClient
 
 from app.serving.protocol import SentenceJob
-from app.serving.scheduler import Scheduler
 from app.terminology.answers import answer
 from app.terminology.cache import SegmentCache
 from app.terminology.database import StoreUnavailable
@@ -44,21 +43,6 @@ def client(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterato
         assert c.post("/memories", data=fields, files={"file": ("m.tsv", tsv)}).status_code == 200
         assert c.post("/memories", data={"api_key": "k1"}, files={"file": ("m.tmx", TMX)}).status_code == 200
         yield c
-
-
-@pytest.fixture
-def jobs(monkeypatch: pytest.MonkeyPatch) -> list[SentenceJob]:
-    """Every sentence the workers are given during the test."""
-    given: list[SentenceJob] = []
-    submit = Scheduler.submit
-
-    def spy(self: Scheduler, *args: Any, **kwargs: Any) -> Any:
-        request = submit(self, *args, **kwargs)
-        given.extend(state.job for state in request.sentences)
-        return request
-
-    monkeypatch.setattr(Scheduler, "submit", spy)
-    return given
 
 
 def translate(client: TestClient, key: str = "k1", **body: Any) -> Any:
