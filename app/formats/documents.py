@@ -1,44 +1,54 @@
-"""Files for ``POST /translate_file``: .txt, .html (.htm) and .docx, read and written back.
+"""Files for ``POST /translate_file`` and ``/jobs``: the formats, and the two steps every one gives.
 
-Every format gives the same two steps: ``read(name, data)`` parses the upload (language-free:
-its ``text`` is what language identification looks at), and ``.split(language)`` gives the
-sentences to translate and a ``join(translations)`` that writes the translated file.
+``read(name, data, limits)`` parses the upload (language-free: its ``text`` is what language
+identification looks at), and ``.split(language)`` gives the sentences to translate and a
+``join(translations)`` that writes the translated file.
 
-* .txt: UTF-8 (a byte-order mark is kept); the layout is kept as for ``/translate``'s text.
-* .html: as ``format: "html"`` (``app.formats.html``).
-* .docx: checked as a package first (``app.formats.package``), then read with python-docx. Every
-  paragraph of the body, of tables (nested ones too) and of the
-  headers and footers is translated; a paragraph's runs (its stretches of one formatting: bold,
-  a font, a hyperlink) keep their formatting, and sentences are split across them as across inline
-  HTML tags (``app.formats.inline``). Runs without text (pictures, breaks) are not touched. Text
-  boxes, footnotes, comments and fields are left as they are.
+Each format is a module with a function ``read(kind, data, limits) -> Document`` (``kind``: the
+file's extension), named in ``FORMATS`` and imported only where documents are read: in the reader
+processes (``app.formats.sandbox``, which preloads every module listed here) and in tests. The
+front end never imports a format's library.
+
+* .txt and .html: ``app.formats.plain``.
+* .docx: ``app.formats.word``.
 """
 
 from __future__ import annotations
 
-import io
+import importlib
 import re
-import zipfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import PurePath
-from typing import Any, Protocol
+from typing import Protocol
 
-from app.formats import Layout
-from app.formats.html import HtmlDocument, HtmlError
-from app.formats.inline import Block, Mark, SplitBlock
 from app.formats.limits import DocumentError, DocumentLimits, Forbidden
-from app.formats.package import check_package
-from app.text import split_text
 
-DOCX_MEDIA_TYPE = "application/vnd.openxmlformats-officedocument.wordprocessingml.document"
-MEDIA_TYPES = {
-    ".txt": "text/plain; charset=utf-8",
-    ".html": "text/html; charset=utf-8",
-    ".htm": "text/html; charset=utf-8",
-    ".docx": DOCX_MEDIA_TYPE,
-}
-SUPPORTED = tuple(MEDIA_TYPES)
+
+@dataclass(frozen=True)
+class FileFormat:
+    """A kind of file the service translates."""
+
+    name: str  # as the page and the README list it
+    extensions: tuple[str, ...]  # lower case, with the dot
+    media_type: str  # of the translated file
+    module: str  # its ``read(kind, data, limits)``
+
+
+FORMATS: tuple[FileFormat, ...] = (
+    FileFormat("Text", (".txt",), "text/plain; charset=utf-8", "app.formats.plain"),
+    FileFormat("HTML", (".html", ".htm"), "text/html; charset=utf-8", "app.formats.plain"),
+    FileFormat(
+        "Word",
+        (".docx",),
+        "application/vnd.openxmlformats-officedocument.wordprocessingml.document",
+        "app.formats.word",
+    ),
+)
+BY_EXTENSION = {extension: f for f in FORMATS for extension in f.extensions}
+MEDIA_TYPES = {extension: f.media_type for extension, f in BY_EXTENSION.items()}
+SUPPORTED = tuple(BY_EXTENSION)
+MODULES = tuple(dict.fromkeys(f.module for f in FORMATS))
 UTF8_BOM = b"\xef\xbb\xbf"
 # What XML 1.0 cannot hold (C0 controls but tab and line breaks, surrogates, U+FFFE/U+FFFF).
 NOT_XML = re.compile("[^\t\n\r\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
@@ -73,15 +83,9 @@ def read(name: str, data: bytes, limits: DocumentLimits) -> Document:
 
 
 def parse_file(kind: str, data: bytes, limits: DocumentLimits) -> Document:
-    if kind == ".docx":
-        return DocxDocument.read(data, limits)
-    text, bom = decode(data)
-    if kind in (".html", ".htm"):
-        try:
-            return HtmlFile(HtmlDocument.parse(text, limits), bom)
-        except HtmlError as e:
-            raise DocumentError(str(e)) from e
-    return TextFile(text, bom)
+    module = importlib.import_module(BY_EXTENSION[kind].module)
+    document: Document = module.read(kind, data, limits)
+    return document
 
 
 def decode(data: bytes) -> tuple[str, bool]:
@@ -98,158 +102,3 @@ def decode(data: bytes) -> tuple[str, bool]:
 
 def encode(text: str, bom: bool) -> bytes:
     return (UTF8_BOM if bom else b"") + text.encode("utf-8")
-
-
-@dataclass(frozen=True)
-class TextFile:
-    text: str
-    bom: bool
-
-    def split(self, language: str) -> SplitTextFile:
-        return SplitTextFile(split_text(self.text, language), self.bom)
-
-
-@dataclass(frozen=True)
-class HtmlFile:
-    document: HtmlDocument
-    bom: bool
-
-    @property
-    def text(self) -> str:
-        return self.document.text
-
-    def split(self, language: str) -> SplitTextFile:
-        return SplitTextFile(self.document.split(language), self.bom)
-
-
-@dataclass(frozen=True)
-class SplitTextFile:
-    """A .txt or .html file split into sentences; joined, it is UTF-8 again (with its BOM if it
-    had one)."""
-
-    layout: Layout
-    bom: bool
-
-    @property
-    def sentences(self) -> tuple[str, ...]:
-        return self.layout.sentences
-
-    def join(self, translations: Sequence[str]) -> bytes:
-        return encode(self.layout.join(translations), self.bom)
-
-
-# --- .docx ---------------------------------------------------------------------------------------
-
-
-def inner_paragraphs(container: Any) -> Iterator[Any]:
-    """The paragraphs of a body, cell, header or footer, tables' cells (nested ones too) included."""
-    from docx.table import Table
-
-    for item in container.iter_inner_content():
-        if isinstance(item, Table):
-            for row in item.rows:
-                for cell in row.cells:
-                    yield from inner_paragraphs(cell)
-        else:
-            yield item
-
-
-def paragraph_runs(paragraph: Any) -> list[Any]:
-    """A paragraph's runs in order, those inside hyperlinks included."""
-    from docx.text.hyperlink import Hyperlink
-
-    runs: list[Any] = []
-    for item in paragraph.iter_inner_content():
-        runs += item.runs if isinstance(item, Hyperlink) else [item]
-    return runs
-
-
-def document_paragraphs(document: Any) -> list[Any]:
-    """Every paragraph to translate: the body, then each section's own headers and footers (a
-    header "linked to previous" is the previous section's, translated once)."""
-    paragraphs = list(inner_paragraphs(document))
-    seen = set()
-    for section in document.sections:
-        for part in (
-            section.header,
-            section.first_page_header,
-            section.even_page_header,
-            section.footer,
-            section.first_page_footer,
-            section.even_page_footer,
-        ):
-            if part.is_linked_to_previous or id(part.part) in seen:
-                continue
-            seen.add(id(part.part))
-            paragraphs += inner_paragraphs(part)
-    return paragraphs
-
-
-def runs_block(runs: Sequence[Any]) -> Block:
-    """A paragraph's text, with a mark where each run ends and the next begins: it goes with the
-    word after it, unless a space follows it in the source (``"großer| Hund"``: the word before)."""
-    texts = [run.text for run in runs]
-    whole = "".join(texts)
-    marks, offset = [], 0
-    for text in texts[:-1]:
-        offset += len(text)
-        marks.append(Mark(offset, "after" if whole[offset : offset + 1].isspace() else "before"))
-    return Block(whole, tuple(marks))
-
-
-@dataclass(frozen=True)
-class DocxDocument:
-    document: Any  # docx.document.Document
-    paragraphs: tuple[tuple[Any, ...], ...]  # each paragraph's runs
-    blocks: tuple[Block, ...]
-
-    @classmethod
-    def read(cls, data: bytes, limits: DocumentLimits) -> DocxDocument:
-        import docx
-
-        check_package(data, limits)
-        try:
-            document = docx.Document(io.BytesIO(data))
-        except (zipfile.BadZipFile, KeyError, ValueError) as e:
-            raise DocumentError(f"not a .docx document: {e}") from e
-        except Exception as e:  # lxml's XML errors and python-docx's own: all "unreadable"
-            raise DocumentError(f"cannot read the .docx document: {e}") from e
-        runs = tuple(tuple(paragraph_runs(p)) for p in document_paragraphs(document))
-        return cls(document, runs, tuple(runs_block(r) for r in runs))
-
-    @property
-    def text(self) -> str:
-        return "\n".join(b.text.strip() for b in self.blocks if b.text.strip())
-
-    def split(self, language: str) -> SplitDocx:
-        return SplitDocx(self, tuple(block.split(language) for block in self.blocks))
-
-
-@dataclass(frozen=True)
-class SplitDocx:
-    source: DocxDocument
-    splits: tuple[SplitBlock, ...]
-
-    @property
-    def sentences(self) -> tuple[str, ...]:
-        return tuple(s for split in self.splits for s in split.sentences)
-
-    def join(self, translations: Sequence[str]) -> bytes:
-        """The document with its paragraphs translated (written once: the document is changed)."""
-        if len(translations) != len(self.sentences):
-            raise ValueError(f"expected {len(self.sentences)} translations, got {len(translations)}")
-        start = 0
-        for runs, split in zip(self.source.paragraphs, self.splits, strict=True):
-            count = len(split.sentences)
-            if not count:
-                continue
-            text, offsets = split.place(translations[start : start + count])
-            start += count
-            cuts = [0, *offsets, len(text)]
-            for run, begin, end in zip(runs, cuts[:-1], cuts[1:], strict=True):
-                piece = NOT_XML.sub("", text[begin:end])
-                if run.text != piece:  # a run left as it was keeps pictures and breaks
-                    run.text = piece
-        out = io.BytesIO()
-        self.source.document.save(out)
-        return out.getvalue()

@@ -43,14 +43,15 @@ from dataclasses import asdict, dataclass, fields
 from multiprocessing.connection import Connection
 from typing import Any, TypeVar
 
-from app.formats.documents import Document, SplitDocument, read
+from app.formats.documents import MODULES, Document, SplitDocument, read
 from app.formats.limits import DocumentError, DocumentLimits, Forbidden, TooLarge
 
 SAMPLE_CHARS = 10_000  # of a document's text, for language identification (its start is enough)
-# Imported once by the fork server, so that each child starts with them loaded. "__main__" too:
-# multiprocessing imports the parent's main module in each child (uvicorn's console script, when
-# the server runs as `uvicorn app.main:app`) unless the fork server already has.
-PRELOAD = ["__main__", "app.formats.sandbox", "docx", "lxml.etree", "defusedxml.ElementTree", "sentencex"]
+# Imported once by the fork server, so that each child starts with them loaded: every format's
+# module (and with it its library). "__main__" too: multiprocessing imports the parent's main
+# module in each child (uvicorn's console script, when the server runs as `uvicorn app.main:app`)
+# unless the fork server already has.
+PRELOAD = ["__main__", "app.formats.sandbox", *MODULES, "defusedxml.ElementTree", "sentencex"]
 NICENESS = 5  # added to a reader's nice value: on a busy core it gets ~1/3 of a worker's share
 WALL_FACTOR = 3  # a step's wall-clock time, in multiples of the CPU time a reader has
 MiB = 1024 * 1024
