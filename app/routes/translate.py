@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -38,13 +38,14 @@ from app.schemas import (
     TranslateResponse,
     ValidationErrorResponse,
 )
-from app.served import ServedModel
+from app.served import Rendered, ServedModel
 from app.serving.errors import DeadlineExceeded, EngineError, EngineStopped, QueueFull, TooLarge
 from app.serving.pipeline import Translation
 from app.serving.router import Route, Router
 from app.serving.scheduler import Scheduler
 from app.shedding import RETRY_AFTER_S, passed
-from app.terminology.answers import answer, cache_key, memory_lookup, segment_cache
+from app.terminology.answers import MemoryLookup, answer, cache_key, memory_lookup, segment_cache
+from app.terminology.cache import SegmentCache
 from app.terminology.service import SentenceTerms, request_glossary, sentence_terms, text_terminology
 
 T = TypeVar("T")
@@ -284,13 +285,31 @@ async def translate_sentences(
     timeout_s: float,
     terms: Sequence[Sequence[str]] | None = None,
 ) -> list[SentenceResult] | None:
+    """``decode_sentences`` for a request: admission counts its sentences now, and they are
+    withdrawn if its client goes away (None)."""
+    passed(request.scope)
+    disconnected = wait_for_disconnect(request.receive)
+    return await decode_sentences(sentences, routes, scheduler, plan, timeout_s, terms, disconnected)
+
+
+async def decode_sentences(
+    sentences: list[str],
+    routes: Sequence[Route[ServedModel]],
+    scheduler: Scheduler,
+    plan: SearchPlan,
+    timeout_s: float,
+    terms: Sequence[Sequence[str]] | None = None,
+    disconnected: Coroutine[Any, Any, None] | None = None,
+) -> list[SentenceResult] | None:
     """Each sentence's n-best translations along its route (blank sentences give "" without model
-    work), or None if the client went away first (its sentences are then withdrawn from the
-    workers). ``terms``: each sentence's target strings its translation must contain."""
+    work), or None if ``disconnected`` completed first (its sentences are then withdrawn from the
+    workers, as they are if this is cancelled). ``terms``: each sentence's target strings its
+    translation must contain."""
     todo = [i for i, s in enumerate(sentences) if s.strip()]
     results = [SentenceResult([""] * plan.n_best)] * len(sentences)
-    passed(request.scope)  # admission counts its sentences now
     if not todo:
+        if disconnected is not None:
+            disconnected.close()
         return results
     try:
         translation = Translation(
@@ -303,11 +322,15 @@ async def translate_sentences(
             terms=[terms[i] for i in todo] if terms else None,
         )
     except EngineError as e:
+        if disconnected is not None:
+            disconnected.close()
         raise engine_error(e) from e
     try:
-        finished, found = await run_until_disconnect(
-            translation.result(), wait_for_disconnect(request.receive)
-        )
+        found: list[Rendered] | None
+        if disconnected is None:
+            finished, found = True, await translation.result()
+        else:
+            finished, found = await run_until_disconnect(translation.result(), disconnected)
     except EngineError as e:
         raise engine_error(e) from e
     finally:
@@ -332,24 +355,46 @@ async def answer_sentences(
 ) -> list[SentenceResult] | None:
     """``translate_sentences``, after the owner's translation memory and the segment cache
     (``app.terminology.answers``); ``languages[i]``: sentence i's source language."""
+
+    def decode(part: list[str], own: list[Route[ServedModel]], constraints: list[list[str]] | None) -> Any:
+        return translate_sentences(request, part, own, scheduler, plan, timeout_s, constraints)
+
+    lookup = memory_lookup(request, languages, target)
+    owner, cache = key_owner(request), segment_cache(request)
+    return await answer_with(sentences, routes, plan, terms, decode, owner, lookup, cache)
+
+
+Decode = Callable[
+    [list[str], list[Route[ServedModel]], list[list[str]] | None], Awaitable[list[SentenceResult] | None]
+]
+
+
+async def answer_with(
+    sentences: list[str],
+    routes: Sequence[Route[ServedModel]],
+    plan: SearchPlan,
+    terms: SentenceTerms,
+    decode: Decode,
+    owner: str,
+    lookup: MemoryLookup | None,
+    cache: SegmentCache[Any] | None,
+) -> list[SentenceResult] | None:
+    """Each sentence's answer: ``lookup``'s (the owner's memory), ``cache``'s, or ``decode``'s
+    (sentences, their routes, their constraints); None if ``decode`` gave None."""
     targets = terms.targets
-    owner = key_owner(request)
     keys = [
         cache_key(owner, route, plan.beam_size, plan.n_best, own, sentence)
         for route, own, sentence in zip(routes, targets, sentences, strict=True)
     ]
 
-    def decode(asked: list[int]) -> Awaitable[list[SentenceResult] | None]:
+    def decode_asked(asked: list[int]) -> Awaitable[list[SentenceResult] | None]:
         constraints = [targets[i] for i in asked] if terms else None
-        part = [sentences[i] for i in asked]
-        own = [routes[i] for i in asked]
-        return translate_sentences(request, part, own, scheduler, plan, timeout_s, constraints)
+        return decode([sentences[i] for i in asked], [routes[i] for i in asked], constraints)
 
     def remembered(text: str) -> SentenceResult:
         return SentenceResult([text], memory=True)
 
-    lookup = memory_lookup(request, languages, target)
-    return await answer(sentences, keys, decode, remembered, lookup=lookup, cache=segment_cache(request))
+    return await answer(sentences, keys, decode_asked, remembered, lookup=lookup, cache=cache)
 
 
 def route_of(router: Router[ServedModel], source: str, target: str) -> Route[ServedModel]:

@@ -55,12 +55,16 @@ def cache_key(
 
 
 def memory_lookup(request: Request, languages: Sequence[str], target: str) -> MemoryLookup | None:
-    """The owner's memory for the request's sentences (``languages[i]``: sentence i's source
+    """The request owner's memory for its sentences (``languages[i]``: sentence i's source
     language); None without a memory (no store)."""
     memory: TranslationMemory | None = getattr(request.app.state, "memory", None)
-    if memory is None:
-        return None
-    owner = key_owner(request)
+    return None if memory is None else owner_lookup(memory, key_owner(request), languages, target)
+
+
+def owner_lookup(
+    memory: TranslationMemory, owner: str, languages: Sequence[str], target: str
+) -> MemoryLookup:
+    """``owner``'s memory for some sentences (``languages[i]``: sentence i's source language)."""
 
     def lookup(indices: Sequence[int], sentences: Sequence[str]) -> list[str | None]:
         found: list[str | None] = [None] * len(sentences)
