@@ -7,6 +7,7 @@ service at start with a message naming the variable instead of failing on the fi
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 from importlib.metadata import PackageNotFoundError
 from importlib.metadata import version as _dist_version
 from pathlib import Path
@@ -22,6 +23,7 @@ from model.decoding.terms import MAX_TERMS_PER_SENTENCE
 from model.runtime import DEFAULT_CACHE_DIR
 
 ENV_PREFIX = "NMT_"
+JOB_PACKAGE_FACTOR = 4  # a job's package may inflate to, and hold, this many times a file's
 
 _DECODE = DecodeOptions()  # the defaults
 PositiveInt = Annotated[int, Field(gt=0)]
@@ -94,6 +96,23 @@ class Settings(BaseSettings):
     # File requests in progress at a time (each holds its upload in memory until it is translated);
     # more get 503 with Retry-After.
     max_file_requests: PositiveInt = 16
+    # Document jobs (POST /jobs: app/jobs): uploads translated in the background, their state and
+    # files in NMT_DATA_DIR/jobs (kept across restarts; a job in progress when the service stopped
+    # goes on from its last finished chunk). A job's file may be larger and hold more text than a
+    # /translate_file upload, and its reader gets more time and memory; the result is kept for
+    # job_ttl_s after it finishes. At most max_running_jobs are read and translated at a time
+    # (sharing the workers fairly with interactive requests: each is one more turn of the
+    # round-robin), the oldest first among the keys with the fewest running; a key holds at most
+    # max_jobs_per_key jobs (any state: delete finished ones, or they expire), all keys max_jobs.
+    job_max_bytes: PositiveInt = 32 * 1024 * 1024
+    job_max_chars: PositiveInt = 2_000_000
+    job_max_sentences: PositiveInt = 100_000
+    job_read_timeout_s: Annotated[float, Field(gt=0)] = 300.0
+    job_reader_memory_mb: PositiveInt = 1024
+    job_ttl_s: Annotated[float, Field(gt=0)] = 24 * 3600.0
+    max_running_jobs: PositiveInt = 2
+    max_jobs_per_key: PositiveInt = 20
+    max_jobs: PositiveInt = 200
     # The page at / (and LibreTranslate's /frontend/settings): quiet typing before it translates.
     frontend_timeout_ms: PositiveInt = 500
     # Comma-separated in the environment ("k1,k2"); empty means no authentication (unless a keys file).
@@ -193,6 +212,19 @@ class Settings(BaseSettings):
             max_bytes=self.glossary_max_bytes,
             max_entries=self.glossary_max_entries,
             max_term_chars=self.glossary_max_term_chars,
+        )
+
+    def job_limits(self) -> DocumentLimits:
+        """A job's document: ``document_limits`` with the job's own text, time and memory."""
+        return replace(
+            self.document_limits(),
+            max_chars=self.job_max_chars,
+            max_sentences=self.job_max_sentences,
+            read_seconds=self.job_read_timeout_s,
+            memory_bytes=self.job_reader_memory_mb * 1024 * 1024,
+            # a job's file may be 16x a /translate_file upload: its package and XML a few times more
+            max_unpacked_bytes=JOB_PACKAGE_FACTOR * self.max_file_unpacked_bytes,
+            max_elements=JOB_PACKAGE_FACTOR * self.max_file_elements,
         )
 
     def document_limits(self) -> DocumentLimits:

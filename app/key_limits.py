@@ -195,3 +195,15 @@ def key_owner(request: Request) -> str:
     without keys configured (``admit_key`` has run)."""
     lease: Lease | None = request.scope.get(LEASE_KEY)
     return "" if lease is None else lease.key.name
+
+
+def charge_owner(limiter: KeyLimiter, owner: str, chars: int) -> None:
+    """Spend ``chars`` of the key named ``owner`` (a document job's text, read after its request
+    was answered): 400 over the key's ``char_limit``, 413 or 429 as ``admit_key``; nothing without
+    keys, or for a key no longer configured."""
+    key = next((k for k in limiter.keys if k.name == owner), None)
+    if key is None:
+        return
+    limiter.check_texts(key, [chars])
+    limiter.spend(key, 0, chars, slot=False)
+    limiter.of(key).characters.inc(chars)

@@ -30,6 +30,8 @@ from starlette.types import Receive, Scope, Send
 
 from app.config import Settings, describe_settings_error, service_version
 from app.errors import install_error_handlers
+from app.jobs.runner import JobRunner, Services
+from app.jobs.store import JobStore
 from app.key_limits import open_key_limiter, release_key
 from app.keys import KeysError
 from app.langid import prepare as prepare_langid
@@ -43,6 +45,7 @@ from app.routes import (
     glossaries,
     health,
     info,
+    jobs,
     languages,
     memories,
     metrics,
@@ -277,6 +280,19 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         app.state.files = files.new_file_store(settings)
         app.state.file_requests = files.FileRequests(settings.max_file_requests)
         app.state.readers = await asyncio.to_thread(files.new_readers, settings)
+        app.state.jobs = JobStore(
+            settings.data_dir / "jobs", settings.max_jobs_per_key, settings.max_jobs, settings.job_ttl_s
+        )
+        job_services = Services(
+            settings,
+            router,
+            scheduler,
+            files.new_job_readers(settings),
+            keys,
+            app.state.memory,
+            app.state.segment_cache,
+        )
+        app.state.job_runner = JobRunner(app.state.jobs, job_services, settings.max_running_jobs)
         await asyncio.to_thread(prepare_detection, router)
         app.state.scheduler = scheduler
         app.state.turns = asyncio.Semaphore(TURNS)
@@ -297,12 +313,17 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
                 logger.info(
                     "through English: %s", ", ".join(f"{r.source}->{r.target}" for r in router.pivots)
                 )
+            app.state.job_runner.start()  # jobs left by a previous run go on now
             yield
     finally:
         # On SIGTERM (or SIGINT) readiness failed at the signal, and uvicorn then stopped accepting
         # connections and answered the requests in flight (its drain) before running this. A
         # shutdown without a signal (TestClient's exit) fails readiness only here.
         app.state.ready = False
+        runner: JobRunner | None = app.state.job_runner
+        if runner is not None:
+            await runner.stop()  # before the workers: its chunks are withdrawn, not failed
+            app.state.jobs.close()
         scheduler.stop()
         keys.close()
         app.state.glossaries.close()
@@ -370,6 +391,8 @@ def create_app(settings: Settings | None = None) -> TranslationApp:
     app.state.files = None
     app.state.file_requests = None
     app.state.readers = None
+    app.state.jobs = None
+    app.state.job_runner = None
     app.state.keys = None
     app.state.glossaries = None
     app.state.memory = None
@@ -382,6 +405,7 @@ def create_app(settings: Settings | None = None) -> TranslationApp:
         translate,
         detect,
         files,
+        jobs,
         glossaries,
         memories,
         languages,

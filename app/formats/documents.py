@@ -72,6 +72,14 @@ def extension(name: str) -> str:
     return PurePath(name).suffix.lower()
 
 
+def download_name(name: str, target: str) -> str:
+    """``report.docx`` -> ``report_en.docx``, in characters safe in a URL path and a header."""
+    stem = name[: len(name) - len(extension(name))].rsplit("/", 1)[-1].rsplit("\\", 1)[-1]
+    safe = "".join(c if c.isascii() and (c.isalnum() or c in "-_") else "_" for c in stem)[:80]
+    target = "".join(c for c in target if c.isascii() and c.isalnum())[:16]
+    return f"{safe or 'file'}_{target}{extension(name)}"
+
+
 def read(name: str, data: bytes, limits: DocumentLimits) -> Document:
     """The upload ``data``, named ``name``, parsed by its extension within ``limits``
     (``DocumentError`` or one of its kinds if it cannot be; the caller has checked that the

@@ -64,6 +64,7 @@ class ReadDocument:
     language: str
     sentences: tuple[str, ...]
     chars: int  # of its text
+    notes: tuple[str, ...] = ()  # what the reader could not translate, and why (a scanned page)
 
 
 class Busy(Exception):
@@ -96,6 +97,7 @@ class JoinFile:
 class Opened:
     sample: str  # the start of the document's text
     chars: int
+    notes: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -185,7 +187,8 @@ class Reading:
         if isinstance(message, ReadFile):
             self.document = read(message.name, message.data, self.limits)
             text = self.document.text
-            return Opened(text[:SAMPLE_CHARS], len(text))
+            notes = tuple(getattr(self.document, "notes", ()))  # a format may say what it left
+            return Opened(text[:SAMPLE_CHARS], len(text), notes)
         if isinstance(message, SplitFile) and self.document is not None:
             self.split = self.document.split(message.language)
             self.limits.check_sentences(len(self.split.sentences))
@@ -303,7 +306,7 @@ class DocumentReaders:
             opened = await asyncio.to_thread(reader.ask, ReadFile(name, data), Opened)
             chosen = language(opened.sample)
             split = await asyncio.to_thread(reader.ask, SplitFile(chosen), Split)
-        return ReadDocument(chosen, split.sentences, opened.chars)
+        return ReadDocument(chosen, split.sentences, opened.chars, opened.notes)
 
     async def write(
         self, name: str, data: bytes, language: str, sentences: int, translations: Sequence[str]

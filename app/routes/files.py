@@ -30,7 +30,7 @@ from app.config import Settings
 from app.deps import RouterDep, SchedulerDep, SettingsDep
 from app.errors import missing_parameter
 from app.filestore import FileStore
-from app.formats.documents import MEDIA_TYPES, SUPPORTED, extension
+from app.formats.documents import MEDIA_TYPES, SUPPORTED, download_name, extension
 from app.formats.limits import DocumentError
 from app.formats.sandbox import Busy, DocumentReaders
 from app.key_limits import admit_key, charge_key
@@ -83,7 +83,7 @@ class TranslateFileForm(BaseModel):
 
 
 _FORM = TranslateFileForm.model_json_schema()
-_OPENAPI_BODY = {
+FILE_FORM_BODY = {
     "requestBody": {
         "required": True,
         "content": {
@@ -162,6 +162,14 @@ def new_readers(settings: Settings) -> DocumentReaders:
     return readers
 
 
+def new_job_readers(settings: Settings) -> DocumentReaders:
+    """The readers of document jobs: one per running job, with the job limits (the fork server is
+    the one ``new_readers`` started)."""
+    return DocumentReaders(
+        settings.job_limits(), settings.max_running_jobs, OUTPUT_GROWTH * settings.job_max_bytes
+    )
+
+
 class FileRequests:
     """File requests in progress, at most ``limit``: each holds its upload until it is written."""
 
@@ -186,11 +194,11 @@ def upload_seconds(limit: int) -> float:
     return 10.0 + limit / (256 * 1024)
 
 
-async def read_form(request: Request, settings: Settings) -> tuple[TranslateFileForm, str, bytes]:
-    """The form fields, and the file's name and bytes (4xx for anything else)."""
+async def read_form(request: Request, max_bytes: int) -> tuple[TranslateFileForm, str, bytes]:
+    """The form fields, and the file's name and bytes, at most ``max_bytes`` (4xx for anything else)."""
     if media_type(request) != MULTIPART:
         raise HTTPException(400, "send the file as multipart/form-data (fields file, source, target)")
-    limit = settings.max_file_bytes + FORM_OVERHEAD_BYTES
+    limit = max_bytes + FORM_OVERHEAD_BYTES
     body = await read_within(request, limit, upload_seconds(limit))
     parsed = replayed(request, body).form(max_files=1, max_fields=16, max_part_size=FORM_OVERHEAD_BYTES)
     async with parsed as form:
@@ -203,17 +211,9 @@ async def read_form(request: Request, settings: Settings) -> tuple[TranslateFile
     if fields.get("api_key") == "":
         del fields["api_key"]
     values = validate_request(fields, TranslateFileForm)
-    if len(data) > settings.max_file_bytes:
-        raise HTTPException(413, f"the file is larger than {settings.max_file_bytes} bytes")
+    if len(data) > max_bytes:
+        raise HTTPException(413, f"the file is larger than {max_bytes} bytes")
     return values, name, data
-
-
-def download_name(name: str, target: str) -> str:
-    """``report.docx`` -> ``report_en.docx``, in characters safe in a URL path and a header."""
-    stem = name[: len(name) - len(extension(name))].rsplit("/", 1)[-1].rsplit("\\", 1)[-1]
-    safe = "".join(c if c.isascii() and (c.isalnum() or c in "-_") else "_" for c in stem)[:80]
-    target = "".join(c for c in target if c.isascii() and c.isalnum())[:16]
-    return f"{safe or 'file'}_{target}{extension(name)}"
 
 
 async def translate_document(
@@ -249,7 +249,7 @@ async def translate_document(
     "/translate_file",
     response_model=TranslateFileResponse,
     responses=_ERRORS,
-    openapi_extra=_OPENAPI_BODY,
+    openapi_extra=FILE_FORM_BODY,
     summary="Translate a .txt, .html or .docx file (LibreTranslate-compatible)",
 )
 async def translate_file(
@@ -263,6 +263,12 @@ async def translate_file(
     places: FileRequests = request.app.state.file_requests
     async with places.place():
         return await translate_upload(request, settings, router, scheduler, store, readers)
+
+
+def check_format(name: str) -> None:
+    if extension(name) not in SUPPORTED:
+        kind = shorten(extension(name) or name)
+        raise HTTPException(400, f"unsupported file format {kind}; supported: {', '.join(SUPPORTED)}")
 
 
 def document_error(e: DocumentError | Busy) -> HTTPException:
@@ -279,11 +285,9 @@ async def translate_upload(
     store: FileStore,
     readers: DocumentReaders,
 ) -> Response:
-    form, name, data = await read_form(request, settings)
+    form, name, data = await read_form(request, settings.max_file_bytes)
     admit_key(request, form.api_key, requests=1, text_lengths=[])  # its characters once it is read
-    if extension(name) not in SUPPORTED:
-        kind = shorten(extension(name) or name)
-        raise HTTPException(400, f"unsupported file format {kind}; supported: {', '.join(SUPPORTED)}")
+    check_format(name)
     candidates = check_languages(form.source, form.target, router)
     glossary = request_glossary(request, form, settings)
 

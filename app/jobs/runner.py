@@ -1,0 +1,294 @@
+"""The front end's background loop that runs document jobs (``app.jobs.store``) to the end.
+
+A job goes queued -> reading -> translating -> writing -> done (or failed, or cancelled):
+
+* **reading**: a reader process (``app.formats.sandbox``, with the job's limits: more text, time
+  and memory than a /translate_file upload) parses the upload; its language is detected when
+  the source is "auto"; the key is charged its characters; each sentence's terms are found.
+* **translating**: the sentences go to the scheduler a chunk at a time (``CHUNK_SENTENCES``),
+  two chunks in flight so the workers never wait between them, through the same path as a
+  /translate request (the key's translation memory, the segment cache, constraints). To the
+  scheduler a job is one more request: its round-robin gives a typed line one turn per turn of
+  each job, so a 200-page document delays nobody's sentence by more than one of its own
+  sentences. Each finished chunk is saved before the next is counted done.
+* **writing**: a reader process writes the translations into the file.
+
+At most ``max_running`` jobs run at a time in this process. A job that failed for a reason of
+the moment (the queue full, a worker restarting, every reader busy) is not failed: its chunk is
+tried again after ``RETRY_S``. A cancel or a delete is seen at the next chunk (the chunks in
+flight are withdrawn from the workers). When the service stops, the running jobs are left as
+they are, their leases given back: the next start takes them up after their last saved chunk.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import deque
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+from fastapi import HTTPException
+
+from app.config import Settings
+from app.formats.documents import MEDIA_TYPES, download_name, extension
+from app.formats.limits import DocumentError
+from app.formats.sandbox import Busy, DocumentReaders
+from app.jobs.store import FINAL, LEASE_S, Job, JobStore, State
+from app.key_limits import KeyLimiter, charge_owner
+from app.routes.translate import (
+    AUTO,
+    SearchPlan,
+    answer_with,
+    check_languages,
+    decode_sentences,
+    route_of,
+    source_language,
+)
+from app.served import ServedModel
+from app.serving.errors import EngineError
+from app.serving.router import Route, Router
+from app.serving.scheduler import Scheduler
+from app.terminology.answers import owner_lookup
+from app.terminology.cache import SegmentCache
+from app.terminology.database import StoreUnavailable
+from app.terminology.memory import TranslationMemory
+from app.terminology.service import SentenceTerms, sentence_terms
+from model.decoding.terms import Glossary, GlossaryEntry
+
+log = logging.getLogger("uvicorn.error").getChild("jobs")
+
+CHUNK_SENTENCES = 128  # sentences of a job in the scheduler's queue at a time, per chunk
+IN_FLIGHT = 2  # chunks of one job given to the scheduler at once
+CHUNK_TIMEOUT_S = 900.0  # a chunk waits this long at most (it shares the workers with everyone)
+RETRY_S = 2.0  # before trying a chunk (or a read) again after a refusal of the moment
+POLL_S = 2.0  # between looks for new jobs when nobody said there is one
+EXPIRE_EVERY_S = 60.0
+
+
+class Stopped(Exception):
+    """The job was cancelled or deleted while it ran."""
+
+
+@dataclass
+class Services:
+    """What a job uses of the running service (``app.state``'s)."""
+
+    settings: Settings
+    router: Router[ServedModel]
+    scheduler: Scheduler
+    readers: DocumentReaders  # with the job limits
+    keys: KeyLimiter
+    memory: TranslationMemory | None
+    cache: SegmentCache[Any] | None
+
+
+class JobRunner:
+    def __init__(self, store: JobStore, services: Services, max_running: int) -> None:
+        self.store = store
+        self.services = services
+        self.max_running = max_running
+        self.running: dict[str, asyncio.Task[None]] = {}  # job id -> its task
+        self.owners: dict[str, str] = {}  # job id -> owner
+        self.wake = asyncio.Event()
+        self.loop_task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self.loop_task = asyncio.create_task(self._loop(), name="nmt-jobs")
+
+    def notify(self) -> None:
+        """A job was queued (or cancelled): look now, not at the next poll."""
+        self.wake.set()
+
+    async def stop(self) -> None:
+        """Stop every running job where it is, giving its lease back."""
+        tasks = [t for t in (self.loop_task, *self.running.values()) if t is not None]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        for job_id in list(self.running):
+            with contextlib.suppress(StoreUnavailable):
+                await asyncio.to_thread(self.store.release, job_id)
+
+    async def _loop(self) -> None:
+        expired_at = 0.0
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                if loop.time() - expired_at > EXPIRE_EVERY_S:
+                    expired_at = loop.time()
+                    await asyncio.to_thread(self.store.remove_expired)
+                while len(self.running) < self.max_running:
+                    counts: dict[str, int] = {}
+                    for owner in self.owners.values():
+                        counts[owner] = counts.get(owner, 0) + 1
+                    job = await asyncio.to_thread(self.store.claim, counts)
+                    if job is None:
+                        break
+                    self.owners[job.id] = job.owner
+                    task = asyncio.create_task(self._run(job), name=f"nmt-job-{job.id}")
+                    self.running[job.id] = task
+                    task.add_done_callback(partial(self._ended, job.id))
+            except StoreUnavailable as e:
+                log.error("jobs: %s", e)
+            self.wake.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.wake.wait(), POLL_S)
+
+    def _ended(self, job_id: str, task: asyncio.Task[None]) -> None:
+        self.running.pop(job_id, None)
+        self.owners.pop(job_id, None)
+        self.wake.set()
+
+    async def _run(self, job: Job) -> None:
+        heartbeat = asyncio.create_task(self._heartbeat(job.id, asyncio.current_task()))
+        try:
+            await self._translate(job)
+        except Stopped:
+            pass
+        except HTTPException as e:  # a refusal the request would have had: the job's answer
+            await self._fail(job, e.status_code, str(e.detail))
+        except DocumentError as e:
+            await self._fail(job, e.status, str(e))
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # a bug: the job fails, the runner goes on
+            log.exception("jobs: job %s failed", job.id)
+            await self._fail(job, 500, f"internal error: {type(e).__name__}")
+        finally:
+            heartbeat.cancel()
+
+    async def _fail(self, job: Job, status: int, message: str) -> None:
+        with contextlib.suppress(StoreUnavailable):
+            await asyncio.to_thread(self.store.finish, job.id, "failed", error_status=status, error=message)
+
+    async def _heartbeat(self, job_id: str, task: asyncio.Task[Any] | None) -> None:
+        """Renew the job's lease; cancel its task when the job was cancelled or deleted."""
+        while True:
+            await asyncio.sleep(LEASE_S / 3)
+            try:
+                state = await asyncio.to_thread(self.store.renew, job_id)
+            except StoreUnavailable:
+                continue
+            if (state is None or state in FINAL) and task is not None:
+                task.cancel(msg="stopped")
+                return
+
+    async def _advance(self, job: Job, state: State, **values: Any) -> None:
+        if not await asyncio.to_thread(self.store.advance, job.id, state, **values):
+            raise Stopped
+
+    async def _translate(self, job: Job) -> None:
+        s = self.services
+        await self._advance(job, "reading")
+        data = await asyncio.to_thread(self.store.upload, job.id)
+        candidates = check_languages(job.source, job.target, s.router)
+
+        def language(sample: str) -> str:
+            if job.source.lower() == AUTO:
+                return source_language(sample, candidates).language
+            return candidates[0]
+
+        document = await retrying(lambda: s.readers.read(job.name, data, language))
+        if not job.total:  # charged once, not again when a restart reads it again
+            charge_owner(s.keys, job.owner, document.chars)
+        route = route_of(s.router, document.language, job.target)
+        glossary = (
+            Glossary([GlossaryEntry(a, b) for a, b in job.options.glossary]) if job.options.glossary else None
+        )
+        limit = s.settings.max_terms_per_sentence
+        terms = sentence_terms(
+            document.sentences, glossary, protect=job.options.protect_placeholders, limit=limit
+        )
+        total = len(document.sentences)
+        done = await asyncio.to_thread(self.store.saved_translations, job.id)
+        await self._advance(
+            job, "translating", language=document.language, total=total, done=len(done), notes=document.notes
+        )
+        plan = SearchPlan(beam_size=job.options.beam_size, n_best=1)
+        translations = await self._chunks(job, list(document.sentences), route, terms, plan, done)
+        await self._advance(job, "writing")
+        output = await retrying(
+            lambda: s.readers.write(job.name, data, document.language, total, translations)
+        )
+        await asyncio.to_thread(self.store.save_result, job.id, output)
+        name = download_name(job.name, job.target)
+        if not await asyncio.to_thread(self.store.finish, job.id, "done", result_name=name):
+            raise Stopped
+
+    async def _chunks(
+        self,
+        job: Job,
+        sentences: list[str],
+        route: Route[ServedModel],
+        terms: SentenceTerms,
+        plan: SearchPlan,
+        done: list[str],
+    ) -> list[str]:
+        """The translations of ``sentences`` after the ``done`` ones, chunk by chunk, each saved."""
+        s = self.services
+        lookup = None
+        if s.memory is not None:
+            lookup = owner_lookup(s.memory, job.owner, [route.source] * len(sentences), job.target)
+
+        def decode(
+            part: list[str], own: list[Route[ServedModel]], constraints: list[list[str]] | None
+        ) -> Any:
+            return decode_sentences(part, own, s.scheduler, plan, CHUNK_TIMEOUT_S, constraints)
+
+        async def chunk(start: int) -> list[str]:
+            part = sentences[start : start + CHUNK_SENTENCES]
+            own = SentenceTerms(terms.terms[start : start + CHUNK_SENTENCES])
+            # The memory's lookups index the whole document's languages: one language here.
+            results = await retrying(
+                lambda: answer_with(part, [route] * len(part), plan, own, decode, job.owner, lookup, s.cache)
+            )
+            assert results is not None  # no client to go away: cancelling raises instead
+            return [result.hypotheses[0] for result in results]
+
+        out = list(done)
+        pending: deque[asyncio.Task[list[str]]] = deque()
+
+        async def save_first() -> None:
+            translated = await pending.popleft()
+            await asyncio.to_thread(self.store.save_translations, job.id, translated)
+            out.extend(translated)
+            await self._advance(job, "translating", done=len(out))
+
+        try:
+            for start in range(len(done), len(sentences), CHUNK_SENTENCES):
+                pending.append(asyncio.create_task(chunk(start)))
+                if len(pending) == IN_FLIGHT:
+                    await save_first()
+            while pending:
+                await save_first()
+        finally:
+            for task in pending:
+                task.cancel()
+        return out
+
+
+RETRIED_STATUSES = (503,)  # the queue full, the engine restarting, a store busy: of the moment
+
+
+async def retrying(make: Callable[[], Awaitable[Any]]) -> Any:
+    """``make()``'s result, tried again after ``RETRY_S`` while it fails for a reason of the moment
+    (503: the queue full, every reader busy, no worker running)."""
+    while True:
+        try:
+            return await make()
+        except Busy:
+            pass
+        except EngineError:
+            pass
+        except HTTPException as e:
+            if e.status_code not in RETRIED_STATUSES:
+                raise
+        await asyncio.sleep(RETRY_S)
+
+
+def media_type(name: str) -> str:
+    return MEDIA_TYPES.get(extension(name), "application/octet-stream")

@@ -1,0 +1,236 @@
+"""Document jobs: POST /jobs, GET /jobs, GET /jobs/{id}, GET /jobs/{id}/result,
+POST /jobs/{id}/cancel, DELETE /jobs/{id}.
+
+For documents too long to translate while a request waits (DeepL's document API; LibreTranslate
+clients raising their time-outs): the upload is stored and answered at once (202, the job), and
+translated in the background (``app.jobs.runner``); the client polls the job for its state and
+progress, and downloads the result until it expires. The form is /translate_file's (``file``,
+``source``, ``target``, ``api_key``, terminology); the file may be larger (``NMT_JOB_MAX_BYTES``).
+
+Each API key sees its own jobs only (a job of another key is a 404, as one that does not exist).
+Making a job counts as one request under the key's limits, and its characters are charged once it
+is read; looking at jobs counts as none (a client polls).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import UTC, datetime
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, Depends, HTTPException, Query, Request, Response
+from fastapi.responses import FileResponse
+from pydantic import BaseModel, Field
+
+from app.deps import RouterDep, SettingsDep
+from app.formats.documents import MEDIA_TYPES, extension
+from app.jobs.runner import JobRunner
+from app.jobs.store import RESULT, Job, JobOptions, JobsFull, JobStore
+from app.key_limits import admit_key, key_owner
+from app.routes.files import FILE_FORM_BODY, check_format, read_form
+from app.routes.translate import check_languages
+from app.schemas import ErrorResponse
+from app.terminology.database import StoreUnavailable
+from app.terminology.service import request_glossary
+
+router = APIRouter(tags=["jobs"])
+
+STORE_RETRY_AFTER_S = "2"
+
+
+class Progress(BaseModel):
+    done: int = Field(description="Sentences translated")
+    total: int | None = Field(description="Sentences in the document (null until it is read)")
+
+
+class JobError(BaseModel):
+    status: int = Field(description="The HTTP status the same refusal has elsewhere (400, 413, 429, ...)")
+    message: str
+
+
+class JobInfo(BaseModel):
+    id: str
+    name: str = Field(description="The upload's file name")
+    state: Literal["queued", "reading", "translating", "writing", "done", "failed", "cancelled"]
+    source: str
+    target: str
+    detectedLanguage: str | None = Field(description="The language it is translated from, once read")
+    progress: Progress
+    error: JobError | None
+    notes: list[str] = Field(description="What was left untranslated and why (a scanned PDF page)")
+    created: str = Field(description="ISO 8601, UTC")
+    finished: str | None
+    expires: str | None = Field(description="When the job and its result are deleted")
+    resultUrl: str | None = Field(description="GET it for the translated file (until it expires)")
+
+    @classmethod
+    def of(cls, job: Job, request: Request) -> JobInfo:
+        url = str(request.url_for("job_result", job_id=job.id)) if job.state == "done" else None
+        return cls(
+            id=job.id,
+            name=job.name,
+            state=job.state,
+            source=job.source,
+            target=job.target,
+            detectedLanguage=job.language,
+            progress=Progress(done=job.done, total=job.total),
+            error=None if job.error is None else JobError(status=job.error_status or 500, message=job.error),
+            notes=list(job.notes),
+            created=iso(job.created),
+            finished=None if job.finished is None else iso(job.finished),
+            expires=None if job.expires is None else iso(job.expires),
+            resultUrl=url,
+        )
+
+
+class JobList(BaseModel):
+    jobs: list[JobInfo]
+
+
+def iso(t: float) -> str:
+    return datetime.fromtimestamp(t, UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+async def get_jobs(request: Request) -> JobStore:
+    store: JobStore | None = getattr(request.app.state, "jobs", None)
+    if store is None:
+        raise HTTPException(503, "the service is not ready")
+    return store
+
+
+JobStoreDep = Annotated[JobStore, Depends(get_jobs)]
+ApiKeyQuery = Annotated[str | None, Query(description="Your API key (when the server requires keys)")]
+
+
+def errors(**codes: str) -> dict[int | str, dict[str, Any]]:
+    return {int(code[1:]): {"model": ErrorResponse, "description": text} for code, text in codes.items()}
+
+
+async def stored(call: Any, *args: Any) -> Any:
+    """``call(*args)`` on a thread: SQLite and the disk never hold the event loop (503 if the
+    store cannot be used)."""
+    try:
+        return await asyncio.to_thread(call, *args)
+    except StoreUnavailable as e:
+        raise HTTPException(
+            503, f"the job store is unavailable: {e}", {"Retry-After": STORE_RETRY_AFTER_S}
+        ) from e
+
+
+async def owned_job(request: Request, store: JobStore, job_id: str, api_key: str | None) -> Job:
+    """The job ``job_id`` of the request's key (404 if it has none of that id)."""
+    admit_key(request, api_key, requests=0, text_lengths=[])
+    job: Job | None = await stored(store.get, key_owner(request), job_id)
+    if job is None:
+        raise HTTPException(404, "no such job: it expired, was deleted, or is another key's")
+    return job
+
+
+@router.post(
+    "/jobs",
+    status_code=202,
+    response_model=JobInfo,
+    openapi_extra=FILE_FORM_BODY,
+    summary="Translate a document in the background: the job is answered at once",
+    responses=errors(
+        _400="file or target missing, an unsupported format, language or pair",
+        _403="Missing or invalid api_key",
+        _404="glossary_id names no glossary of this API key",
+        _413="A file over NMT_JOB_MAX_BYTES",
+        _429="The key holds NMT_MAX_JOBS_PER_KEY jobs, or is over one of its limits",
+        _503="The service holds NMT_MAX_JOBS jobs, or cannot store one now (see Retry-After)",
+    ),
+)
+async def create_job(
+    request: Request, settings: SettingsDep, router: RouterDep, store: JobStoreDep
+) -> Response:
+    form, name, data = await read_form(request, settings.job_max_bytes)
+    admit_key(request, form.api_key, requests=1, text_lengths=[])  # its characters once it is read
+    check_format(name)
+    check_languages(form.source, form.target, router)
+    glossary = request_glossary(request, form, settings)
+    options = JobOptions(
+        [(e.source, e.target) for e in glossary.entries] if glossary is not None else [],
+        form.protect_placeholders,
+        settings.default_beam_size,
+    )
+    try:
+        job = await stored(store.create, key_owner(request), name, form.source, form.target, options, data)
+    except JobsFull as e:
+        raise HTTPException(429 if e.per_key else 503, str(e), {"Retry-After": "60"}) from e
+    runner: JobRunner = request.app.state.job_runner
+    runner.notify()
+    location = str(request.url_for("get_job", job_id=job.id))
+    body = JobInfo.of(job, request).model_dump_json()
+    return Response(body, status_code=202, media_type="application/json", headers={"Location": location})
+
+
+@router.get(
+    "/jobs", response_model=JobList, summary="Your jobs, newest first", responses=errors(_403="api_key")
+)
+async def list_jobs(request: Request, store: JobStoreDep, api_key: ApiKeyQuery = None) -> JobList:
+    admit_key(request, api_key, requests=0, text_lengths=[])
+    jobs: list[Job] = await stored(store.jobs_of, key_owner(request))
+    return JobList(jobs=[JobInfo.of(job, request) for job in jobs])
+
+
+@router.get(
+    "/jobs/{job_id}",
+    response_model=JobInfo,
+    summary="A job's state and progress",
+    responses=errors(_404="No such job of this key"),
+)
+async def get_job(request: Request, store: JobStoreDep, job_id: str, api_key: ApiKeyQuery = None) -> JobInfo:
+    return JobInfo.of(await owned_job(request, store, job_id, api_key), request)
+
+
+@router.get(
+    "/jobs/{job_id}/result",
+    summary="The translated file (until the job expires)",
+    responses={
+        200: {"content": {"application/octet-stream": {}}, "description": "The translated file"},
+        **errors(_404="No such job of this key", _409="The job is not done (its state says why)"),
+    },
+)
+async def job_result(
+    request: Request, store: JobStoreDep, job_id: str, api_key: ApiKeyQuery = None
+) -> Response:
+    job = await owned_job(request, store, job_id, api_key)
+    if job.state != "done" or job.result_name is None:
+        raise HTTPException(409, f"the job is {job.state}, not done")
+    media = MEDIA_TYPES.get(extension(job.name), "application/octet-stream")
+    return FileResponse(store.path(job.id, RESULT), media_type=media, filename=job.result_name)
+
+
+@router.post(
+    "/jobs/{job_id}/cancel",
+    response_model=JobInfo,
+    summary="Stop a job (it is kept, cancelled, until it expires)",
+    responses=errors(_404="No such job of this key", _409="The job had finished already"),
+)
+async def cancel_job(
+    request: Request, store: JobStoreDep, job_id: str, api_key: ApiKeyQuery = None
+) -> JobInfo:
+    job = await owned_job(request, store, job_id, api_key)
+    if job.state in ("done", "failed"):
+        raise HTTPException(409, f"the job is {job.state} already")
+    cancelled: Job | None = await stored(store.cancel, key_owner(request), job_id)
+    if cancelled is None:
+        raise HTTPException(404, "no such job: it was deleted meanwhile")
+    request.app.state.job_runner.notify()
+    return JobInfo.of(cancelled, request)
+
+
+@router.delete(
+    "/jobs/{job_id}",
+    status_code=204,
+    summary="Delete a job and its files (stopping it if it runs)",
+    responses=errors(_404="No such job of this key"),
+)
+async def delete_job(
+    request: Request, store: JobStoreDep, job_id: str, api_key: ApiKeyQuery = None
+) -> Response:
+    await owned_job(request, store, job_id, api_key)
+    if not await stored(store.delete, key_owner(request), job_id):
+        raise HTTPException(404, "no such job: it was deleted meanwhile")
+    return Response(status_code=204)
