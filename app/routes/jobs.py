@@ -137,6 +137,7 @@ async def owned_job(request: Request, store: JobStore, job_id: str, api_key: str
         _403="Missing or invalid api_key",
         _404="glossary_id names no glossary of this API key",
         _413="A file over NMT_JOB_MAX_BYTES",
+        _422="A field of the wrong type",
         _429="The key holds NMT_MAX_JOBS_PER_KEY jobs, or is over one of its limits",
         _503="The service holds NMT_MAX_JOBS jobs, or cannot store one now (see Retry-After)",
     ),
