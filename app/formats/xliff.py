@@ -134,6 +134,7 @@ class Inline:
 
     block: Block
     tokens: tuple[Token, ...]
+    spaced: tuple[bool, ...]  # per token: a placeholder with a space either side ("have {n} new")
 
     @classmethod
     def read(cls, container: Any, version: int) -> Inline:
@@ -166,7 +167,8 @@ class Inline:
         walk(container)
         text = "".join(pieces)
         marks = tuple(Mark(offset, side or free_side(text, offset)) for offset, side in places)
-        return cls(Block(text, marks), tuple(tokens))
+        spaced = tuple(side is None and text[o - 1 : o + 1].isspace() and o > 0 for o, side in places)
+        return cls(Block(text, marks), tuple(tokens), spaced)
 
     def write(self, target: Any, text: str, offsets: Sequence[int]) -> None:
         """``target``'s content made the translated ``text`` with each code at its offset."""
@@ -186,17 +188,22 @@ class Inline:
                 parent.text = (parent.text or "") + piece
 
         cursor = 0
-        for offset, (kind, source) in zip(offsets, self.tokens, strict=True):
+        for offset, (kind, source), spaced in zip(offsets, self.tokens, self.spaced, strict=True):
             put(text[cursor:offset])
             cursor = offset
+            # The sentence's whitespace was collapsed, so a placeholder between two spaces lands
+            # against a word ("HAVE{n} NEW"): it gets its space back.
+            space_before = spaced and offset > 0 and not text[offset - 1].isspace()
             if kind == "open":  # same name and attributes (its id), new content
                 stack.append(etree.SubElement(stack[-1], source.tag, attrib=dict(source.attrib)))
             elif kind == "close":
                 stack.pop()
             else:
+                put(" " if space_before else "")
                 atom = copy.deepcopy(source)
                 atom.tail = None
                 stack[-1].append(atom)
+                put(" " if spaced and offset < len(text) and not text[offset].isspace() else "")
         put(text[cursor:])
 
 
@@ -216,6 +223,16 @@ def free_side(text: str, offset: int) -> Side:
     if offset > 0 and (offset == len(text) or text[offset].isspace()):
         return "after"
     return "before"
+
+
+def place_after(node: Any, new: Any) -> None:
+    """``new`` right after ``node``, indented as ``node`` is."""
+    previous = node.getprevious()
+    indent = node.getparent().text if previous is None else previous.tail
+    node.addnext(new)
+    new.tail = node.tail
+    if indent and not indent.strip():
+        node.tail = indent
 
 
 # --- units ------------------------------------------------------------------------------------------
@@ -261,8 +278,7 @@ class Unit12:
         if target is None:
             before = self.seg_source if self.seg_source is not None else self.source
             target = etree.SubElement(self.unit, self.q("target"))  # in the unit's namespace, prefix
-            before.addnext(target)
-            target.tail = before.tail
+            place_after(before, target)
         for name, value in MT_STATE_12.items():
             target.set(name, value)
         if not self.segments:
@@ -299,8 +315,7 @@ class Segment2:
         target = self.segment.find(f"{{{self.ns}}}target")
         if target is None:
             target = etree.SubElement(self.segment, f"{{{self.ns}}}target")
-            self.source.addnext(target)
-            target.tail = self.source.tail
+            place_after(self.source, target)
         self.segment.set("state", "translated")
         self.segment.attrib.pop("subState", None)
         return [target]
