@@ -64,6 +64,9 @@ KEPT_12 = ("final", "signed-off")  # and "translated" when the target has text
 KEPT_2 = ("final", "reviewed")  # and "translated" when the target has text
 # What may come before the root in a UTF-8 file that has no DOCTYPE, kept byte for byte.
 PROLOG = re.compile(rb"(?:\s+|<\?.*?\?>|<!--.*?-->)*", re.DOTALL)
+# A start tag (attribute values may hold ">"): the root's is kept as written, since lxml writes
+# namespace declarations before attributes (``<xliff version="1.2" xmlns=...>`` would change).
+START_TAG = re.compile(rb"""<(?:[^>"']|"[^"]*"|'[^']*')*>""")
 ENCODING = re.compile(rb"""(encoding\s*=\s*)(["'])([^"']*)\2""")
 
 # Inline elements by local name: which hold text (paired: marks where they open and close), and
@@ -345,6 +348,7 @@ def units(root: Any) -> Iterator[Unit]:
 class XliffDocument:
     tree: Any  # lxml.etree._ElementTree
     prolog: bytes | None  # the bytes before the root (BOM, XML declaration, comments) if UTF-8
+    root_tag: bytes  # the root's start tag as the file has it (b"" if not UTF-8 or empty)
     epilog: bytes  # the space after the root's end tag
     units: tuple[Unit, ...]
 
@@ -362,13 +366,15 @@ class XliffDocument:
             prolog = None  # UTF-16, Latin-1...: lxml writes a new declaration
         elif (declared := ENCODING.search(prolog or b"")) and declared.group(3).upper() != b"UTF-8":
             prolog = ENCODING.sub(rb"\1\2UTF-8\2", prolog or b"", count=1)  # ASCII: what is written is UTF-8
+        tag = START_TAG.match(data, end)
+        root_tag = tag.group() if prolog is not None and tag and not tag.group().endswith(b"/>") else b""
         epilog = data[len(data.rstrip()) :]
         found, chars = [], 0
         for unit in units(root):
             chars += sum(len(inline.block.text) for inline in unit.inlines)
             limits.check_chars(chars)  # as the text accumulates: stop at the unit that crosses it
             found.append(unit)
-        return cls(tree, prolog, epilog, tuple(found))
+        return cls(tree, prolog, root_tag, epilog, tuple(found))
 
     @property
     def text(self) -> str:
@@ -404,4 +410,7 @@ class SplitXliff:
             return etree.tostring(tree, encoding="UTF-8", xml_declaration=True) + self.source.epilog
         root = tree.getroot()
         after = b"".join(etree.tostring(node) for node in root.itersiblings())  # comments, PIs
-        return prolog + etree.tostring(root, encoding="UTF-8") + after + self.source.epilog
+        body = etree.tostring(root, encoding="UTF-8")
+        if self.source.root_tag and (tag := START_TAG.match(body)):
+            body = self.source.root_tag + body[tag.end() :]
+        return prolog + body + after + self.source.epilog
