@@ -338,6 +338,13 @@ def test_too_many_elements_is_413() -> None:
     assert caught.value.status == 413
 
 
+def test_elements_nested_too_deep_are_413() -> None:
+    nested = '<g id="1">' * 1000 + "Hi" + "</g>" * 1000
+    data = xliff_12(f'<trans-unit id="1"><source>{nested}</source></trans-unit>')
+    with pytest.raises(TooLarge, match="too deep"):
+        read("a.xlf", data, LIMITS)
+
+
 def test_too_much_text_is_413() -> None:
     limits = dataclasses.replace(LIMITS, max_chars=100)
     data = xliff_2(

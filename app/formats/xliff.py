@@ -104,6 +104,8 @@ def parse(data: bytes, limits: DocumentLimits) -> Any:
             if nodes > limits.max_elements:
                 raise TooLarge(f"the XLIFF file has more than {limits.max_elements:,} XML elements")
     except etree.XMLSyntaxError as e:
+        if "Excessive depth" in str(e):  # libxml2's own limit without huge_tree: 256 levels
+            raise TooLarge(f"the XLIFF file nests its XML elements too deep: {e}") from e
         raise DocumentError(f"not well-formed XML: {e}") from e
     return events.root.getroottree()
 
