@@ -321,8 +321,12 @@ def billion_laughs() -> bytes:
             '<!DOCTYPE xliff SYSTEM "http://x/x.dtd">\n',
         ),
         xliff_12('<trans-unit id="1"><source>Hi</source></trans-unit>', "<!DOCTYPE xliff>\n"),
+        xliff_12(
+            '<trans-unit id="1"><source>&a;</source></trans-unit>',
+            '<?xml version="1.0"?>\n<!-- c --><?pi x?>\n<!DOCTYPE xliff [<!ENTITY a "b">]>\n',
+        ),
     ],
-    ids=["billion-laughs", "external-entity", "external-dtd", "bare-doctype"],
+    ids=["billion-laughs", "external-entity", "external-dtd", "bare-doctype", "after-a-comment"],
 )
 def test_a_doctype_is_refused_with_422(data: bytes) -> None:
     with pytest.raises(Forbidden, match="DOCTYPE") as caught:

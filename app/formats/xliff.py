@@ -17,9 +17,9 @@ What is translated, and how it is marked:
   ``<ignorable>`` (whitespace between segments) is left as it is.
 * A unit or segment that already holds a person's translation is left alone: 1.2 ``approved="yes"``
   or a target whose ``state`` is ``final`` or ``signed-off``, or ``translated`` with text; 2.x
-  ``state="final"`` or ``reviewed``, or ``translated`` with a target that has text. Our own MT
-  output (``needs-review-translation`` / 2.x ``translated``... with text) is thus kept on a second
-  pass in 2.x and translated again in 1.2, where it says it is a suggestion.
+  ``state="final"`` or ``reviewed``, or ``translated`` with a target that has text. So a file
+  sent twice is translated again in 1.2, where the first pass marked its targets as suggestions,
+  and kept in 2.x, where "translated" cannot tell a machine's work from a person's.
 
 Inline codes stay, with their ids, as marks in the text (``app.formats.inline``): the paired ones
 that hold text (1.2 ``<g>`` and ``<mrk>``, 2.x ``<pc>`` and ``<mrk>``) open and close around the
@@ -93,10 +93,11 @@ def parse(data: bytes, limits: DocumentLimits) -> Any:
         huge_tree=False,
         strip_cdata=False,
     )
-    nodes = 0
+    nodes, rooted = 0, False
     try:
         for event, node in events:
-            if nodes == 0 and event == "start":
+            if not rooted and event == "start":  # the root: a DOCTYPE, if any, has been read
+                rooted = True
                 info = node.getroottree().docinfo
                 if info.doctype or info.internalDTD is not None or info.system_url:
                     raise Forbidden("the XLIFF file has a DOCTYPE (a DTD or entity declarations): refused")
