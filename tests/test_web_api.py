@@ -175,7 +175,7 @@ def test_frontend_settings(client: TestClient, keyed: TestClient) -> None:
         "keyRequired": False,
         "suggestions": False,
         "filesTranslation": True,
-        "supportedFilesFormat": [".txt", ".html", ".htm", ".docx"],
+        "supportedFilesFormat": [".txt", ".html", ".htm", ".docx", ".xlf", ".xliff"],
         "language": {
             "source": {"code": "auto", "name": "Auto Detect"},
             "target": {"code": "en", "name": "English"},

@@ -11,6 +11,7 @@ front end never imports a format's library.
 
 * .txt and .html: ``app.formats.plain``.
 * .docx: ``app.formats.word``.
+* .xlf and .xliff (XLIFF 1.2 and 2.x): ``app.formats.xliff``.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ FORMATS: tuple[FileFormat, ...] = (
         "application/vnd.openxmlformats-officedocument.wordprocessingml.document",
         "app.formats.word",
     ),
+    FileFormat("XLIFF", (".xlf", ".xliff"), "application/xliff+xml", "app.formats.xliff"),
 )
 BY_EXTENSION = {extension: f for f in FORMATS for extension in f.extensions}
 MEDIA_TYPES = {extension: f.media_type for extension, f in BY_EXTENSION.items()}
