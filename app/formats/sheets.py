@@ -1,0 +1,90 @@
+"""Excel workbooks (.xlsx): the text of their cells and comments, edited in the package's XML.
+
+A workbook's cell text is in three kinds of part, found by their content types in
+``[Content_Types].xml``:
+
+* the shared strings (``xl/sharedStrings.xml``), where nearly all of it is: each ``<si>`` is one
+  paragraph, a plain ``<t>`` or rich-text runs ``<r><rPr/><t>`` (the runs are marks, as a .docx
+  paragraph's runs; their formatting stays with them);
+* inline strings (``<c t="inlineStr"><is>``) in the worksheets that have them;
+* the comments (``xl/comments1.xml``; the "notes" of newer Excel), in runs likewise.
+
+Nothing else is touched: formulas (``<f>``), numbers, booleans, dates, the cached results of
+formulas (``<c t="str">``: a formula computes them again), styles, charts, pictures, pivot tables.
+Sheet names are not translated: formulas, defined names and charts refer to sheets by name, and a
+translated name would break each reference. Not translated either: headers and footers, charts'
+titles, text boxes (drawings), data validation messages, threaded comments (their legacy copy in
+the comments part is translated).
+
+Why not openpyxl: it reads what it models and writes only that, so a workbook saved by it loses
+its charts, pictures and shapes (its documentation says so). Here the package is rewritten with
+only the changed parts replaced; every other file keeps its bytes (``app.formats.parts``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from app.formats.limits import DocumentLimits
+from app.formats.package import check_package
+from app.formats.parts import open_zip, parse, rewrite, serialize
+from app.formats.runs import ElementText, RunsDocument
+
+MAIN = "{http://schemas.openxmlformats.org/spreadsheetml/2006/main}"
+TYPES = "{http://schemas.openxmlformats.org/package/2006/content-types}"
+SPREADSHEETML = "application/vnd.openxmlformats-officedocument.spreadsheetml."
+SHARED_STRINGS = SPREADSHEETML + "sharedStrings+xml"
+COMMENTS = SPREADSHEETML + "comments+xml"
+WORKSHEETS = (SPREADSHEETML + "worksheet+xml",)
+KIND = ".xlsx"
+CONTENT_TYPES = "[Content_Types].xml"
+
+
+def read(kind: str, data: bytes, limits: DocumentLimits) -> RunsDocument:
+    check_package(data, limits, KIND)
+    with open_zip(data, KIND) as archive:
+        names = set(archive.namelist())
+        parts = {}  # name -> (original bytes, tree), in package order
+        types = archive.read(CONTENT_TYPES) if CONTENT_TYPES in names else b""
+        for name, content_type in text_parts(types):
+            if name not in names:
+                continue
+            raw = archive.read(name)
+            if content_type in WORKSHEETS and b"inlineStr" not in raw:
+                continue  # no inline strings: worksheets can be large, and are left unparsed
+            parts[name] = (raw, parse(raw, name, KIND))
+
+    def save() -> bytes:
+        return rewrite(data, {name: serialize(tree, raw) for name, (raw, tree) in parts.items()})
+
+    paragraphs = (runs for _, tree in parts.values() for runs in strings(tree.getroot()))
+    return RunsDocument.make(paragraphs, save, limits)
+
+
+def text_parts(types: bytes) -> Iterator[tuple[str, str]]:
+    """The parts that hold translatable text, named as in the zip, with their content types."""
+    if not types:
+        return
+    for override in parse(types, CONTENT_TYPES, KIND).getroot().iter(f"{TYPES}Override"):
+        content_type = override.get("ContentType", "")
+        if content_type in (SHARED_STRINGS, COMMENTS, *WORKSHEETS):
+            yield override.get("PartName", "").lstrip("/"), content_type
+
+
+def strings(root: Any) -> Iterator[list[ElementText]]:
+    """Each string of a part as its runs: a shared string ``<si>``, an inline string ``<is>``, a
+    comment's ``<text>``. Phonetic runs (``<rPh>``, Japanese readings) are left as they are."""
+    for holder in root.iter(f"{MAIN}si", f"{MAIN}is", f"{MAIN}text"):
+        runs = []
+        for child in holder:  # a plain <t>, or runs <r><rPr/><t>, in document order
+            t = (
+                child
+                if child.tag == f"{MAIN}t"
+                else child.find(f"{MAIN}t")
+                if child.tag == f"{MAIN}r"
+                else None
+            )
+            if t is not None:
+                runs.append(ElementText(t, preserve=True))
+        yield runs
