@@ -44,11 +44,11 @@ CONTENT_TYPES = "[Content_Types].xml"
 def read(kind: str, data: bytes, limits: DocumentLimits) -> RunsDocument:
     check_package(data, limits, KIND)
     with open_zip(data, KIND) as archive:
-        names = set(archive.namelist())
+        names = archive.namelist()
+        types = dict(text_parts(archive.read(CONTENT_TYPES) if CONTENT_TYPES in names else b""))
         parts = {}  # name -> (original bytes, tree), in package order
-        types = archive.read(CONTENT_TYPES) if CONTENT_TYPES in names else b""
-        for name, content_type in text_parts(types):
-            if name not in names:
+        for name in names:
+            if (content_type := types.get(name)) is None:
                 continue
             raw = archive.read(name)
             if content_type in WORKSHEETS and b"inlineStr" not in raw:
