@@ -263,3 +263,17 @@ def test_paragraphs_are_counted_as_they_are_read_not_only_by_the_package_check(
 def test_a_part_with_a_doctype_is_refused_by_the_parser_too() -> None:
     with pytest.raises(Forbidden, match="DTD"):
         parse(b'<!DOCTYPE r [<!ENTITY a "b">]><r>&a;</r>', "content.xml", ".odt")
+
+
+def test_odt_text_deleted_by_a_tracked_change_is_left_as_it_is() -> None:
+    data = make_odt()
+    content = zipfile.ZipFile(io.BytesIO(data)).read("content.xml")
+    region = (
+        b'<text:tracked-changes><text:changed-region text:id="c1"><text:deletion>'
+        b"<text:p>Ein gel\xc3\xb6schter Satz.</text:p>"
+        b"</text:deletion></text:changed-region></text:tracked-changes>"
+    )
+    data = with_part(data, "content.xml", content.replace(b"<office:text>", b"<office:text>" + region))
+    sentences, out = translate("a.odt", data)
+    assert "Ein gelöschter Satz." not in sentences and "Ein Bericht" in sentences
+    assert "Ein gelöschter Satz." in zipfile.ZipFile(io.BytesIO(out)).read("content.xml").decode()

@@ -43,6 +43,7 @@ PARAGRAPHS = (f"{TEXT}p", f"{TEXT}h")
 INLINE = frozenset(f"{TEXT}{name}" for name in ("span", "a", "meta", "ruby", "ruby-base"))
 BREAKS = frozenset({f"{TEXT}line-break", f"{TEXT}tab"})
 SPACES = f"{TEXT}s"
+TRACKED_CHANGES = f"{TEXT}tracked-changes"
 # Where each part's translatable paragraphs are: the body; the master pages' headers and footers.
 WHERE = {"content.xml": f"{OFFICE}body", "styles.xml": f"{OFFICE}master-styles"}
 
@@ -68,7 +69,7 @@ def read(kind: str, data: bytes, limits: DocumentLimits) -> RunsDocument:
         for name, (_, tree) in parts.items()
         for where in tree.getroot().iter(WHERE[name])
         for paragraph in where.iter(*PARAGRAPHS)
-        if not in_value_cell(paragraph)
+        if not in_value_cell(paragraph) and not deleted(paragraph)
         for runs in pieces(paragraph)
     )
     return RunsDocument.make(paragraphs, save, limits)
@@ -80,6 +81,11 @@ def in_value_cell(paragraph: Any) -> bool:
     if parent is None or parent.tag != f"{TABLE}table-cell":
         return False
     return parent.get(f"{OFFICE}value-type", "string") != "string"
+
+
+def deleted(paragraph: Any) -> bool:
+    """Whether the paragraph is text a tracked change deleted (kept to be shown, or restored)."""
+    return any(a.tag == TRACKED_CHANGES for a in paragraph.iterancestors())
 
 
 @dataclass(frozen=True)

@@ -62,7 +62,10 @@ def rewrite(data: bytes, replaced: dict[str, bytes]) -> bytes:
     with zipfile.ZipFile(io.BytesIO(data)) as source, zipfile.ZipFile(out, "w") as target:
         for info in source.infolist():
             content = replaced[info.filename] if info.filename in replaced else source.read(info)
-            # The same ZipInfo: name, date, attributes and compression method (zipfile recomputes
-            # the sizes and the CRC).
-            target.writestr(info, content, compress_type=info.compress_type)
+            # The same name, date, attributes and compression method; zipfile writes the sizes and
+            # the CRC anew (and extra fields of its own: the source's could say zip64 twice).
+            copy = zipfile.ZipInfo(info.filename, info.date_time)
+            copy.compress_type, copy.comment = info.compress_type, info.comment
+            copy.create_system, copy.external_attr = info.create_system, info.external_attr
+            target.writestr(copy, content)
     return out.getvalue()

@@ -20,8 +20,8 @@ from collections.abc import Iterator
 from typing import Any
 
 import pptx
-from pptx.enum.shapes import MSO_SHAPE_TYPE
 from pptx.oxml.ns import qn
+from pptx.shapes.group import GroupShape
 
 from app.formats.limits import DocumentError, DocumentLimits
 from app.formats.package import check_package
@@ -57,7 +57,7 @@ def text_frames(presentation: Any) -> Iterator[Any]:
 
 def shapes_frames(shapes: Any) -> Iterator[Any]:
     for shape in shapes:
-        if shape.shape_type == MSO_SHAPE_TYPE.GROUP:
+        if isinstance(shape, GroupShape):
             yield from shapes_frames(shape.shapes)
         elif shape.has_text_frame:
             yield shape.text_frame
