@@ -18,7 +18,7 @@ import pytest
 from lxml import etree
 
 from app.config import Settings
-from app.formats import opendocument, sheets
+from app.formats import parts, sheets
 from app.formats.documents import BY_EXTENSION, extension, read
 from app.formats.limits import DocumentError, Forbidden, TooLarge
 from app.formats.parts import parse
@@ -47,6 +47,19 @@ def test_each_sample_keeps_its_structure_and_its_text_comes_back_translated_in_p
     check_structure(name, samples[name], out)
     # Read again, the translation has the same paragraphs, each upper-cased where it was.
     assert read(name, out, LIMITS).text == read(name, samples[name], LIMITS).text.upper()
+
+
+@pytest.mark.parametrize("name", [name for name in SAMPLES if not name.endswith(".pptx")])
+def test_a_package_translated_into_itself_comes_back_with_every_file_as_it_was(
+    name: str, samples: dict[str, bytes]
+) -> None:
+    """Only the parts whose text changed are written again; the rest keep their bytes."""
+    split = read(name, samples[name], LIMITS).split("de")
+    before, after = (zipfile.ZipFile(io.BytesIO(d)) for d in (samples[name], split.join(split.sentences)))
+    assert [(i.filename, i.compress_type) for i in after.infolist()] == [
+        (i.filename, i.compress_type) for i in before.infolist()
+    ]
+    assert all(after.read(n) == before.read(n) for n in before.namelist())
 
 
 # --- .pptx ------------------------------------------------------------------------------------------
@@ -123,8 +136,8 @@ def test_xlsx_shared_strings_are_translated_and_every_other_part_keeps_its_bytes
 # --- OpenDocument -------------------------------------------------------------------------------------
 
 
-def paragraphs(data: bytes, part: str = "content.xml") -> list[Any]:
-    root = etree.fromstring(zipfile.ZipFile(io.BytesIO(data)).read(part))
+def paragraphs(data: bytes, name: str = "content.xml") -> list[Any]:
+    root = etree.fromstring(zipfile.ZipFile(io.BytesIO(data)).read(name))
     return list(root.iter(f"{TEXT}p", f"{TEXT}h"))
 
 
@@ -217,8 +230,8 @@ def no_tree(monkeypatch: pytest.MonkeyPatch) -> None:
         raise AssertionError("a tree was asked for of a hostile package")
 
     monkeypatch.setattr(pptx, "Presentation", refuse)
-    monkeypatch.setattr(sheets, "parse", refuse)
-    monkeypatch.setattr(opendocument, "parse", refuse)
+    monkeypatch.setattr(parts, "parse", refuse)  # every part
+    monkeypatch.setattr(sheets, "parse", refuse)  # [Content_Types].xml
 
 
 @pytest.mark.parametrize(("name", "case"), CASES, ids=[f"{n}-{c[0]}" for n, c in CASES])

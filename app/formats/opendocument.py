@@ -32,7 +32,7 @@ from typing import Any
 
 from app.formats.limits import DocumentError, DocumentLimits
 from app.formats.package import check_package
-from app.formats.parts import open_zip, parse, rewrite, serialize
+from app.formats.parts import Part, open_zip, save
 from app.formats.runs import ElementText, Run, RunsDocument
 
 TEXT = "{urn:oasis:names:tc:opendocument:xmlns:text:1.0}"
@@ -50,7 +50,7 @@ WHERE = {"content.xml": f"{OFFICE}body", "styles.xml": f"{OFFICE}master-styles"}
 
 def read(kind: str, data: bytes, limits: DocumentLimits) -> RunsDocument:
     check_package(data, limits, kind)
-    parts = {}  # name -> (original bytes, tree)
+    parts = {}
     with open_zip(data, kind) as archive:
         names = set(archive.namelist())
         if "content.xml" not in names:
@@ -58,21 +58,16 @@ def read(kind: str, data: bytes, limits: DocumentLimits) -> RunsDocument:
         for name in ("content.xml", "styles.xml"):
             if name == "styles.xml" and (kind == ".odp" or name not in names):
                 continue  # a presentation's masters: placeholder prompts, never shown
-            raw = archive.read(name)
-            parts[name] = (raw, parse(raw, name, kind))
-
-    def save() -> bytes:
-        return rewrite(data, {name: serialize(tree, raw) for name, (raw, tree) in parts.items()})
-
+            parts[name] = Part.read(archive, name, kind)
     paragraphs = (
         runs
-        for name, (_, tree) in parts.items()
-        for where in tree.getroot().iter(WHERE[name])
+        for name, part in parts.items()
+        for where in part.tree.getroot().iter(WHERE[name])
         for paragraph in where.iter(*PARAGRAPHS)
         if not in_value_cell(paragraph) and not deleted(paragraph)
         for runs in pieces(paragraph)
     )
-    return RunsDocument.make(paragraphs, save, limits)
+    return RunsDocument.make(paragraphs, lambda: save(data, parts), limits)
 
 
 def in_value_cell(paragraph: Any) -> bool:

@@ -14,7 +14,9 @@ the limits), and with a parser that could not expand an entity or load anything 
 from __future__ import annotations
 
 import io
+import re
 import zipfile
+from dataclasses import dataclass
 from typing import Any
 
 from lxml import etree
@@ -22,6 +24,8 @@ from lxml import etree
 from app.formats.limits import DocumentError, Forbidden
 
 XML_NS = "http://www.w3.org/XML/1998/namespace"
+ENCODING = re.compile(rb"encoding\s*=")
+UTF8 = re.compile(rb"encoding\s*=\s*[\"']utf-?8[\"']", re.IGNORECASE)
 # No DTD loaded, no entity resolved, nothing read from the network; huge_tree stays off.
 PARSER = etree.XMLParser(resolve_entities=False, no_network=True, load_dtd=False, remove_blank_text=False)
 
@@ -38,15 +42,46 @@ def parse(data: bytes, name: str, kind: str) -> Any:
 
 
 def serialize(tree: Any, original: bytes) -> bytes:
-    """The tree as a part again, with the original's XML declaration (standalone or not)."""
-    declared = original.lstrip().startswith(b"<?xml")
-    out: bytes = etree.tostring(
-        tree,
-        xml_declaration=declared,
-        encoding="UTF-8",
-        standalone=tree.docinfo.standalone if declared else None,
-    )
-    return out
+    """The tree as a part again, under the original's own XML declaration (Excel's says
+    ``standalone="yes"`` in double quotes; lxml would write its own in single quotes)."""
+    body: bytes = etree.tostring(tree.getroot(), encoding="UTF-8", xml_declaration=False)
+    head = original.lstrip()
+    if not head.startswith(b"<?xml"):
+        return body
+    declaration = head[: head.index(b"?>") + 2]
+    if ENCODING.search(declaration) and not UTF8.search(declaration):  # a UTF-16 part, say
+        return etree.tostring(
+            tree, encoding="UTF-8", xml_declaration=True, standalone=tree.docinfo.standalone
+        )
+    return declaration + b"\n" + body
+
+
+@dataclass(frozen=True)
+class Part:
+    """One XML part of a package, parsed, and its text as it was read: a part whose text nodes
+    are all as they were is not written again (lxml would write ``<v></v>`` as ``<v/>``: the same
+    XML, other bytes)."""
+
+    raw: bytes
+    tree: Any
+    texts: tuple[str, ...]
+
+    @classmethod
+    def read(cls, archive: zipfile.ZipFile, name: str, kind: str, raw: bytes | None = None) -> Part:
+        raw = archive.read(name) if raw is None else raw
+        tree = parse(raw, name, kind)
+        return cls(raw, tree, tuple(tree.getroot().itertext()))
+
+    def changed(self) -> bool:
+        return tuple(self.tree.getroot().itertext()) != self.texts
+
+    def write(self) -> bytes:
+        return serialize(self.tree, self.raw)
+
+
+def save(data: bytes, parts: dict[str, Part]) -> bytes:
+    """The package ``data`` with each of ``parts`` whose text changed written again."""
+    return rewrite(data, {name: part.write() for name, part in parts.items() if part.changed()})
 
 
 def open_zip(data: bytes, kind: str) -> zipfile.ZipFile:

@@ -28,7 +28,7 @@ from typing import Any
 
 from app.formats.limits import DocumentLimits
 from app.formats.package import check_package
-from app.formats.parts import open_zip, parse, rewrite, serialize
+from app.formats.parts import Part, open_zip, parse, save
 from app.formats.runs import ElementText, RunsDocument
 
 MAIN = "{http://schemas.openxmlformats.org/spreadsheetml/2006/main}"
@@ -46,20 +46,16 @@ def read(kind: str, data: bytes, limits: DocumentLimits) -> RunsDocument:
     with open_zip(data, KIND) as archive:
         names = archive.namelist()
         types = dict(text_parts(archive.read(CONTENT_TYPES) if CONTENT_TYPES in names else b""))
-        parts = {}  # name -> (original bytes, tree), in package order
+        parts = {}  # in package order
         for name in names:
             if (content_type := types.get(name)) is None:
                 continue
             raw = archive.read(name)
             if content_type in WORKSHEETS and b"inlineStr" not in raw:
                 continue  # no inline strings: worksheets can be large, and are left unparsed
-            parts[name] = (raw, parse(raw, name, KIND))
-
-    def save() -> bytes:
-        return rewrite(data, {name: serialize(tree, raw) for name, (raw, tree) in parts.items()})
-
-    paragraphs = (runs for _, tree in parts.values() for runs in strings(tree.getroot()))
-    return RunsDocument.make(paragraphs, save, limits)
+            parts[name] = Part.read(archive, name, KIND, raw)
+    paragraphs = (runs for part in parts.values() for runs in strings(part.tree.getroot()))
+    return RunsDocument.make(paragraphs, lambda: save(data, parts), limits)
 
 
 def text_parts(types: bytes) -> Iterator[tuple[str, str]]:
