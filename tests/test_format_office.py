@@ -273,6 +273,14 @@ def test_paragraphs_are_counted_as_they_are_read_not_only_by_the_package_check(
         module.read(kind, packages[name], replace(LIMITS, max_chars=len(text) // 2))
 
 
+@pytest.mark.parametrize("name", KINDS)
+def test_another_kind_of_package_is_unreadable(name: str, packages: dict[str, bytes]) -> None:
+    other = packages["a.xlsx" if name == "a.odt" else "a.odt"]
+    with pytest.raises(DocumentError, match=f"the {name[1:]} document|not a {name[1:]} document") as raised:
+        read(name, other, LIMITS)
+    assert type(raised.value) is DocumentError
+
+
 def test_a_part_with_a_doctype_is_refused_by_the_parser_too() -> None:
     with pytest.raises(Forbidden, match="DTD"):
         parse(b'<!DOCTYPE r [<!ENTITY a "b">]><r>&a;</r>', "content.xml", ".odt")

@@ -53,8 +53,9 @@ def read(kind: str, data: bytes, limits: DocumentLimits) -> RunsDocument:
     parts = {}
     with open_zip(data, kind) as archive:
         names = set(archive.namelist())
-        if "content.xml" not in names:
-            raise DocumentError(f"not a {kind} document: it has no content.xml")
+        mimetype = archive.read("mimetype") if "mimetype" in names else b""
+        if not mimetype.startswith(b"application/vnd.oasis.opendocument.") or "content.xml" not in names:
+            raise DocumentError(f"not a {kind} document: no OpenDocument mimetype and content.xml")
         for name in ("content.xml", "styles.xml"):
             if name == "styles.xml" and (kind == ".odp" or name not in names):
                 continue  # a presentation's masters: placeholder prompts, never shown

@@ -26,7 +26,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from app.formats.limits import DocumentLimits
+from app.formats.limits import DocumentError, DocumentLimits
 from app.formats.package import check_package
 from app.formats.parts import Part, open_zip, parse, save
 from app.formats.runs import ElementText, RunsDocument
@@ -36,7 +36,9 @@ TYPES = "{http://schemas.openxmlformats.org/package/2006/content-types}"
 SPREADSHEETML = "application/vnd.openxmlformats-officedocument.spreadsheetml."
 SHARED_STRINGS = SPREADSHEETML + "sharedStrings+xml"
 COMMENTS = SPREADSHEETML + "comments+xml"
-WORKSHEETS = (SPREADSHEETML + "worksheet+xml",)
+WORKSHEET = SPREADSHEETML + "worksheet+xml"
+# A workbook's main part: .xlsx, a template (.xltx); macro-enabled ones (.xlsm) are Excel's own.
+WORKBOOKS = (SPREADSHEETML + "sheet.main", SPREADSHEETML + "template.main", "application/vnd.ms-excel.")
 KIND = ".xlsx"
 CONTENT_TYPES = "[Content_Types].xml"
 
@@ -45,27 +47,30 @@ def read(kind: str, data: bytes, limits: DocumentLimits) -> RunsDocument:
     check_package(data, limits, KIND)
     with open_zip(data, KIND) as archive:
         names = archive.namelist()
-        types = dict(text_parts(archive.read(CONTENT_TYPES) if CONTENT_TYPES in names else b""))
+        if CONTENT_TYPES not in names:
+            raise DocumentError(f"not a {KIND} document: it has no {CONTENT_TYPES}")
+        types = content_types(archive.read(CONTENT_TYPES))
+        if not any(t.startswith(WORKBOOKS) for t in types.values()):
+            raise DocumentError(f"not a {KIND} document: the package holds no workbook")
         parts = {}  # in package order
         for name in names:
-            if (content_type := types.get(name)) is None:
+            content_type = types.get(name)
+            if content_type not in (SHARED_STRINGS, COMMENTS, WORKSHEET):
                 continue
             raw = archive.read(name)
-            if content_type in WORKSHEETS and b"inlineStr" not in raw:
+            if content_type == WORKSHEET and b"inlineStr" not in raw:
                 continue  # no inline strings: worksheets can be large, and are left unparsed
             parts[name] = Part.read(archive, name, KIND, raw)
     paragraphs = (runs for part in parts.values() for runs in strings(part.tree.getroot()))
     return RunsDocument.make(paragraphs, lambda: save(data, parts), limits)
 
 
-def text_parts(types: bytes) -> Iterator[tuple[str, str]]:
-    """The parts that hold translatable text, named as in the zip, with their content types."""
-    if not types:
-        return
-    for override in parse(types, CONTENT_TYPES, KIND).getroot().iter(f"{TYPES}Override"):
-        content_type = override.get("ContentType", "")
-        if content_type in (SHARED_STRINGS, COMMENTS, *WORKSHEETS):
-            yield override.get("PartName", "").lstrip("/"), content_type
+def content_types(types: bytes) -> dict[str, str]:
+    """Each part's content type, by its name in the zip."""
+    root = parse(types, CONTENT_TYPES, KIND).getroot()
+    return {
+        o.get("PartName", "").lstrip("/"): o.get("ContentType", "") for o in root.iter(f"{TYPES}Override")
+    }
 
 
 def strings(root: Any) -> Iterator[list[ElementText]]:
