@@ -6,10 +6,11 @@ one (``<text:span>``, ``<text:a>``, ``<text:meta>``, bookmarks, fields, pictures
 keep their places: their boundaries are marks, as a .docx paragraph's runs are
 (``app.formats.runs``); a span or link's own text is translated with the rest, while a field's
 text (a page number, a date, a cross-reference: the application writes them), a picture and a note
-are left whole. A note's paragraphs (``<text:note>``), like those of text boxes and tables, are
-paragraphs of their own. A line break (``<text:line-break>``) or a tab (``<text:tab>``) cuts a
-paragraph in pieces translated apart (as ``<br>`` in HTML); a ``<text:s>`` (spaces) counts as one
-space between the words around it and stays where it is.
+are left whole. A note's paragraphs (``<text:note>``), like those of comments
+(``<office:annotation>``), text boxes and tables, are paragraphs of their own. A line break
+(``<text:line-break>``) or a tab (``<text:tab>``) cuts a paragraph in pieces translated apart (as
+``<br>`` in HTML); a ``<text:s>`` (spaces) counts as one space between the words around it and
+stays where it is.
 
 In a spreadsheet (.ods) only the cells of strings are translated (a number's or a date's cell
 shows its value as a paragraph too); formulas and values are attributes, never touched, and sheet
@@ -20,8 +21,8 @@ Not translated: the document's metadata (title, ``meta.xml``), the names of styl
 frames, charts and other embedded objects (packages of their own inside the file), change-tracked
 deletions.
 
-Only ``content.xml`` and ``styles.xml`` are written again (``app.formats.parts.rewrite``): the
-``mimetype`` file stays first and stored, as ODF requires.
+Only ``content.xml`` and ``styles.xml`` are written again, and each only if its text changed
+(``app.formats.parts.save``); the ``mimetype`` file stays first and stored, as ODF requires.
 """
 
 from __future__ import annotations

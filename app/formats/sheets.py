@@ -18,7 +18,9 @@ the comments part is translated).
 
 Why not openpyxl: it reads what it models and writes only that, so a workbook saved by it loses
 its charts, pictures and shapes (its documentation says so). Here the package is rewritten with
-only the changed parts replaced; every other file keeps its bytes (``app.formats.parts``).
+only the parts whose text changed written again; every other file keeps its bytes
+(``app.formats.parts``). A workbook in the Strict OOXML namespaces (rare; Excel writes the
+transitional ones) is read as having no text.
 """
 
 from __future__ import annotations
