@@ -46,6 +46,33 @@ FORMATS: tuple[FileFormat, ...] = (
         "app.formats.word",
     ),
     FileFormat("XLIFF", (".xlf", ".xliff"), "application/xliff+xml", "app.formats.xliff"),
+    FileFormat(
+        "PowerPoint",
+        (".pptx",),
+        "application/vnd.openxmlformats-officedocument.presentationml.presentation",
+        "app.formats.slides",
+    ),
+    FileFormat(
+        "Excel",
+        (".xlsx",),
+        "application/vnd.openxmlformats-officedocument.spreadsheetml.sheet",
+        "app.formats.sheets",
+    ),
+    FileFormat(
+        "OpenDocument text", (".odt",), "application/vnd.oasis.opendocument.text", "app.formats.opendocument"
+    ),
+    FileFormat(
+        "OpenDocument presentation",
+        (".odp",),
+        "application/vnd.oasis.opendocument.presentation",
+        "app.formats.opendocument",
+    ),
+    FileFormat(
+        "OpenDocument spreadsheet",
+        (".ods",),
+        "application/vnd.oasis.opendocument.spreadsheet",
+        "app.formats.opendocument",
+    ),
 )
 BY_EXTENSION = {extension: f for f in FORMATS for extension in f.extensions}
 MEDIA_TYPES = {extension: f.media_type for extension, f in BY_EXTENSION.items()}
