@@ -4,9 +4,10 @@
 The browser is the system's (``apt-get install chromium``; .ci/run installs it), never one that
 ``playwright install`` would download. A person's steps: type German and read English, the
 character counter, swap, auto-detection, copy, the messages for a 413 (a real one, from a file too
-large), a busy server (retried by itself) and a timeout, the file tab's round trip, the keyboard,
-the API key prompt, and terminology: typed terms, a stored glossary uploaded and picked, and the
-terms a glossary or the translation memory decided marked in the translation.
+large), a busy server (retried by itself) and a timeout, the file tab's document jobs (dropped,
+polled, cancelled, downloaded; faked in the page and for real), the keyboard, the API key prompt,
+and terminology: typed terms, a stored glossary uploaded and picked, and the terms a glossary or
+the translation memory decided marked in the translation.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ CHROMIUM = Path("/usr/bin/chromium")
 if not CHROMIUM.exists() and not under_ci():
     pytest.skip("Debian's chromium is not installed (apt-get install chromium)", allow_module_level=True)
 
-from playwright.sync_api import Browser, Page, Route, expect, sync_playwright  # noqa: E402
+from playwright.sync_api import Browser, Locator, Page, Route, expect, sync_playwright  # noqa: E402
 
 FLAGS = [
     "--headless",
@@ -53,6 +54,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
         NMT_DATA_DIR=str(tmp_path_factory.mktemp("browser-data")),  # its stored glossaries
         NMT_MAX_CHARS=str(MAX_CHARS),
         NMT_MAX_FILE_BYTES=str(MAX_FILE_BYTES),
+        NMT_JOB_MAX_BYTES=str(MAX_FILE_BYTES),  # POST /jobs: the file tab's 413
         NMT_FRONTEND_TIMEOUT_MS="150",
     )
     try:
@@ -203,11 +205,176 @@ def choose_file(page: Page, name: str, data: bytes) -> None:
     page.get_by_role("button", name="Translate file").click()
 
 
-def test_file_tab_round_trip(page: Page, server: Server) -> None:
+def drop_file(page: Page, name: str, text: str) -> None:
+    """Drags a file over the drop zone and drops it there, as a person does from a file manager."""
+    page.get_by_role("tab", name="Files").click()
+    transfer = page.evaluate_handle(
+        """([name, text]) => {
+          const transfer = new DataTransfer();
+          transfer.items.add(new File([text], name, { type: "text/plain" }));
+          return transfer;
+        }""",
+        [name, text],
+    )
+    zone = page.locator("#drop-zone")
+    zone.dispatch_event("dragenter", {"dataTransfer": transfer})
+    expect(zone).to_have_class(re.compile("dragging"))  # shown as the place to drop it
+    zone.dispatch_event("drop", {"dataTransfer": transfer})
+    expect(zone).not_to_have_class(re.compile("dragging"))
+
+
+def job_item(page: Page, name: str) -> Locator:
+    return page.locator("#jobs > li").filter(has_text=name)
+
+
+def fake_job(
+    job_id: str, name: str, state: str, done: int = 0, total: int | None = None, **more: Any
+) -> dict[str, Any]:
+    """A Job as the API writes it (docs: issue 32)."""
+    job = {
+        "id": job_id,
+        "name": name,
+        "state": state,
+        "source": "auto",
+        "target": "en",
+        "detectedLanguage": None,
+        "progress": {"done": done, "total": total},
+        "error": None,
+        "notes": [],
+        "created": "2026-11-24T23:50:00Z",
+        "finished": None,
+        "expires": None,
+        "resultUrl": None,
+    }
+    return job | more
+
+
+class FakeJobs:
+    """POST /jobs, GET /jobs/{id} and POST /jobs/{id}/cancel answered in the page (page.route): a
+    POST creates the next job of ``queued``; a GET answers ``jobs[id]`` as the test last set it, so
+    that what the page shows is decided by the test, not by how fast it polls."""
+
+    def __init__(self, page: Page) -> None:
+        self.queued: list[dict[str, Any]] = []
+        self.jobs: dict[str, dict[str, Any]] = {}
+        self.requests: list[tuple[str, str]] = []  # (method, path) of each request to /jobs
+        page.route(re.compile(r"/jobs(/[^?]*)?(\?.*)?$"), self.answer)
+
+    def answer(self, route: Route) -> None:
+        request = route.request
+        path = httpx.URL(request.url).path
+        self.requests.append((request.method, path))
+        if request.method == "POST" and path == "/jobs":
+            job = self.queued.pop(0)
+            self.jobs[job["id"]] = job
+            route.fulfill(status=202, json=job, headers={"Location": f"/jobs/{job['id']}"})
+            return
+        job_id = path.split("/")[2]
+        if request.method == "POST" and path.endswith("/cancel"):
+            self.jobs[job_id] = self.jobs[job_id] | {"state": "cancelled", "finished": "2026-11-24T23:51:00Z"}
+        route.fulfill(json=self.jobs[job_id])
+
+    def gets(self, job_id: str) -> int:
+        return self.requests.count(("GET", f"/jobs/{job_id}"))
+
+
+def test_a_jobs_progress_is_polled_until_done_then_it_offers_the_download(page: Page, server: Server) -> None:
+    jobs = FakeJobs(page)
+    jobs.queued.append(fake_job("job-1", "brief.txt", "queued"))
+    choose_file(page, "brief.txt", "Ein Hund läuft.".encode())
+    item = job_item(page, "brief.txt")
+    state, count, progress = item.locator(".job-state"), item.locator(".job-count"), item.locator("progress")
+    expect(state).to_have_text("Queued")
+    expect(progress).not_to_have_attribute("value", re.compile(".*"))  # how many: not known yet
+    live = page.locator("#jobs-status")
+    expect(live).to_have_attribute("aria-live", "polite")
+    expect(live).to_have_text("brief.txt: Queued")
+
+    jobs.jobs["job-1"] = fake_job("job-1", "brief.txt", "translating", 3, 10, detectedLanguage="de")
+    expect(state).to_have_text("Translating")
+    expect(count).to_have_text("3 / 10 sentences")
+    expect(progress).to_have_js_property("value", 3)
+    expect(progress).to_have_js_property("max", 10)
+    expect(item.locator(".job-language")).to_have_text("Detected: German")
+    expect(live).to_have_text("brief.txt: Translating")
+    expect(item.get_by_role("link")).to_be_hidden()
+    expect(item.get_by_role("button", name="Cancel")).to_be_visible()
+
+    result = f"{server.url}/jobs/job-1/result"
+    note = "line 3 is <b>empty</b>: left as it is"
+    jobs.jobs["job-1"] = fake_job(
+        "job-1", "brief.txt", "done", 10, 10, detectedLanguage="de", resultUrl=result, notes=[note]
+    )
+    expect(state).to_have_text("Done")
+    expect(count).to_have_text("10 / 10 sentences")
+    expect(progress).to_have_js_property("value", 10)
+    link = item.get_by_role("link", name="Download brief_en.txt")
+    expect(link).to_have_attribute("href", result)
+    expect(link).to_have_attribute("download", "brief_en.txt")
+    expect(item.locator(".job-notes li")).to_have_text([note])  # text, not markup
+    expect(item.locator("b")).to_have_count(0)
+    expect(item.get_by_role("button", name="Cancel")).to_be_hidden()
+    expect(live).to_have_text("brief.txt: Done. The translation can be downloaded.")
+    polls = jobs.gets("job-1")
+    assert polls >= 2  # translating, done (queued: the answer to the POST)
+    page.wait_for_timeout(2500)
+    assert jobs.gets("job-1") == polls  # a job that is done is no longer asked about
+
+    page.reload()  # the session's jobs are asked for again
+    expect(page.locator("#target")).to_have_value("en")
+    page.get_by_role("tab", name="Files").click()
+    expect(job_item(page, "brief.txt").get_by_role("link", name="Download brief_en.txt")).to_be_visible()
+
+
+def test_cancel_on_a_running_job_posts_the_cancel_and_shows_it_cancelled(page: Page) -> None:
+    jobs = FakeJobs(page)
+    jobs.queued.append(fake_job("job-7", "lang.txt", "translating", 3, 10))
+    choose_file(page, "lang.txt", "Ein Hund läuft.".encode())
+    item = job_item(page, "lang.txt")
+    expect(item.locator(".job-count")).to_have_text("3 / 10 sentences")
+    cancel = item.get_by_role("button", name="Cancel lang.txt")
+    with page.expect_request(lambda r: r.url.endswith("/jobs/job-7/cancel")) as sent:
+        cancel.click()
+    assert sent.value.method == "POST"
+    expect(item.locator(".job-state")).to_have_text("Cancelled")
+    expect(page.locator("#jobs-status")).to_have_text("lang.txt: Cancelled")
+    expect(cancel).to_be_hidden()
+    expect(item).to_be_focused()  # not lost with the button
+    expect(item.get_by_role("link")).to_be_hidden()
+    assert jobs.requests.count(("POST", "/jobs/job-7/cancel")) == 1
+
+
+def test_a_failed_job_shows_the_reason(page: Page) -> None:
+    jobs = FakeJobs(page)
+    error = {"status": 413, "message": "the file has more than 200 characters"}
+    jobs.queued.append(fake_job("job-3", "lang.txt", "failed", error=error))
+    choose_file(page, "lang.txt", "Ein Hund läuft.".encode())
+    item = job_item(page, "lang.txt")
+    expect(item.locator(".job-state")).to_have_text("Failed")
+    expect(item.locator(".job-error")).to_have_text(
+        "Too large: the file has more than 200 characters. Choose a smaller file."
+    )
+    expect(item.get_by_role("button", name="Cancel")).to_be_hidden()
+
+
+def test_a_file_dropped_is_translated_as_a_job_and_downloaded(page: Page, server: Server) -> None:
+    """Against the service's /jobs: dropped, sent, polled until done, downloaded."""
     text = "Zwei Hunde spielen im Schnee.\n\nEine Frau singt."
-    choose_file(page, "brief.txt", text.encode())
-    link = page.get_by_role("link", name=re.compile("Download brief_en.txt"))
-    expect(link).to_be_visible()
+    drop_file(page, "brief.txt", text)
+    chosen = page.get_by_label("File to translate")
+    assert chosen.evaluate("input => [...input.files].map((f) => f.name)") == ["brief.txt"]
+    expect(chosen).to_be_focused()
+    with page.expect_response(lambda r: r.url == f"{server.url}/jobs") as posted:
+        page.get_by_role("button", name="Translate file").click()
+    assert posted.value.status == 202, posted.value.text()
+    job_id = posted.value.json()["id"]
+    item = job_item(page, "brief.txt")
+    expect(item.locator(".job-state")).to_have_text("Done", timeout=2 * WAIT_MS)
+    expect(item.locator(".job-count")).to_have_text(re.compile(r"^([1-9]\d*) / \1 sentences$"))
+    expect(item.locator(".job-language")).to_have_text("Detected: German")
+    expect(page.locator("#message")).to_be_hidden()
+    link = item.get_by_role("link", name="Download brief_en.txt")
+    expect(link).to_have_attribute("href", re.compile(rf"/jobs/{re.escape(job_id)}/result$"))
     with page.expect_download() as info:
         link.click()
     download = info.value
@@ -222,6 +389,45 @@ def test_a_413_from_the_server_is_explained(page: Page) -> None:
     expect(message).to_contain_text("Too large")
     expect(message).to_contain_text(f"larger than {MAX_FILE_BYTES} bytes")
     expect(message).to_contain_text("Choose a smaller file")
+
+
+def test_the_drop_zone_is_a_labelled_file_input_reached_with_tab(page: Page, server: Server) -> None:
+    page.get_by_role("tab", name="Text").focus()
+    page.keyboard.press("ArrowRight")  # the Files tab, selected and focused
+    page.keyboard.press("Tab")
+    chosen = page.locator("#drop-zone").get_by_label("File to translate", exact=True)
+    expect(chosen).to_be_focused()
+    expect(chosen).to_have_attribute("type", "file")
+    expect(chosen).to_have_accessible_description(re.compile("^Formats: .*\\.txt"))
+    formats = httpx.get(f"{server.url}/frontend/settings", timeout=10).json()["supportedFilesFormat"]
+    expect(chosen).to_have_attribute("accept", ",".join(formats))
+    page.keyboard.press("Tab")
+    expect(page.get_by_role("button", name="Translate file")).to_be_focused()
+
+
+def test_the_formats_are_listed_by_name_and_others_refused_on_the_page(page: Page, server: Server) -> None:
+    def named(route: Route) -> None:
+        response = route.fetch()
+        settings = response.json()
+        settings["filesFormats"] = [
+            {"name": "Plain text", "extensions": [".txt"]},
+            {"name": "HTML", "extensions": [".html", ".htm"]},
+        ]
+        route.fulfill(response=response, json=settings)
+
+    page.route("**/frontend/settings", named)
+    page.reload()
+    expect(page.locator("#target")).to_have_value("en")
+    page.get_by_role("tab", name="Files").click()
+    expect(page.locator("#formats")).to_have_text("Plain text (.txt), HTML (.html, .htm)")
+    formats = httpx.get(f"{server.url}/frontend/settings", timeout=10).json()["supportedFilesFormat"]
+    expect(page.get_by_label("File to translate")).to_have_attribute("accept", ",".join(formats))
+
+    sent: list[str] = []
+    page.on("request", lambda request: sent.append(request.url) if "/jobs" in request.url else None)
+    choose_file(page, "notes.xyz", b"Ein Hund.")
+    expect(page.get_by_role("alert")).to_contain_text("does not translate .xyz files")
+    assert sent == []  # refused on the page
 
 
 def test_keyboard_and_labels(page: Page) -> None:
@@ -293,8 +499,10 @@ def test_typed_terms_are_sent_with_each_translation(page: Page) -> None:
 
     # (Chromium does not show a multipart body with a file to Playwright: the page's forms are kept.)
     page.evaluate(RECORD_FORMS)
+    jobs = FakeJobs(page)
+    jobs.queued.append(fake_job("job-1", "brief.txt", "queued"))
     choose_file(page, "brief.txt", "Ein Hund läuft.".encode())  # files get the terms too
-    expect(page.get_by_role("link", name=re.compile("Download brief_en.txt"))).to_be_visible()
+    expect(job_item(page, "brief.txt").locator(".job-state")).to_have_text("Queued")
     page.get_by_role("tab", name="Text").click()
     forms = page.evaluate("() => window.sentForms")
     assert [json.loads(form["glossary"]) for form in forms] == [body["glossary"]]

@@ -1,6 +1,6 @@
 // The page at /: plain JavaScript, no library, nothing loaded from elsewhere. It talks to the same
-// API as any LibreTranslate client: /frontend/settings, /languages, /translate, /translate_file;
-// and our /glossaries, with the terms a glossary or the translation memory decided marked.
+// API as any LibreTranslate client: /frontend/settings, /languages, /translate; and our /glossaries,
+// with the terms a glossary or the translation memory decided marked, and /jobs for files.
 "use strict";
 
 const $ = (id) => document.getElementById(id);
@@ -17,7 +17,8 @@ const state = {
   sequence: 0,
   detected: null, // the language detected for the current text (source "auto")
   retryTimer: null,
-  downloadUrl: null,
+  extensions: [], // the file extensions the server translates (".txt"), lower case
+  jobs: new Map(), // this session's document jobs: id -> {job, view, timer, failures}
   translation: "", // the text shown in #output
   glossaries: [], // the stored ones, from GET /glossaries
 };
@@ -435,12 +436,137 @@ async function uploadGlossary(attempt = 0) {
   }
 }
 
-// --- files -------------------------------------------------------------------------------------
+// --- files: document jobs ----------------------------------------------------------------------
 
-async function translateFile(attempt = 0) {
+// A file goes to POST /jobs and is translated on the server while the page polls GET /jobs/{id}
+// about once a second, showing its progress, until the job is done (a download link), failed (the
+// reason) or cancelled. The list holds this session's jobs: their ids are kept in sessionStorage,
+// so that a reload picks them up again. What the server wrote goes into text nodes only.
+const JOBS_STORAGE = "nmt.jobs";
+const POLL_MS = 1000;
+const MAX_POLL_MS = 10_000; // the longest wait between polls while the server cannot be reached
+const FINAL = new Set(["done", "failed", "cancelled", "gone"]); // "gone": expired, deleted (the page's own)
+const STATE_WORDS = {
+  queued: "Queued",
+  reading: "Reading the file",
+  translating: "Translating",
+  writing: "Writing the translation",
+  done: "Done",
+  failed: "Failed",
+  cancelled: "Cancelled",
+  gone: "No longer on the server",
+};
+
+// [{name, extensions}]: /frontend/settings' filesFormats where the server sends them, else a format
+// named by each of its extensions (supportedFilesFormat, LibreTranslate's list).
+function fileFormats(settings) {
+  if (Array.isArray(settings.filesFormats) && settings.filesFormats.length) {
+    return settings.filesFormats.map((f) => ({ name: String(f.name), extensions: f.extensions || [] }));
+  }
+  return (settings.supportedFilesFormat || []).map((ext) => ({ name: ext, extensions: [ext] }));
+}
+
+function showFormats(settings) {
+  const formats = fileFormats(settings);
+  const listed = settings.supportedFilesFormat || [];
+  const extensions = listed.length ? listed : formats.flatMap((f) => f.extensions);
+  state.extensions = extensions.map((ext) => String(ext).toLowerCase());
+  $("formats").textContent = formats
+    .map(({ name, extensions }) =>
+      extensions.length === 1 && extensions[0] === name ? name : `${name} (${extensions.join(", ")})`,
+    )
+    .join(", ");
+  $("file").accept = state.extensions.join(",");
+}
+
+// ".txt" of "brief.txt", as the server reads it ("" for ".profile" or "README").
+function extensionOf(name) {
+  const dot = name.lastIndexOf(".");
+  return dot > 0 && dot < name.length - 1 ? name.slice(dot).toLowerCase() : "";
+}
+
+// The name the server gives the translation: report.pdf -> report_en.pdf.
+function translatedName(job) {
+  const ext = extensionOf(job.name);
+  return `${ext ? job.name.slice(0, -ext.length) : job.name}_${job.target}${ext}`;
+}
+
+function keyQuery() {
+  return state.key ? `?api_key=${encodeURIComponent(state.key)}` : "";
+}
+
+function jobPath(id, tail = "") {
+  return `/jobs/${encodeURIComponent(id)}${tail}${keyQuery()}`;
+}
+
+// The result's address, with the key where the page has one; none unless it is http(s).
+function resultHref(job) {
+  let url;
+  try {
+    url = new URL(job.resultUrl, location.href);
+  } catch (_) {
+    return null;
+  }
+  if (url.protocol !== "http:" && url.protocol !== "https:") return null;
+  if (state.key) url.searchParams.set("api_key", state.key);
+  return url.href;
+}
+
+// The drop zone holds the file input itself (labelled, reached with Tab, opened with Enter or
+// Space): a file dropped anywhere on it is put into the input, as if it had been chosen.
+function wireDropZone() {
+  const zone = $("drop-zone");
+  const carriesFiles = (event) => Boolean(event.dataTransfer) && [...event.dataTransfer.types].includes("Files");
+  const over = (event) => {
+    if (!carriesFiles(event)) return;
+    event.preventDefault();
+    event.dataTransfer.dropEffect = "copy";
+    zone.classList.add("dragging");
+  };
+  zone.addEventListener("dragenter", over);
+  zone.addEventListener("dragover", over);
+  zone.addEventListener("dragleave", (event) => {
+    if (!zone.contains(event.relatedTarget)) zone.classList.remove("dragging");
+  });
+  zone.addEventListener("drop", (event) => {
+    zone.classList.remove("dragging");
+    const files = event.dataTransfer ? event.dataTransfer.files : null;
+    if (!files || files.length === 0) return;
+    event.preventDefault();
+    const one = new DataTransfer(); // the input takes one file: the first dropped
+    one.items.add(files[0]);
+    $("file").files = one.files;
+    $("file").dispatchEvent(new Event("change", { bubbles: true }));
+    $("file").focus();
+  });
+  // A file dropped beside the zone would otherwise replace the page with the file.
+  for (const type of ["dragover", "drop"]) {
+    document.addEventListener(type, (event) => {
+      const input = event.target instanceof HTMLInputElement && event.target.type === "file";
+      if (carriesFiles(event) && !event.defaultPrevented && !input) {
+        event.preventDefault();
+        event.dataTransfer.dropEffect = "none";
+      }
+    });
+  }
+}
+
+function announce(text) {
+  $("jobs-status").textContent = text;
+}
+
+async function submitJob(attempt = 0) {
   const file = $("file").files[0];
   if (!file) {
     showMessage("Choose a file first.");
+    $("file").focus();
+    return;
+  }
+  const kind = extensionOf(file.name);
+  if (state.extensions.length && !state.extensions.includes(kind)) {
+    showMessage(
+      `This server does not translate ${kind ? `${kind} files` : "files without an extension"}. Formats: ${$("formats").textContent}.`,
+    );
     $("file").focus();
     return;
   }
@@ -454,27 +580,224 @@ async function translateFile(attempt = 0) {
   }
   const button = $("translate-file");
   button.disabled = true;
-  $("download").hidden = true;
-  showMessage(`Translating ${file.name}…`, { kind: "info" });
   try {
-    const { translatedFileUrl } = await (await call("/translate_file", { method: "POST", body: form })).json();
-    const download = await call(translatedFileUrl); // the server deletes it once fetched: keep it here
-    const blob = await download.blob();
-    if (state.downloadUrl) URL.revokeObjectURL(state.downloadUrl);
-    state.downloadUrl = URL.createObjectURL(blob);
-    const name = decodeURIComponent(new URL(translatedFileUrl).pathname.split("/").pop()).replace(/^[^.]*\./, "");
-    const link = $("download");
-    link.href = state.downloadUrl;
-    link.download = name;
-    link.textContent = `Download ${name}`;
-    link.hidden = false;
+    const job = await (await call("/jobs", { method: "POST", body: form })).json();
     clearMessage();
-    link.focus();
+    addJob(job);
   } catch (err) {
-    handleError(err, "file", (next) => translateFile(next), attempt);
+    handleError(err, "file", (next) => submitJob(next), attempt);
   } finally {
     button.disabled = false;
   }
+}
+
+let jobViews = 0; // numbers the ids of each job's elements
+
+// One job's <li>, built once and updated in place by showJob.
+function jobView(id) {
+  const make = (tag, className) => {
+    const element = document.createElement(tag);
+    if (className) element.className = className;
+    return element;
+  };
+  const n = ++jobViews;
+  const view = {
+    root: make("li", "job"),
+    name: make("span", "job-name"),
+    target: make("span", "muted"),
+    state: make("span", "job-state"),
+    progress: make("progress"),
+    count: make("span", "job-count"),
+    language: make("p", "note job-language"),
+    notes: make("ul", "note job-notes"),
+    error: make("p", "job-error"),
+    cancel: make("button"),
+    download: make("a", "download"),
+  };
+  view.root.dataset.id = id;
+  view.root.tabIndex = -1; // where focus goes when the button that had it goes away
+  view.name.id = `job-${n}-name`;
+  view.count.id = `job-${n}-count`;
+  view.root.setAttribute("aria-labelledby", view.name.id);
+  view.progress.setAttribute("aria-labelledby", view.name.id);
+  view.progress.setAttribute("aria-describedby", view.count.id);
+  view.cancel.type = "button";
+  view.cancel.textContent = "Cancel";
+  view.cancel.addEventListener("click", () => cancelJob(id));
+  const head = make("div", "job-head");
+  head.append(view.name, " ", view.target, " ", view.state);
+  const bar = make("div", "job-progress");
+  bar.append(view.progress, " ", view.count);
+  const actions = make("div", "row");
+  actions.append(view.cancel, view.download);
+  view.root.append(head, bar, view.language, view.notes, view.error, actions);
+  return view;
+}
+
+function addJob(job) {
+  if (state.jobs.has(job.id)) return showJob(job);
+  const entry = { job: null, view: jobView(job.id), timer: null, failures: 0, cancelling: false };
+  state.jobs.set(job.id, entry);
+  $("jobs").prepend(entry.view.root); // newest first, as GET /jobs lists them
+  $("jobs-panel").hidden = false;
+  saveJobIds();
+  showJob(job);
+}
+
+function showJob(job) {
+  const entry = state.jobs.get(job.id);
+  if (!entry) return;
+  const before = entry.job ? entry.job.state : null;
+  if (FINAL.has(before) && !FINAL.has(job.state)) return; // a poll answered after the cancel
+  entry.job = job;
+  const view = entry.view;
+  const words = STATE_WORDS[job.state] || String(job.state);
+  view.root.dataset.state = job.state;
+  view.name.textContent = job.name;
+  view.target.textContent = `→ ${nameOf(job.target)}`;
+  view.state.textContent = words;
+
+  const progress = job.progress || {};
+  const done = Number(progress.done) || 0;
+  const total = progress.total == null ? null : Number(progress.total);
+  if (total != null && total >= 0) {
+    view.progress.max = Math.max(total, 1);
+    view.progress.value = total ? Math.min(done, total) : Number(job.state === "done");
+    view.count.textContent = `${done} / ${total} sentences`;
+  } else {
+    view.progress.removeAttribute("value"); // not read yet: how many is not known
+    view.count.textContent = done ? `${done} sentences` : "";
+  }
+
+  view.language.textContent = job.detectedLanguage ? `Detected: ${nameOf(job.detectedLanguage)}` : "";
+  view.language.hidden = !job.detectedLanguage;
+  const notes = Array.isArray(job.notes) ? job.notes : [];
+  view.notes.replaceChildren(
+    ...notes.map((note) => {
+      const item = document.createElement("li");
+      item.textContent = String(note);
+      return item;
+    }),
+  );
+  view.notes.hidden = notes.length === 0;
+  const failure = job.state === "failed" ? jobFailure(job) : "";
+  view.error.textContent = failure;
+  view.error.hidden = !failure;
+
+  const running = !FINAL.has(job.state);
+  if (!running && document.activeElement === view.cancel) view.root.focus();
+  view.cancel.hidden = !running;
+  view.cancel.setAttribute("aria-label", `Cancel ${job.name}`);
+  const href = job.state === "done" && job.resultUrl ? resultHref(job) : null;
+  if (href) {
+    view.download.href = href;
+    view.download.download = translatedName(job);
+    view.download.textContent = `Download ${translatedName(job)}`;
+  }
+  view.download.hidden = !href;
+
+  if (before !== job.state) {
+    announce(
+      `${job.name}: ${words}${failure ? `. ${failure}` : ""}${href ? ". The translation can be downloaded." : ""}`,
+    );
+  }
+  if (running) schedulePoll(job.id);
+  else clearTimeout(entry.timer);
+}
+
+function jobFailure(job) {
+  const error = job.error || {};
+  if (!error.message) return "The translation failed.";
+  return explain({ status: Number(error.status) || null, message: String(error.message) }, "file");
+}
+
+// The job's id was not found: it expired (its files are removed after a while) or was deleted.
+function jobGone(id) {
+  const entry = state.jobs.get(id);
+  if (!entry) return;
+  showJob({ ...entry.job, state: "gone", resultUrl: null });
+  state.jobs.delete(id);
+  saveJobIds();
+}
+
+function schedulePoll(id, delay = POLL_MS) {
+  const entry = state.jobs.get(id);
+  if (!entry) return;
+  clearTimeout(entry.timer);
+  entry.timer = setTimeout(() => pollJob(id), delay);
+}
+
+async function pollJob(id) {
+  const entry = state.jobs.get(id);
+  if (!entry || FINAL.has(entry.job.state)) return;
+  try {
+    const job = await getJson(jobPath(id));
+    entry.failures = 0;
+    showJob(job);
+  } catch (err) {
+    if (err.status === 404) return jobGone(id);
+    if (err.status === 403) return showMessage(explain(err, "file")); // polled again once a key is saved
+    // Unreachable, busy or failing for now: asked again later, less often each time.
+    entry.failures += 1;
+    const wait = Math.max((err.retryAfter || 0) * 1000, POLL_MS * 2 ** entry.failures);
+    if (entry.failures >= 3) showMessage(`${explain(err, "file")} (still asking about ${entry.job.name})`, { kind: "busy" });
+    schedulePoll(id, Math.min(wait, MAX_POLL_MS));
+  }
+}
+
+async function cancelJob(id, attempt = 0) {
+  const entry = state.jobs.get(id);
+  if (!entry) return;
+  const options = { method: "POST" };
+  if (state.key) {
+    options.body = new FormData();
+    options.body.append("api_key", state.key);
+  }
+  if (entry.cancelling) return;
+  entry.cancelling = true; // (aria-disabled: a disabled button would lose the focus)
+  entry.view.cancel.setAttribute("aria-disabled", "true");
+  try {
+    showJob(await (await call(jobPath(id, "/cancel"), options)).json());
+    clearMessage();
+  } catch (err) {
+    if (err.status === 409) schedulePoll(id, 0); // it finished meanwhile: shown as it is
+    else if (err.status === 404) jobGone(id);
+    else handleError(err, "file", (next) => cancelJob(id, next), attempt);
+  } finally {
+    entry.cancelling = false;
+    entry.view.cancel.removeAttribute("aria-disabled");
+  }
+}
+
+function saveJobIds() {
+  try {
+    sessionStorage.setItem(JOBS_STORAGE, JSON.stringify([...state.jobs.keys()]));
+  } catch (_) {
+    /* storage refused: the list lasts as long as the page */
+  }
+}
+
+// The jobs of this session, after a reload: each asked for again.
+async function restoreJobs() {
+  let ids = [];
+  try {
+    ids = JSON.parse(sessionStorage.getItem(JOBS_STORAGE) || "[]");
+  } catch (_) {
+    /* nothing kept */
+  }
+  for (const id of Array.isArray(ids) ? ids : []) { // oldest first: the newest ends on top
+    try {
+      addJob(await getJson(jobPath(String(id))));
+    } catch (_) {
+      /* expired, or not this key's */
+    }
+  }
+  saveJobIds();
+}
+
+// Jobs whose polling stopped (a key refused): asked about again once a key is saved.
+function resumeJobs() {
+  for (const [id, entry] of state.jobs) if (!FINAL.has(entry.job.state)) schedulePoll(id, 0);
 }
 
 // --- tabs, key, start --------------------------------------------------------------------------
@@ -518,6 +841,7 @@ function saveKey(event) {
   $("key-help").textContent = state.key ? "Key saved in this browser." : "Enter the key you were given.";
   clearMessage();
   loadGlossaries();
+  resumeJobs();
   if ($("input").value.trim()) translateNow();
 }
 
@@ -546,11 +870,11 @@ async function start(attempt = 0) {
   const choices = sources().map(({ code, name }) => ({ code, name }));
   fillSelect($("source"), [{ code: "auto", name: "Detect language" }, ...choices], settings.language.source.code);
   fillTargets(settings.language.target.code);
-  $("formats").textContent = settings.supportedFilesFormat.join(", ");
-  $("file").accept = settings.supportedFilesFormat.join(",");
+  showFormats(settings);
   if (settings.keyRequired) showKeyPanel(null);
   updateCounter();
   loadGlossaries();
+  restoreJobs();
 }
 
 function wire() {
@@ -603,9 +927,9 @@ function wire() {
   });
   $("file-form").addEventListener("submit", (event) => {
     event.preventDefault();
-    translateFile();
+    submitJob();
   });
-  $("file").addEventListener("change", () => ($("download").hidden = true));
+  wireDropZone();
   $("key-form").addEventListener("submit", saveKey);
   for (const tab of document.querySelectorAll('[role="tab"]')) {
     tab.addEventListener("click", () => selectTab(tab));
