@@ -111,7 +111,13 @@ class FrontendSettings(BaseModel):
     suggestions: bool
     filesTranslation: bool
     supportedFilesFormat: list[str]
+    filesFormats: list[FileFormatName] = Field(description="The formats by name, for a page to list")
     language: DefaultLanguages
+
+
+class FileFormatName(BaseModel):
+    name: str
+    extensions: list[str]
 
 
 class LanguageName(BaseModel):

@@ -10,9 +10,9 @@ from fastapi.responses import FileResponse
 from fastapi.staticfiles import StaticFiles
 
 from app.deps import RouterDep, SettingsDep
-from app.formats.documents import SUPPORTED
+from app.formats.documents import FORMATS, SUPPORTED
 from app.languages import language_name, served_pairs
-from app.schemas import DefaultLanguages, FrontendSettings, LanguageName
+from app.schemas import DefaultLanguages, FileFormatName, FrontendSettings, LanguageName
 
 router = APIRouter(tags=["frontend"])
 
@@ -48,6 +48,7 @@ async def frontend_settings(settings: SettingsDep, router: RouterDep) -> Fronten
         suggestions=False,
         filesTranslation=True,
         supportedFilesFormat=list(SUPPORTED),
+        filesFormats=[FileFormatName(name=f.name, extensions=list(f.extensions)) for f in FORMATS],
         language=DefaultLanguages(
             source=LanguageName(code="auto", name="Auto Detect"),
             target=LanguageName(code=target, name=language_name(target)),
