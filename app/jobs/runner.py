@@ -6,11 +6,11 @@ A job goes queued -> reading -> translating -> writing -> done (or failed, or ca
   and memory than a /translate_file upload) parses the upload; its language is detected when
   the source is "auto"; the key is charged its characters; each sentence's terms are found.
 * **translating**: the sentences go to the scheduler a chunk at a time (``CHUNK_SENTENCES``),
-  two chunks in flight so the workers never wait between them, through the same path as a
+  ``IN_FLIGHT`` chunks at once so the workers never wait between them, through the same path as a
   /translate request (the key's translation memory, the segment cache, constraints). To the
-  scheduler a job is one more request: its round-robin gives a typed line one turn per turn of
-  each job, so a 200-page document delays nobody's sentence by more than one of its own
-  sentences. Each finished chunk is saved before the next is counted done.
+  scheduler each chunk is one more request: its round-robin gives a typed line a turn for every
+  ``IN_FLIGHT`` sentences of a job, so a 200-page document delays nobody's sentence by more than
+  that many of its own (benchmarks/jobs.py measures it). Each chunk is saved as it finishes.
 * **writing**: a reader process writes the translations into the file.
 
 At most ``max_running`` jobs run at a time in this process. A job that failed for a reason of
@@ -61,8 +61,12 @@ from model.decoding.terms import Glossary, GlossaryEntry
 
 log = logging.getLogger("uvicorn.error").getChild("jobs")
 
-CHUNK_SENTENCES = 128  # sentences of a job in the scheduler's queue at a time, per chunk
-IN_FLIGHT = 2  # chunks of one job given to the scheduler at once
+CHUNK_SENTENCES = 64  # sentences a chunk: progress is saved, and shown, chunk by chunk
+# Chunks of one job given to the scheduler at once: the next is queued while the last sentences
+# of the one before decode, so that the workers' batches stay full. Each chunk is a request to
+# the scheduler, a turn of its round-robin: a typed line waits behind at most IN_FLIGHT sentences
+# of a job.
+IN_FLIGHT = 2
 CHUNK_TIMEOUT_S = 900.0  # a chunk waits this long at most (it shares the workers with everyone)
 RETRY_S = 2.0  # before trying a chunk (or a read) again after a refusal of the moment
 POLL_S = 2.0  # between looks for new jobs when nobody said there is one
