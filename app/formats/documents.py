@@ -44,6 +44,7 @@ FORMATS: tuple[FileFormat, ...] = (
         "application/vnd.openxmlformats-officedocument.wordprocessingml.document",
         "app.formats.word",
     ),
+    FileFormat("PDF", (".pdf",), "application/pdf", "app.formats.pdf"),
 )
 BY_EXTENSION = {extension: f for f in FORMATS for extension in f.extensions}
 MEDIA_TYPES = {extension: f.media_type for extension, f in BY_EXTENSION.items()}

@@ -1,0 +1,283 @@
+"""PDF files (.pdf): text blocks found with pdfminer.six, translated in place on the same pages.
+
+A PDF has no paragraphs, only glyphs at positions. pdfminer's layout analysis groups them into
+text boxes (lines close together, of one column); each box is one block to translate, its lines
+joined with spaces (a line ending in a hyphen before a lower-case word is joined without it:
+"Trans-" "lation" is "Translation"), split into sentences as a paragraph of HTML is
+(``app.formats.inline``). Writing the translation:
+
+* every page is kept, with its size, rotation, images, drawings, links and annotations (pypdf
+  copies the file and changes only what follows);
+* on a page with text, the text-showing operators are removed from its content (and from the
+  forms it draws), and the translation is drawn over it, each block in its original box, in a
+  standard font like its own, its size, colour and line spacing, shrunk if the translation needs
+  more room (``app.formats.pdf_draw``). Inline formatting inside a block (one bold word) is not
+  kept: the block takes the style of most of its characters;
+* a page without text (a scan: an image) is kept as it is, and ``PdfDocument.notes`` says so;
+  a page whose text has no Unicode mapping (pdfminer reads "(cid:12)") is kept as it is too, with
+  a note. A file with no text at all is refused: OCR is not done here.
+
+Not kept: the original fonts (subsets: they lack the translation's glyphs), text that PDF readers
+select and search as it was (the translation is new text, in reading order per block), tagged-PDF
+structure, form fields' values, and invisible text (an OCR layer over a scan becomes visible).
+Encrypted files are refused. pypdf (BSD-3) and pdfminer.six (MIT) read, reportlab (BSD) draws:
+PyMuPDF would do all three but is AGPL.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import re
+from collections import Counter
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from pdfminer.converter import PDFPageAggregator
+from pdfminer.layout import LAParams, LTChar, LTPage, LTTextBox, LTTextLine
+from pdfminer.pdfdocument import PDFDocument
+from pdfminer.pdfinterp import PDFPageInterpreter, PDFResourceManager
+from pdfminer.pdfpage import PDFPage
+from pdfminer.pdfparser import PDFParser
+from pypdf import ObjectDeletionFlag, PdfReader, PdfWriter, Transformation
+
+from app.formats.inline import Block, SplitBlock
+from app.formats.limits import DocumentError, DocumentLimits, TooLarge
+from app.formats.pdf_draw import Style, Text, overlay
+
+logging.getLogger("pdfminer").setLevel(logging.ERROR)  # it warns of every oddity of every file
+logging.getLogger("pypdf").setLevel(logging.ERROR)
+
+Matrix = tuple[float, float, float, float, float, float]
+UNMAPPED = re.compile(r"\(cid:\d+\)")  # pdfminer's stand-in for a glyph without a Unicode value
+HEADER_BYTES = 1024  # "%PDF-" must start within these (as PDF readers allow)
+
+
+def read(kind: str, data: bytes, limits: DocumentLimits) -> PdfDocument:
+    return PdfDocument.read(data, limits)
+
+
+@dataclass(frozen=True)
+class TextBlock:
+    """One of pdfminer's text boxes: where it is on its page, its text and how it looked."""
+
+    box: tuple[float, float, float, float]  # x0, y0, x1, y1 in the page's displayed coordinates
+    text: str
+    style: Style
+
+
+@dataclass(frozen=True)
+class Page:
+    size: tuple[float, float]  # displayed width and height (rotation applied)
+    ctm: Matrix  # PDF user space to pdfminer's displayed coordinates
+    blocks: tuple[TextBlock, ...]  # empty: the page is left as it is
+
+
+def join_lines(lines: Sequence[str]) -> str:
+    """A text box's lines as one paragraph: a hyphen at a line's end before a lower-case letter
+    is a word broken across lines (its halves joined), other line breaks are spaces."""
+    text = ""
+    for line in (line.strip() for line in lines):
+        if not line:
+            continue
+        if text.endswith("-") and len(text) > 1 and text[-2].isalpha() and line[0].islower():
+            text = text[:-1] + line
+        else:
+            text = f"{text} {line}" if text else line
+    return text
+
+
+def chars(item: Any) -> Iterator[LTChar]:
+    for child in item:
+        if isinstance(child, LTChar):
+            yield child
+        elif isinstance(child, LTTextLine):
+            yield from chars(child)
+
+
+def style(box: LTTextBox, lines: Sequence[LTTextLine]) -> Style:
+    """The font, size and colour of most of a box's characters, and its line spacing."""
+    shown = [c for line in lines for c in chars(line) if c.get_text().strip()]
+    looks = Counter((c.fontname, round(c.size, 1), color(c)) for c in shown)
+    (font, size, col), _ = looks.most_common(1)[0] if looks else (("Helvetica", 10.0, (0.0,)), 0)
+    leading = 1.2
+    if len(lines) > 1 and size > 0:  # baseline to baseline, averaged over the box
+        leading = (lines[0].y0 - lines[-1].y0) / (len(lines) - 1) / size
+    return Style(font, max(size, 1.0), col, min(max(leading, 1.0), 2.0))
+
+
+def color(char: LTChar) -> tuple[float, ...]:
+    value: Any = getattr(getattr(char, "graphicstate", None), "ncolor", None)
+    if isinstance(value, int | float):
+        return (float(value),)
+    numbers = isinstance(value, tuple | list) and all(isinstance(v, int | float) for v in value)
+    if numbers and len(value) in (1, 3, 4):  # not a pattern's name
+        return tuple(float(v) for v in value)
+    return (0.0,)
+
+
+def text_boxes(item: Any) -> Iterator[LTTextBox]:
+    """The text boxes of a page, those inside figures (forms) included, in pdfminer's order."""
+    for child in item:
+        if isinstance(child, LTTextBox):
+            yield child
+        elif hasattr(child, "__iter__") and not isinstance(child, LTTextLine):
+            yield from text_boxes(child)
+
+
+def count(item: Any) -> int:
+    """Layout objects under ``item`` (characters not counted: ``check_chars`` does)."""
+    if isinstance(item, LTChar) or not hasattr(item, "__iter__"):
+        return 1
+    return 1 + sum(0 if isinstance(c, LTChar) else count(c) for c in item)
+
+
+def page_blocks(layout: LTPage) -> tuple[TextBlock, ...]:
+    blocks = []
+    for box in text_boxes(layout):
+        lines = [line for line in box if isinstance(line, LTTextLine)]
+        text = join_lines([line.get_text() for line in lines])
+        if text:
+            blocks.append(TextBlock((box.x0, box.y0, box.x1, box.y1), text, style(box, lines)))
+    return tuple(blocks)
+
+
+def pdfminer_ctm(page: PDFPage) -> Matrix:
+    """The matrix pdfminer's ``PDFPageInterpreter.process_page`` puts a page's coordinates through."""
+    x0, y0, x1, y1 = page.mediabox
+    rotate = page.rotate % 360
+    if rotate == 90:
+        return (0, -1, 1, 0, -y0, x1)
+    if rotate == 180:
+        return (-1, 0, 0, -1, x1, y1)
+    if rotate == 270:
+        return (0, 1, -1, 0, y1, -x0)
+    return (1, 0, 0, 1, -x0, -y0)
+
+
+def inverse(m: Matrix) -> Matrix:
+    a, b, c, d, e, f = m
+    det = a * d - b * c
+    return (d / det, -b / det, -c / det, a / det, (c * f - d * e) / det, (b * e - a * f) / det)
+
+
+def open_pdf(data: bytes) -> PdfReader:
+    """pypdf's reader of ``data``, refused if it is no PDF or is encrypted."""
+    if b"%PDF-" not in data[:HEADER_BYTES]:
+        raise DocumentError("not a PDF file (no %PDF- header)")
+    try:
+        reader = PdfReader(io.BytesIO(data), strict=False)
+        encrypted = reader.is_encrypted
+        pages = len(reader.pages) if not encrypted else 0
+    except MemoryError:
+        raise
+    except Exception as e:  # pypdf's PdfReadError and what a broken file makes its parser raise
+        raise DocumentError(f"cannot read the PDF file: {e}") from e
+    if encrypted:
+        raise DocumentError("the PDF file is encrypted: upload it without a password or restrictions")
+    if not pages:
+        raise DocumentError("the PDF file has no pages")
+    return reader
+
+
+def extract(data: bytes, limits: DocumentLimits, pages: int) -> Iterator[tuple[PDFPage, LTPage]]:
+    """Each page of ``data`` and its layout, page by page (so that limits stop it early)."""
+    try:
+        document = PDFDocument(PDFParser(io.BytesIO(data)))
+        resources = PDFResourceManager(caching=True)
+        device = PDFPageAggregator(resources, laparams=LAParams(all_texts=True))
+        interpreter = PDFPageInterpreter(resources, device)
+        found = 0
+        for page in PDFPage.create_pages(document):
+            found += 1
+            if found > pages:
+                break
+            interpreter.process_page(page)
+            yield page, device.get_result()
+    except (MemoryError, DocumentError):
+        raise
+    except Exception as e:  # pdfminer's PDFSyntaxError, PSEOF, ... and its asserts on broken files
+        raise DocumentError(f"cannot read the PDF file: {e}") from e
+    if found != pages:
+        raise DocumentError(f"the PDF file's page tree is broken ({pages} pages, {found} found)")
+
+
+@dataclass(frozen=True)
+class PdfDocument:
+    data: bytes
+    pages: tuple[Page, ...]
+    notes: tuple[str, ...]  # what was left untranslated and why, one line each, for the user
+
+    @classmethod
+    def read(cls, data: bytes, limits: DocumentLimits) -> PdfDocument:
+        total = len(open_pdf(data).pages)
+        if total > limits.max_elements:
+            raise TooLarge(f"too many pages in the PDF file: {total} (at most {limits.max_elements})")
+        pages, notes = [], []
+        text_chars = elements = 0
+        for number, (page, layout) in enumerate(extract(data, limits, total), start=1):
+            elements += count(layout)
+            if elements > limits.max_elements:
+                raise TooLarge(f"too many objects in the PDF file (at most {limits.max_elements})")
+            blocks = page_blocks(layout)
+            if any(UNMAPPED.search(b.text) for b in blocks):
+                notes.append(f"page {number}: its text has no Unicode mapping: left untranslated")
+                blocks = ()
+            elif not blocks:
+                notes.append(f"page {number} has no text layer (scanned?): left untranslated")
+            text_chars += sum(len(b.text) + 2 for b in blocks)
+            limits.check_chars(text_chars)
+            pages.append(Page((layout.width, layout.height), pdfminer_ctm(page), blocks))
+        if not any(p.blocks for p in pages):
+            raise DocumentError("the PDF file has no text layer (a scan?): OCR is not supported")
+        return cls(data, tuple(pages), tuple(notes))
+
+    @property
+    def blocks(self) -> tuple[TextBlock, ...]:
+        return tuple(b for p in self.pages for b in p.blocks)
+
+    @property
+    def text(self) -> str:
+        return "\n\n".join(b.text for b in self.blocks)
+
+    def split(self, language: str) -> SplitPdf:
+        return SplitPdf(self, tuple(Block(b.text, ()).split(language) for b in self.blocks))
+
+
+@dataclass(frozen=True)
+class SplitPdf:
+    source: PdfDocument
+    splits: tuple[SplitBlock, ...]  # one per block, in the order of ``source.blocks``
+
+    @property
+    def sentences(self) -> tuple[str, ...]:
+        return tuple(s for split in self.splits for s in split.sentences)
+
+    def join(self, translations: Sequence[str]) -> bytes:
+        """The PDF with each page's text replaced by its translation."""
+        if len(translations) != len(self.sentences):
+            raise ValueError(f"expected {len(self.sentences)} translations, got {len(translations)}")
+        texts: list[list[Text]] = []
+        start, splits = 0, iter(self.splits)
+        for page in self.source.pages:
+            texts.append([])
+            for block, split in zip(page.blocks, splits, strict=False):
+                n = len(split.sentences)
+                text = split.place(translations[start : start + n])[0] if n else block.text
+                start += n
+                texts[-1].append(Text(block.box, " ".join(text.split()), block.style))
+        translated = [(page, t) for page, t in zip(self.source.pages, texts, strict=True) if page.blocks]
+        drawn = PdfReader(io.BytesIO(overlay([(page.size, t) for page, t in translated])))
+        writer = PdfWriter(clone_from=PdfReader(io.BytesIO(self.source.data), strict=False))
+        over = iter(drawn.pages)
+        for number, page in enumerate(self.source.pages):
+            if not page.blocks:
+                continue
+            target = writer.pages[number]
+            writer.remove_objects_from_page(target, ObjectDeletionFlag.TEXT)
+            target.merge_transformed_page(next(over), Transformation(inverse(page.ctm)))
+            target.compress_content_streams()
+        out = io.BytesIO()
+        writer.write(out)
+        return out.getvalue()
