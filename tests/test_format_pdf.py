@@ -118,6 +118,28 @@ def test_a_translation_too_long_even_at_the_smallest_size_keeps_all_its_words() 
     assert drawn.get_text().split() == ["A", "LINE."] * 20  # runs past the box's bottom
 
 
+def test_a_longer_one_line_block_runs_right_up_to_its_neighbour_in_its_own_size() -> None:
+    out = io.BytesIO()
+    canvas = Canvas(out, pagesize=A4)
+    canvas.setFont("Helvetica-Bold", 16)
+    canvas.drawString(72, 700, "Results")
+    canvas.rect(300, 690, 100, 40)  # what the heading must not run into
+    canvas.showPage()
+    canvas.save()
+    _, translated = translate(out.getvalue(), lambda s: "Results of the whole study")
+    ((drawn,),) = [p[1] for p in layout(translated)]
+    assert drawn.get_text().strip() == "Results of the whole study"
+    assert {round(c.size) for line in drawn for c in line if isinstance(c, LTChar)} == {16}
+    assert 72 + 150 < drawn.x1 < 300
+
+
+def test_a_block_without_letters_is_not_translated_but_drawn_again() -> None:
+    data = one_page(("Helvetica", 12, "Figures matter.", 700), ("Helvetica", 10, "2.75  -  42", 100))
+    split = read("a.pdf", data, LIMITS).split("en")
+    assert split.sentences == ("Figures matter.",)
+    assert words(split.join(["ZAHLEN ZÄHLEN."])) == "ZAHLEN ZÄHLEN. 2.75 - 42"
+
+
 def test_a_word_broken_across_lines_is_joined_before_a_lower_case_letter_only() -> None:
     data = one_page(
         ("Helvetica", 11, "Machine trans-", 700),
@@ -126,8 +148,8 @@ def test_a_word_broken_across_lines_is_joined_before_a_lower_case_letter_only() 
     )
     sentences = read("a.pdf", data, LIMITS).split("en").sentences
     assert sentences == ("Machine translation works well- Known to all.",)
-    lines = ["Trans-\n", "  ", "lation 2-\n", "3 and e-\n", "Mail\n"]
-    assert join_lines(lines) == "Translation 2- 3 and e- Mail"
+    lines = ["Trans-\n", "  ", "lation 2-\n", "3 and e-\n", "Mail of\n", "ﬁve Ab\xad\n", "Satz\n"]
+    assert join_lines(lines) == "Translation 2- 3 and e- Mail of five AbSatz"
 
 
 def test_characters_outside_latin1_are_drawn_in_a_font_that_has_them(sample: bytes) -> None:

@@ -11,12 +11,16 @@ joined with spaces (a line ending in a hyphen before a lower-case word is joined
 * on a page with text, the text-showing operators are removed from its content (and from the
   forms it draws), and the translation is drawn over it, each block in its original box, in a
   standard font like its own, its size, colour and line spacing, shrunk if the translation needs
-  more room (``app.formats.pdf_draw``). Inline formatting inside a block (one bold word) is not
-  kept: the block takes the style of most of its characters;
+  more room (``app.formats.pdf_draw``); a one-line block (a heading, a label, a table cell)
+  may first run right, up to what is next to it. Inline formatting inside a block (one bold
+  word) is not kept: the block takes the style of most of its characters. A block without
+  letters (numbers, a page number) is drawn again as it was, untranslated;
 * a page without text (a scan: an image) is kept as it is, and ``PdfDocument.notes`` says so;
   a page whose text has no Unicode mapping (pdfminer reads "(cid:12)") is kept as it is too, with
   a note. A file with no text at all is refused: OCR is not done here.
 
+The blocks are pdfminer's: where it groups lines that are no paragraph into one box (a chart's
+tick labels and its axis title), their translation is reflowed as one paragraph all the same.
 Not kept: the original fonts (subsets: they lack the translation's glyphs), text within a block
 drawn in several styles or directions (rotated or vertical text is drawn horizontally), centred or
 justified alignment, tagged-PDF structure, and invisible text (an OCR layer over a scan is drawn
@@ -41,7 +45,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pdfminer.converter import PDFPageAggregator
-from pdfminer.layout import LAParams, LTChar, LTPage, LTTextBox, LTTextLine
+from pdfminer.layout import LAParams, LTChar, LTCurve, LTImage, LTPage, LTTextBox, LTTextLine
 from pdfminer.pdfdocument import PDFDocument
 from pdfminer.pdfinterp import PDFPageInterpreter, PDFResourceManager
 from pdfminer.pdfpage import PDFPage
@@ -56,8 +60,12 @@ logging.getLogger("pdfminer").setLevel(logging.ERROR)  # it warns of every oddit
 logging.getLogger("pypdf").setLevel(logging.ERROR)
 
 Matrix = tuple[float, float, float, float, float, float]
+Box = tuple[float, float, float, float]  # x0, y0, x1, y1
 UNMAPPED = re.compile(r"\(cid:\d+\)")  # pdfminer's stand-in for a glyph without a Unicode value
 HEADER_BYTES = 1024  # "%PDF-" must start within these (as PDF readers allow)
+GAP = 4.0  # points kept free between a widened block and what is on its right
+# Typographic ligatures (pdfminer gives "ﬁ" for the glyph): the model knows the letters.
+LIGATURES = str.maketrans({"ﬀ": "ff", "ﬁ": "fi", "ﬂ": "fl", "ﬃ": "ffi", "ﬄ": "ffl", "ﬅ": "st", "ﬆ": "st"})
 
 
 def read(kind: str, data: bytes, limits: DocumentLimits) -> PdfDocument:
@@ -68,7 +76,7 @@ def read(kind: str, data: bytes, limits: DocumentLimits) -> PdfDocument:
 class TextBlock:
     """One of pdfminer's text boxes: where it is on its page, its text and how it looked."""
 
-    box: tuple[float, float, float, float]  # x0, y0, x1, y1 in the page's displayed coordinates
+    box: Box  # in the page's displayed coordinates; a one-line block's x1 as far as it may run
     text: str
     style: Style
 
@@ -82,12 +90,14 @@ class Page:
 
 def join_lines(lines: Sequence[str]) -> str:
     """A text box's lines as one paragraph: a hyphen at a line's end before a lower-case letter
-    is a word broken across lines (its halves joined), other line breaks are spaces."""
+    (or a soft hyphen before anything) is a word broken across lines (its halves joined), other
+    line breaks are spaces; ligatures are letters again."""
     text = ""
-    for line in (line.strip() for line in lines):
+    for line in (line.strip().translate(LIGATURES) for line in lines):
         if not line:
             continue
-        if text.endswith("-") and len(text) > 1 and text[-2].isalpha() and line[0].islower():
+        soft = text.endswith("\xad")  # a soft hyphen: the word goes on, whatever the case
+        if soft or (text.endswith("-") and len(text) > 1 and text[-2].isalpha() and line[0].islower()):
             text = text[:-1] + line
         else:
             text = f"{text} {line}" if text else line
@@ -139,13 +149,38 @@ def count(item: Any) -> int:
     return 1 + sum(0 if isinstance(c, LTChar) else count(c) for c in item)
 
 
+def obstacles(item: Any) -> Iterator[Box]:
+    """The boxes of what a page draws: text boxes, images, lines, rectangles and curves."""
+    for child in item:
+        if isinstance(child, LTTextBox | LTImage | LTCurve):
+            yield (child.x0, child.y0, child.x1, child.y1)
+        elif hasattr(child, "__iter__") and not isinstance(child, LTTextLine):
+            yield from obstacles(child)
+
+
+def right_edge(box: Box, page_width: float, around: Sequence[Box]) -> float:
+    """How far right a one-line block may run: to what is next to it on its right, or to the
+    right margin as wide as its left one, never less than its box (a translation is often longer
+    than its source, and a heading shrunk to its source's width looks wrong)."""
+    x0, y0, x1, y1 = box
+    right = max(x1, page_width - x0)
+    for a0, b0, _, b1 in around:
+        if a0 >= x1 - 0.5 and b0 < y1 and y0 < b1:
+            right = min(right, a0 - GAP)
+    return max(right, x1)
+
+
 def page_blocks(layout: LTPage) -> tuple[TextBlock, ...]:
     blocks = []
+    around = list(obstacles(layout))
     for box in text_boxes(layout):
         lines = [line for line in box if isinstance(line, LTTextLine)]
         text = join_lines([line.get_text() for line in lines])
         if text:
-            blocks.append(TextBlock((box.x0, box.y0, box.x1, box.y1), text, style(box, lines)))
+            x0, y0, x1, y1 = box.x0, box.y0, box.x1, box.y1
+            if len(lines) == 1:
+                x1 = right_edge((x0, y0, x1, y1), layout.width, around)
+            blocks.append(TextBlock((x0, y0, x1, y1), text, style(box, lines)))
     return tuple(blocks)
 
 
@@ -251,7 +286,14 @@ class PdfDocument:
         return "\n\n".join(b.text for b in self.blocks)
 
     def split(self, language: str) -> SplitPdf:
-        return SplitPdf(self, tuple(Block(b.text, ()).split(language) for b in self.blocks))
+        return SplitPdf(self, tuple(split_block(b.text, language) for b in self.blocks))
+
+
+def split_block(text: str, language: str) -> SplitBlock:
+    """A block's sentences; none for one without letters (a chart's ticks, a page number): it is
+    drawn again as it was, not sent to the model."""
+    block = Block(text, ())
+    return block.split(language) if any(c.isalpha() for c in text) else SplitBlock(block, (), ())
 
 
 @dataclass(frozen=True)
