@@ -7,12 +7,15 @@ from __future__ import annotations
 
 import dataclasses
 import io
+import os
+import zlib
 from collections.abc import Callable
 
 import pytest
 from pdfminer.high_level import extract_text
 from pdfminer.layout import LTChar, LTTextBox
 from pypdf import PdfReader, PdfWriter
+from pypdf.generic import DictionaryObject, NameObject, StreamObject
 from reportlab.lib.pagesizes import A4
 from reportlab.pdfgen.canvas import Canvas
 
@@ -203,6 +206,38 @@ def test_an_encrypted_pdf_is_refused(sample: bytes, owner_only: bool) -> None:
     with pytest.raises(DocumentError, match="encrypted") as refused:
         read("a.pdf", data.getvalue(), LIMITS)
     assert type(refused.value) is DocumentError
+
+
+def bomb(filler: bytes) -> bytes:
+    """A one-page PDF whose zlib content stream is a comment of ``filler``, then a line of text."""
+    content = b"%" + filler + b"\nBT /F1 12 Tf 72 700 Td (Boom.) Tj ET\n"
+    writer = PdfWriter()
+    page = writer.add_blank_page(595, 842)
+    stream = StreamObject()
+    stream.set_data(zlib.compress(content, 1))
+    stream[NameObject("/Filter")] = NameObject("/FlateDecode")
+    page[NameObject("/Contents")] = writer._add_object(stream)
+    font = {"/Type": "/Font", "/Subtype": "/Type1", "/BaseFont": "/Helvetica"}
+    f1 = DictionaryObject({NameObject(k): NameObject(v) for k, v in font.items()})
+    fonts = DictionaryObject({NameObject("/F1"): f1})
+    page[NameObject("/Resources")] = DictionaryObject({NameObject("/Font"): fonts})
+    out = io.BytesIO()
+    writer.write(out)
+    return out.getvalue()
+
+
+def test_a_pdf_bomb_is_refused_before_it_is_inflated() -> None:
+    data = bomb(b" " * 64 * 1024 * 1024)  # 64 MiB in ~300 KB
+    assert len(data) < 400_000
+    with pytest.raises(TooLarge, match=r"inflates to more than .* 100x its size"):
+        read("bomb.pdf", data, LIMITS)
+
+
+def test_streams_inflating_to_more_than_the_unpacked_limit_together_are_refused() -> None:
+    data = bomb(os.urandom(1024 * 1024).hex().encode())  # 2 MiB, compressed to about half
+    with pytest.raises(TooLarge, match="streams inflate to more than"):
+        read("big.pdf", data, dataclasses.replace(LIMITS, max_unpacked_bytes=1024 * 1024))
+    assert read("big.pdf", data, LIMITS).text == "Boom."
 
 
 def test_too_many_pages_are_refused_before_they_are_read(sample: bytes) -> None:

@@ -24,8 +24,11 @@ tick labels and its axis title), their translation is reflowed as one paragraph 
 Not kept: the original fonts (subsets: they lack the translation's glyphs), text within a block
 drawn in several styles or directions (rotated or vertical text is drawn horizontally), centred or
 justified alignment, tagged-PDF structure, and invisible text (an OCR layer over a scan is drawn
-visibly). Not translated: annotations, form fields, bookmarks and metadata. Encrypted files are
-refused.
+visibly). Not translated: annotations, form fields, bookmarks and metadata.
+
+Refused: encrypted files, more pages or layout objects than ``max_elements``, more text than
+``max_chars`` (counted page by page), and compressed streams that inflate past a package's limits
+(a PDF bomb: ``check_streams``, before pdfminer or pypdf inflates anything).
 
 What it costs: pdfminer finds blocks glyph by glyph, in Python: ~60 ms of CPU for a page of 3,000
 characters (a 200-page book: ~12 s to read, and ~6 s more to write, after reading it again), so
@@ -39,6 +42,7 @@ from __future__ import annotations
 import io
 import logging
 import re
+import zlib
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -51,9 +55,10 @@ from pdfminer.pdfinterp import PDFPageInterpreter, PDFResourceManager
 from pdfminer.pdfpage import PDFPage
 from pdfminer.pdfparser import PDFParser
 from pypdf import ObjectDeletionFlag, PdfReader, PdfWriter, Transformation
+from pypdf.generic import EncodedStreamObject, IndirectObject
 
 from app.formats.inline import Block, SplitBlock
-from app.formats.limits import DocumentError, DocumentLimits, TooLarge
+from app.formats.limits import RATIO_FLOOR_BYTES, DocumentError, DocumentLimits, TooLarge
 from app.formats.pdf_draw import Style, Text, overlay
 
 logging.getLogger("pdfminer").setLevel(logging.ERROR)  # it warns of every oddity of every file
@@ -63,6 +68,7 @@ Matrix = tuple[float, float, float, float, float, float]
 Box = tuple[float, float, float, float]  # x0, y0, x1, y1
 UNMAPPED = re.compile(r"\(cid:\d+\)")  # pdfminer's stand-in for a glyph without a Unicode value
 HEADER_BYTES = 1024  # "%PDF-" must start within these (as PDF readers allow)
+CHUNK = 1024 * 1024  # bytes inflated at a time while a stream is measured
 GAP = 4.0  # points kept free between a widened block and what is on its right
 # Typographic ligatures (pdfminer gives "ﬁ" for the glyph): the model knows the letters.
 LIGATURES = str.maketrans({"ﬀ": "ff", "ﬁ": "fi", "ﬂ": "fl", "ﬃ": "ffi", "ﬄ": "ffl", "ﬅ": "st", "ﬆ": "st"})
@@ -203,7 +209,7 @@ def inverse(m: Matrix) -> Matrix:
     return (d / det, -b / det, -c / det, a / det, (c * f - d * e) / det, (b * e - a * f) / det)
 
 
-def open_pdf(data: bytes) -> PdfReader:
+def open_pdf(data: bytes, limits: DocumentLimits) -> PdfReader:
     """pypdf's reader of ``data``, refused if it is no PDF or is encrypted."""
     if b"%PDF-" not in data[:HEADER_BYTES]:
         raise DocumentError("not a PDF file (no %PDF- header)")
@@ -219,7 +225,52 @@ def open_pdf(data: bytes) -> PdfReader:
         raise DocumentError("the PDF file is encrypted: upload it without a password or restrictions")
     if not pages:
         raise DocumentError("the PDF file has no pages")
+    check_streams(reader, limits)
     return reader
+
+
+def check_streams(reader: PdfReader, limits: DocumentLimits) -> None:
+    """Raise ``TooLarge`` if the streams that pdfminer or pypdf would inflate (page contents,
+    forms, fonts, object streams: all but images, which neither decodes) inflate past the limits
+    of a package's files (``app.formats.package``): a PDF bomb, measured in chunks before either
+    library inflates it whole. Only Flate (zlib) streams are measured, the filter of nearly every
+    PDF; a bomb in another (LZW) meets the reader's memory limit."""
+    total = 0
+    for generation, objects in reader.xref.items():
+        for number in objects:
+            try:
+                stream = reader.get_object(IndirectObject(number, generation, reader))
+            except (MemoryError, RecursionError):
+                raise
+            except Exception:  # a broken object: the readers skip it or say what is wrong
+                continue
+            if not isinstance(stream, EncodedStreamObject) or stream.get("/Subtype") == "/Image":
+                continue
+            filters = stream.get("/Filter")
+            if (filters[0] if isinstance(filters, list) and filters else filters) in ("/FlateDecode", "/Fl"):
+                total += inflated_size(stream._data, number, limits)
+                if total > limits.max_unpacked_bytes:
+                    raise TooLarge(
+                        f"the PDF's streams inflate to more than {limits.max_unpacked_bytes:,} bytes"
+                    )
+
+
+def inflated_size(raw: bytes, number: int, limits: DocumentLimits) -> int:
+    """How large the zlib data ``raw`` of PDF object ``number`` inflates (up to where it breaks)."""
+    allowed = min(limits.max_entry_bytes, max(limits.max_ratio * len(raw), RATIO_FLOOR_BYTES))
+    inflater, size = zlib.decompressobj(), 0
+    while raw and not inflater.eof:
+        try:
+            size += len(inflater.decompress(raw, CHUNK))
+        except zlib.error:  # a broken stream: the readers' to deal with
+            break
+        if size > allowed:
+            raise TooLarge(
+                f"a stream of the PDF file (object {number}) inflates to more than {allowed:,} bytes "
+                f"(limits: {limits.max_entry_bytes:,} bytes a stream, {limits.max_ratio}x its size)"
+            )
+        raw = inflater.unconsumed_tail
+    return size
 
 
 def extract(data: bytes, limits: DocumentLimits, pages: int) -> Iterator[tuple[PDFPage, LTPage]]:
@@ -252,7 +303,7 @@ class PdfDocument:
 
     @classmethod
     def read(cls, data: bytes, limits: DocumentLimits) -> PdfDocument:
-        total = len(open_pdf(data).pages)
+        total = len(open_pdf(data, limits).pages)
         if total > limits.max_elements:
             raise TooLarge(f"too many pages in the PDF file: {total} (at most {limits.max_elements})")
         pages, notes = [], []
