@@ -121,6 +121,26 @@ def test_a_translation_too_long_even_at_the_smallest_size_keeps_all_its_words() 
     assert drawn.get_text().split() == ["A", "LINE."] * 20  # runs past the box's bottom
 
 
+def test_a_scanned_page_with_an_invisible_ocr_layer_is_kept_as_it_is_and_noted() -> None:
+    out = io.BytesIO()
+    canvas = Canvas(out, pagesize=A4)
+    canvas.setFont("Helvetica", 12)
+    canvas.drawString(72, 700, "A page of visible text.")
+    canvas.showPage()
+    canvas.rect(60, 600, 400, 200, fill=1)  # the "scan"
+    ocr = canvas.beginText(72, 700)
+    ocr.setTextRenderMode(3)  # invisible: an OCR layer
+    ocr.textLine("The scanned words.")
+    canvas.drawText(ocr)
+    canvas.showPage()
+    canvas.save()
+    document, translated = translate(out.getvalue())
+    assert document.notes == ("page 2 has only invisible text (a scan with OCR?): left untranslated",)
+    assert document.split("en").sentences == ("A page of visible text.",)
+    before, after = (PdfReader(io.BytesIO(d)).pages[1] for d in (out.getvalue(), translated))
+    assert after.get_contents().get_data() == before.get_contents().get_data()  # type: ignore[union-attr]
+
+
 def test_a_longer_one_line_block_runs_right_up_to_its_neighbour_in_its_own_size() -> None:
     out = io.BytesIO()
     canvas = Canvas(out, pagesize=A4)

@@ -16,6 +16,8 @@ joined with spaces (a line ending in a hyphen before a lower-case word is joined
   word) is not kept: the block takes the style of most of its characters. A block without
   letters (numbers, a page number) is drawn again as it was, untranslated;
 * a page without text (a scan: an image) is kept as it is, and ``PdfDocument.notes`` says so;
+  so is a page with only invisible text (an OCR layer over a scan: drawn visibly, its
+  translation would cover the scan; invisible text on a page with visible text is removed);
   a page whose text has no Unicode mapping (pdfminer reads "(cid:12)") is kept as it is too, with
   a note. A file with no text at all is refused: OCR is not done here.
 
@@ -23,8 +25,8 @@ The blocks are pdfminer's: where it groups lines that are no paragraph into one 
 tick labels and its axis title), their translation is reflowed as one paragraph all the same.
 Not kept: the original fonts (subsets: they lack the translation's glyphs), text within a block
 drawn in several styles or directions (rotated or vertical text is drawn horizontally), centred or
-justified alignment, tagged-PDF structure, and invisible text (an OCR layer over a scan is drawn
-visibly). Not translated: annotations, form fields, bookmarks and metadata.
+justified alignment, tagged-PDF structure. Not translated: annotations, form fields, bookmarks
+and metadata.
 
 Refused: encrypted files, more pages or layout objects than ``max_elements``, more text than
 ``max_chars`` (counted page by page), and compressed streams that inflate past a package's limits
@@ -273,20 +275,35 @@ def inflated_size(raw: bytes, number: int, limits: DocumentLimits) -> int:
     return size
 
 
-def extract(data: bytes, limits: DocumentLimits, pages: int) -> Iterator[tuple[PDFPage, LTPage]]:
-    """Each page of ``data`` and its layout, page by page (so that limits stop it early)."""
+class Aggregator(PDFPageAggregator):
+    """pdfminer's page layouts, without invisible text (render modes 3 and 7: an OCR layer over a
+    scanned page, which drawn visibly would cover the scan), counting the strings it leaves out."""
+
+    hidden = 0
+
+    def render_string(self, textstate: Any, seq: Any, ncs: Any, graphicstate: Any) -> None:
+        if textstate.render in (3, 7):
+            self.hidden += 1
+            return
+        super().render_string(textstate, seq, ncs, graphicstate)
+
+
+def extract(data: bytes, pages: int) -> Iterator[tuple[PDFPage, LTPage, int]]:
+    """Each page of ``data``, its layout and how many invisible strings it holds, page by page (so
+    that limits stop it early)."""
     try:
         document = PDFDocument(PDFParser(io.BytesIO(data)))
         resources = PDFResourceManager(caching=True)
-        device = PDFPageAggregator(resources, laparams=LAParams(all_texts=True))
+        device = Aggregator(resources, laparams=LAParams(all_texts=True))
         interpreter = PDFPageInterpreter(resources, device)
         found = 0
         for page in PDFPage.create_pages(document):
             found += 1
             if found > pages:
                 break
+            device.hidden = 0
             interpreter.process_page(page)
-            yield page, device.get_result()
+            yield page, device.get_result(), device.hidden
     except (MemoryError, RecursionError, DocumentError):
         raise
     except Exception as e:  # pdfminer's PDFSyntaxError, PSEOF, ... and its asserts on broken files
@@ -308,7 +325,7 @@ class PdfDocument:
             raise TooLarge(f"too many pages in the PDF file: {total} (at most {limits.max_elements})")
         pages, notes = [], []
         text_chars = elements = 0
-        for number, (page, layout) in enumerate(extract(data, limits, total), start=1):
+        for number, (page, layout, hidden) in enumerate(extract(data, total), start=1):
             elements += count(layout)
             if elements > limits.max_elements:
                 raise TooLarge(f"too many objects in the PDF file (at most {limits.max_elements})")
@@ -319,6 +336,8 @@ class PdfDocument:
             elif any(UNMAPPED.search(b.text) for b in blocks):
                 notes.append(f"page {number}: its text has no Unicode mapping: left untranslated")
                 blocks = ()
+            elif not blocks and hidden:
+                notes.append(f"page {number} has only invisible text (a scan with OCR?): left untranslated")
             elif not blocks:
                 notes.append(f"page {number} has no text layer (scanned?): left untranslated")
             text_chars += sum(len(b.text) + 2 for b in blocks)
