@@ -23,7 +23,8 @@ from app.config import Settings
 from app.formats import pdf_draw
 from app.formats.documents import MEDIA_TYPES, read
 from app.formats.limits import DocumentError, TooLarge
-from app.formats.pdf import PdfDocument, join_lines
+from app.formats.pdf import PdfDocument
+from app.formats.pdf_blocks import join_lines
 from tests.documents.pdf import HEADING, check_structure, layout, report
 
 LIMITS = Settings().document_limits()  # the defaults
