@@ -157,6 +157,26 @@ def test_a_longer_one_line_block_runs_right_up_to_its_neighbour_in_its_own_size(
     assert 72 + 150 < drawn.x1 < 300
 
 
+def test_centred_lines_stay_centred_and_left_aligned_ones_left_aligned() -> None:
+    out = io.BytesIO()
+    canvas = Canvas(out, pagesize=A4)
+    canvas.setFont("Helvetica-Bold", 18)
+    canvas.drawCentredString(A4[0] / 2, 780, "A centred title")
+    canvas.setFont("Helvetica", 11)
+    for i, line in enumerate(["Two centred lines", "of a subtitle"]):
+        canvas.drawCentredString(A4[0] / 2, 740 - 14 * i, line)
+    canvas.drawString(72, 600, "A paragraph at the margin.")
+    canvas.showPage()
+    canvas.save()
+    _, translated = translate(out.getvalue(), lambda s: f"{s.upper()} !!")
+    boxes = {box.get_text().split()[1]: box for box in layout(translated)[0][1]}
+    assert set(boxes) == {"CENTRED", "PARAGRAPH"}  # the title, the subtitle's two lines, the paragraph
+    for box in [b for b in layout(translated)[0][1] if "CENTRED" in b.get_text()]:
+        for line in box:
+            assert abs((line.x0 + line.x1) / 2 - A4[0] / 2) < 1, line.get_text()
+    assert abs(boxes["PARAGRAPH"].x0 - 72) < 1
+
+
 def test_a_block_without_letters_is_not_translated_but_drawn_again() -> None:
     data = one_page(("Helvetica", 12, "Figures matter.", 700), ("Helvetica", 10, "2.75  -  42", 100))
     split = read("a.pdf", data, LIMITS).split("en")

@@ -24,9 +24,9 @@ joined with spaces (a line ending in a hyphen before a lower-case word is joined
 The blocks are pdfminer's: where it groups lines that are no paragraph into one box (a chart's
 tick labels and its axis title), their translation is reflowed as one paragraph all the same.
 Not kept: the original fonts (subsets: they lack the translation's glyphs), text within a block
-drawn in several styles or directions (rotated or vertical text is drawn horizontally), centred or
-justified alignment, tagged-PDF structure. Not translated: annotations, form fields, bookmarks
-and metadata.
+drawn in several styles or directions (rotated or vertical text is drawn horizontally), justified
+alignment (centred lines stay centred), tagged-PDF structure. Not translated: annotations, form
+fields, bookmarks and metadata.
 
 Refused: encrypted files, more pages or layout objects than ``max_elements``, more text than
 ``max_chars`` (counted page by page), and compressed streams that inflate past a package's limits
@@ -285,7 +285,7 @@ class SplitPdf:
                 n = len(split.sentences)
                 text = split.place(translations[start : start + n])[0] if n else block.text
                 start += n
-                texts[-1].append(Text(block.box, " ".join(text.split()), block.style))
+                texts[-1].append(Text(block.box, " ".join(text.split()), block.style, block.centred))
         translated = [(page, t) for page, t in zip(self.source.pages, texts, strict=True) if page.blocks]
         drawn = PdfReader(io.BytesIO(overlay([(page.size, t) for page, t in translated])))
         writer = PdfWriter(clone_from=PdfReader(io.BytesIO(self.source.data), strict=False))

@@ -25,9 +25,10 @@ LIGATURES = str.maketrans({"ﬀ": "ff", "ﬁ": "fi", "ﬂ": "fl", "ﬃ": "ffi", 
 class TextBlock:
     """One of pdfminer's text boxes: where it is on its page, its text and how it looked."""
 
-    box: Box  # in the page's displayed coordinates; a one-line block's x1 as far as it may run
+    box: Box  # in the page's displayed coordinates; a one-line block's as wide as it may run
     text: str
     style: Style
+    centred: bool  # its lines (else left-aligned)
 
 
 def join_lines(lines: Sequence[str]) -> str:
@@ -93,27 +94,51 @@ def obstacles(item: Any) -> Iterator[Box]:
             yield from obstacles(child)
 
 
-def right_edge(box: Box, page_width: float, around: Sequence[Box]) -> float:
-    """How far right a one-line block may run: to what is next to it on its right, or to the
-    right margin as wide as its left one, never less than its box (a translation is often longer
-    than its source, and a heading shrunk to its source's width looks wrong)."""
+def room(box: Box, margin: float, page_width: float, around: Sequence[Box]) -> tuple[float, float]:
+    """How far left and right a one-line block may run: to what is next to it on either side, or
+    to the page's margins (its text's leftmost start, and as much on the right), never less than
+    its box (a translation is often longer than its source, and a heading shrunk to its source's
+    width looks wrong)."""
     x0, y0, x1, y1 = box
-    right = max(x1, page_width - x0)
-    for a0, b0, _, b1 in around:
-        if a0 >= x1 - 0.5 and b0 < y1 and y0 < b1:
-            right = min(right, a0 - GAP)
-    return max(right, x1)
+    left, right = min(x0, margin), max(x1, page_width - margin)
+    for a0, b0, a1, b1 in around:
+        if b0 < y1 and y0 < b1:  # beside the block
+            if a0 >= x1 - 0.5:
+                right = min(right, a0 - GAP)
+            elif a1 <= x0 + 0.5:
+                left = max(left, a1 + GAP)
+    return min(left, x0), max(right, x1)
+
+
+def centred(lines: Sequence[LTTextLine], page_width: float, starts: Sequence[float]) -> bool:
+    """Whether a box's lines are centred: their middles line up and their starts do not; one line
+    is if it sits in the middle of the page and starts where no other box does."""
+    middles = [(line.x0 + line.x1) / 2 for line in lines]
+    if len(lines) > 1:
+        lefts = [line.x0 for line in lines]
+        return max(middles) - min(middles) <= CENTRED and max(lefts) - min(lefts) > 2 * CENTRED
+    alone = sum(abs(start - lines[0].x0) <= CENTRED for start in starts) <= 1  # itself
+    return abs(middles[0] - page_width / 2) <= CENTRED and alone
 
 
 def page_blocks(layout: LTPage) -> tuple[TextBlock, ...]:
     blocks = []
     around = list(obstacles(layout))
-    for box in text_boxes(layout):
+    boxes = list(text_boxes(layout))
+    starts = [box.x0 for box in boxes]
+    margin = min(starts, default=0.0)
+    for box in boxes:
         lines = [line for line in box if isinstance(line, LTTextLine)]
         text = join_lines([line.get_text() for line in lines])
-        if text:
-            x0, y0, x1, y1 = box.x0, box.y0, box.x1, box.y1
-            if len(lines) == 1:
-                x1 = right_edge((x0, y0, x1, y1), layout.width, around)
-            blocks.append(TextBlock((x0, y0, x1, y1), text, style(box, lines)))
+        if not text:
+            continue
+        x0, y0, x1, y1 = box.x0, box.y0, box.x1, box.y1
+        middle = centred(lines, layout.width, starts)
+        if len(lines) == 1:
+            left, right = room((x0, y0, x1, y1), margin, layout.width, around)
+            if middle:  # as far as it may run on both sides
+                half = min(right - (x0 + x1) / 2, (x0 + x1) / 2 - left)
+                left, right = (x0 + x1) / 2 - half, (x0 + x1) / 2 + half
+            x0, x1 = (left if middle else x0), right
+        blocks.append(TextBlock((x0, y0, x1, y1), text, style(box, lines), middle))
     return tuple(blocks)

@@ -14,7 +14,7 @@ glyphs the source text needed. So each block gets a font of its own kind instead
 A block's text is wrapped to its box's width in its original size, colour and line spacing, and
 shrunk (down to ``FLOOR`` of its size, and never below ``MIN_POINTS``) until it fits the box's
 height; at the floor it runs past the bottom of its box rather than lose words. Lines are drawn
-left-aligned (centred or justified text is not detected).
+left-aligned, or centred where the source's were (justified text is drawn left-aligned).
 """
 
 from __future__ import annotations
@@ -71,6 +71,7 @@ class Text:
     box: tuple[float, float, float, float]
     text: str
     style: Style
+    centred: bool = False  # each line in the middle of the box (else at its left)
 
 
 def kind(font: str) -> tuple[str, int]:
@@ -151,7 +152,10 @@ def draw(text: Text, canvas: Canvas) -> None:
     canvas.setFont(font, size)
     baseline = y1 - ascent
     for line in lines:
-        canvas.drawString(x0, baseline, line)
+        if text.centred:
+            canvas.drawCentredString((x0 + x1) / 2, baseline, line)
+        else:
+            canvas.drawString(x0, baseline, line)
         baseline -= size * text.style.leading
 
 
