@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import io
 import os
+import random
 import zlib
 from collections.abc import Callable
 
@@ -236,6 +237,22 @@ def test_a_truncated_pdf_is_refused(sample: bytes, cut: float) -> None:
 def test_a_pdf_header_before_garbage_is_refused() -> None:
     with pytest.raises(DocumentError):
         read("a.pdf", b"%PDF-1.7\n" + bytes(range(256)) * 20, LIMITS)
+
+
+def test_corrupted_pdfs_are_translated_or_refused_as_unreadable_never_crash(sample: bytes) -> None:
+    """Bytes changed at random (seeded): pypdf and pdfminer's own errors, in reading or in
+    writing, are a ``DocumentError`` (a 400 that says what is wrong), not a crash."""
+    rng = random.Random(1)
+    for _ in range(40):
+        data = bytearray(sample)
+        for _ in range(rng.randint(1, 20)):
+            data[rng.randrange(len(data))] = rng.randrange(256)
+        try:
+            document = read("a.pdf", bytes(data), LIMITS)
+            split = document.split("en")
+            assert split.join([s.upper() for s in split.sentences]).startswith(b"%PDF-")
+        except DocumentError:
+            pass
 
 
 @pytest.mark.parametrize("owner_only", [False, True])

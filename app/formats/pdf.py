@@ -286,8 +286,18 @@ class SplitPdf:
                 text = split.place(translations[start : start + n])[0] if n else block.text
                 start += n
                 texts[-1].append(Text(block.box, " ".join(text.split()), block.style, block.centred))
-        translated = [(page, t) for page, t in zip(self.source.pages, texts, strict=True) if page.blocks]
-        drawn = PdfReader(io.BytesIO(overlay([(page.size, t) for page, t in translated])))
+        pages = [(p.size, t) for p, t in zip(self.source.pages, texts, strict=True) if p.blocks]
+        drawn = PdfReader(io.BytesIO(overlay(pages)))
+        try:
+            return self.write(drawn)
+        except (MemoryError, RecursionError):
+            raise
+        except Exception as e:  # pypdf's own errors on parts of a broken file that reading skipped
+            raise DocumentError(f"cannot write the PDF file: {type(e).__name__}: {e}") from e
+
+    def write(self, drawn: PdfReader) -> bytes:
+        """The source with the text of each page with blocks removed, and ``drawn``'s next page
+        (its translation) merged over it."""
         writer = PdfWriter(clone_from=PdfReader(io.BytesIO(self.source.data), strict=False))
         over = iter(drawn.pages)
         for number, page in enumerate(self.source.pages):
