@@ -32,11 +32,12 @@ Refused: encrypted files, more pages or layout objects than ``max_elements``, mo
 ``max_chars`` (counted page by page), and compressed streams that inflate past a package's limits
 (a PDF bomb: ``check_streams``, before pdfminer or pypdf inflates anything).
 
-What it costs: pdfminer finds blocks glyph by glyph, in Python: 50-65 ms of CPU for a page of
-3,000 characters. A 200-page book takes 10-13 s to read and 5-7 s more to write (after reading it
-again), so the default 10 s of CPU a reader has (``NMT_FILE_READ_TIMEOUT_S``) is enough for ~70
-dense pages; longer files need a longer limit. pypdf (BSD-3-Clause) and pdfminer.six (MIT) read,
-reportlab (BSD) draws: PyMuPDF would do all three, but is AGPL.
+What it costs: pdfminer finds blocks glyph by glyph, in Python: 50-70 ms of CPU for a page of
+3,000 characters. A 200-page book took 10-14 s to read and 5-7.5 s more to write (after reading it
+again) on the 2 shared cores it was measured on, so the default 10 s of CPU a reader has
+(``NMT_FILE_READ_TIMEOUT_S``) is enough for ~60 dense pages; longer files need a longer limit.
+pypdf (BSD-3-Clause) and pdfminer.six (MIT) read, reportlab (BSD) draws: PyMuPDF would do all
+three, but is AGPL.
 """
 
 from __future__ import annotations
