@@ -9,7 +9,9 @@ glyphs the source text needed. So each block gets a font of its own kind instead
 * for a translation with characters outside that, DejaVu (Sans, Serif or Sans Mono, the same
   bold/italic) from the system's fonts, embedded as a subset; where no DejaVu is installed, those
   characters are drawn as "?" (the text is still there, in the right place; ``FONT_DIRS`` says
-  where fonts are looked for).
+  where fonts are looked for). reportlab neither shapes nor reorders text: Arabic, Hebrew and
+  Indic scripts come out as unjoined letters in logical order, and CJK (which DejaVu lacks) as
+  missing glyphs, wrapped only at spaces.
 
 A block's text is wrapped to its box's width in its original size, colour and line spacing, and
 shrunk (down to ``FLOOR`` of its size, and never below ``MIN_POINTS``) until it fits the box's
