@@ -73,6 +73,7 @@ FORMATS: tuple[FileFormat, ...] = (
         "application/vnd.oasis.opendocument.spreadsheet",
         "app.formats.opendocument",
     ),
+    FileFormat("PDF", (".pdf",), "application/pdf", "app.formats.pdf"),
 )
 BY_EXTENSION = {extension: f for f in FORMATS for extension in f.extensions}
 MEDIA_TYPES = {extension: f.media_type for extension, f in BY_EXTENSION.items()}
