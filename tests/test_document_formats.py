@@ -65,3 +65,5 @@ def test_a_sample_translated_now_and_as_a_job_keeps_its_structure(
     assert state["state"] == "done", state
     assert state["progress"]["done"] == state["progress"]["total"] > 0
     assert client.get(state["resultUrl"]).content == translated.content
+    if name.endswith(".pdf"):  # the sample's image-only page is named in the job's notes
+        assert any("no text layer" in note for note in state["notes"]), state
