@@ -4,7 +4,7 @@ A server is started as deployed (the shipped de->en model, default settings, bea
 document is ``--pages`` pages of distinct Multi30k training sentences (``--per-page`` a page; a
 sentence repeated would be answered by the segment cache), as a PDF (reportlab; or .docx, .txt).
 
-1. ``--typists`` clients type: each posts one validation sentence to /translate, waits for the
+1. ``--typists`` clients type: each posts one training sentence (never one twice) to /translate, waits for the
    answer and posts the next, for ``--seconds``. Their latencies, alone.
 2. The document is posted to /jobs; once it is being translated the same typists type again for
    ``--seconds``. Their latencies beside the job, and the job's sentences/s meanwhile.
@@ -115,12 +115,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     needed = args.pages * args.per_page
     pages = [train[i : i + args.per_page] for i in range(0, needed, args.per_page)]
     name, data = make_document(args.format, pages)
-    lines = list(dict.fromkeys(read_lines(DATA / "val.de.gz")))
+    # Typed lines: training sentences after the document's, never one typed twice (a repeat would
+    # be answered by the segment cache), a different set in each phase.
+    lines = train[needed : needed + 20_000]
     with tempfile.TemporaryDirectory() as tmp:
         env = {"NMT_MODEL_DIR": str(args.model), "NMT_DATA_DIR": tmp}
         with serve(env, Path(tmp) / "uvicorn.log") as server, httpx.Client(timeout=120) as client:
             type_for(server.url, train[-200:], args.typists, 3.0)  # warm
-            # distinct lines in each phase: a line typed again would be answered by the segment cache
             half = len(lines) // 2
             alone = type_for(server.url, lines[:half], args.typists, args.seconds)
             posted = time.monotonic()

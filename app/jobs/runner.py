@@ -7,10 +7,12 @@ A job goes queued -> reading -> translating -> writing -> done (or failed, or ca
   the source is "auto"; the key is charged its characters; each sentence's terms are found.
 * **translating**: the sentences go to the scheduler a chunk at a time (``CHUNK_SENTENCES``),
   ``IN_FLIGHT`` chunks at once so the workers never wait between them, through the same path as a
-  /translate request (the key's translation memory, the segment cache, constraints). To the
-  scheduler each chunk is one more request: its round-robin gives a typed line a turn for every
-  ``IN_FLIGHT`` sentences of a job, so a 200-page document delays nobody's sentence by more than
-  that many of its own (benchmarks/jobs.py measures it). Each chunk is saved as it finishes.
+  /translate request (the key's translation memory, the segment cache, constraints), but as
+  *background* work: the scheduler gives a job's sentences to a worker only within a share of its
+  rows that leaves a batch free for typed requests, and the worker takes them into its batch after
+  every typed one, a few rows at most while typed ones run (``app.serving.worker.Inbox``). So a
+  200-page document does not delay a typed line, and alone it fills the batch
+  (benchmarks/jobs.py measures both). Each chunk is saved as it finishes.
 * **writing**: a reader process writes the translations into the file.
 
 At most ``max_running`` jobs run at a time in this process. A job that failed for a reason of
@@ -241,7 +243,9 @@ class JobRunner:
         def decode(
             part: list[str], own: list[Route[ServedModel]], constraints: list[list[str]] | None
         ) -> Any:
-            return decode_sentences(part, own, s.scheduler, plan, CHUNK_TIMEOUT_S, constraints)
+            return decode_sentences(
+                part, own, s.scheduler, plan, CHUNK_TIMEOUT_S, constraints, background=True
+            )
 
         async def chunk(start: int) -> list[str]:
             part = sentences[start : start + CHUNK_SENTENCES]

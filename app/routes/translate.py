@@ -300,11 +300,13 @@ async def decode_sentences(
     timeout_s: float,
     terms: Sequence[Sequence[str]] | None = None,
     disconnected: Coroutine[Any, Any, None] | None = None,
+    background: bool = False,
 ) -> list[SentenceResult] | None:
     """Each sentence's n-best translations along its route (blank sentences give "" without model
     work), or None if ``disconnected`` completed first (its sentences are then withdrawn from the
     workers, as they are if this is cancelled). ``terms``: each sentence's target strings its
-    translation must contain."""
+    translation must contain; ``background``: a document job's, which take what typed requests
+    leave of the workers."""
     todo = [i for i, s in enumerate(sentences) if s.strip()]
     results = [SentenceResult([""] * plan.n_best)] * len(sentences)
     if not todo:
@@ -320,6 +322,7 @@ async def decode_sentences(
             n_best=plan.n_best,
             timeout_s=timeout_s,
             terms=[terms[i] for i in todo] if terms else None,
+            background=background,
         )
     except EngineError as e:
         if disconnected is not None:

@@ -45,8 +45,10 @@ class Translation:
         n_best: int,
         timeout_s: float,
         terms: Sequence[Sequence[str]] | None = None,
+        background: bool = False,
     ) -> None:
         self.scheduler = scheduler
+        self.background = background
         self.terms: Sequence[Sequence[str]] = terms if terms is not None else [()] * len(sentences)
         self.beam_size, self.n_best, self.timeout_s = beam_size, n_best, timeout_s
         self.deadline = time.monotonic() + timeout_s
@@ -94,6 +96,7 @@ class Translation:
             model=step.model.name,
             admitted=admitted,
             constraints=constraints,
+            background=self.background,
         )
         self.requests.append(request)
         return request

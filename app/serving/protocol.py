@@ -76,6 +76,9 @@ class SentenceJob:
     # Terminology (``app.terminology``): ``beam_size`` is already the beam they need
     # (``model.decoding.constraints.beam_for``).
     constraints: Constraints = ()
+    # A document job's (``app.jobs``): it fills what typed requests leave of a worker's batch
+    # (``app.serving.worker.Inbox``), never the other way round.
+    background: bool = False
 
     def past_deadline(self, now: float) -> bool:
         return self.deadline is not None and now > self.deadline

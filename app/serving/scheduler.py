@@ -106,6 +106,7 @@ class Request:
     sentences: list[JobState] = field(default_factory=list)  # all of them, in order
     # Each sentence's hypotheses' constraint spans (``Done.spans``; empty without constraints).
     spans: list[tuple[Spans, ...]] = field(default_factory=list)
+    background: bool = False  # a document job's: it takes what typed requests leave
 
     @property
     def done(self) -> bool:
@@ -141,6 +142,15 @@ class ModelQueue:
     queue: FairQueue[JobState]  # admitted, not given to a worker yet
     metrics: Metrics | None = None  # labelled with the model (``Metrics.of_model``)
     rows: int = 0  # given to workers, not finished
+    # Document jobs' sentences, given only where the typed ones of ``queue`` leave room.
+    background: FairQueue[JobState] = field(default_factory=FairQueue)
+
+    @property
+    def waiting(self) -> int:
+        return len(self.queue) + len(self.background)
+
+    def queue_of(self, request: Request) -> FairQueue[JobState]:
+        return self.background if request.background else self.queue
 
 
 @dataclass(eq=False)
@@ -149,6 +159,9 @@ class WorkerState:
     capacity: int  # rows it may hold, every model's together
     sentences: dict[int, JobState] = field(default_factory=dict)  # given to it, not finished
     rows: int = 0
+    # Rows kept for typed requests: document jobs' sentences fill at most capacity - reserved.
+    reserved: int = 0
+    background_rows: int = 0  # of ``rows``, document jobs'
     held: dict[str, int] = field(default_factory=dict)  # of ``rows``, each model's
     loaded: frozenset[str] = frozenset()  # the models it holds loaded, as it last said
     # A send failed: the process is gone, but the event loop has not read its end of file yet
@@ -163,9 +176,13 @@ class WorkerState:
     def free(self) -> int:
         return self.capacity - self.rows if self.usable else 0
 
-    def takes(self, model: str, rows: int) -> bool:
+    def takes(self, model: str, rows: int, background: bool = False) -> bool:
         """Whether it may be given a sentence of ``model`` of ``rows`` rows: it has room, or it is
-        idle, or it holds nothing of that model (one sentence however full it is)."""
+        idle, or it holds nothing of that model (one sentence however full it is). A document
+        job's only within its share, so that a typed line always finds room."""
+        if background:
+            room = self.background_rows + rows <= self.capacity - self.reserved
+            return self.usable and (not self.rows or (room and self.free >= rows))
         return self.usable and (self.free >= rows or not self.rows or not self.held.get(model))
 
 
@@ -188,7 +205,7 @@ class Scheduler:
             for name in models
         }
         self._turns: list[ModelQueue] = list(self.models.values())  # who goes first among equals
-        self.workers = [WorkerState(worker, capacity) for worker in workers]
+        self.workers = [WorkerState(worker, capacity, reserved=max_batch_size) for worker in workers]
         for worker in workers:
             worker.listener = self
         self.max_queue = max_queue
@@ -236,14 +253,18 @@ class Scheduler:
             state.worker.stop()
         stopped = EngineStopped("the translation service stopped")
         given = {s.request for state in self.workers for s in state.sentences.values()}
-        queued = [owner for model in self.models.values() for owner in model.queue.owners()]
+        queued = [
+            owner
+            for model in self.models.values()
+            for owner in [*model.queue.owners(), *model.background.owners()]
+        ]
         for request in [*given, *queued]:
             self._fail(request, stopped)  # type: ignore[arg-type]
 
     @property
     def waiting(self) -> int:
         """Sentences in the queues, not given to a worker yet (every model's)."""
-        return sum(len(model.queue) for model in self.models.values())
+        return sum(model.waiting for model in self.models.values())
 
     @property
     def active(self) -> int:
@@ -280,6 +301,7 @@ class Scheduler:
         model: str | None = None,
         admitted: bool = False,
         constraints: Sequence[Constraints] | None = None,
+        background: bool = False,
     ) -> Request:
         """Admit a request (source token ids, eos included, at least one) for ``model`` (None: the
         only one); its future gives the n-best of each source, in order, or raises
@@ -289,7 +311,8 @@ class Scheduler:
         full queue, so that work already done is not thrown away (the queue may then hold up to
         these sentences more than ``max_queue``, until they leave it). ``constraints``: each
         source's (terminology); a constrained sentence takes the rows of the beam it needs
-        (``beam_for``), and ``Request.spans`` says where its hypotheses realised them."""
+        (``beam_for``), and ``Request.spans`` says where its hypotheses realised them.
+        ``background``: a document job's sentences, which take what typed requests leave."""
         if self._stopping:
             raise EngineStopped("the translation service is shutting down")
         queue = self._model(model)
@@ -307,16 +330,21 @@ class Scheduler:
         now = time.monotonic()
         request = Request(next(self._ids), beam_size, n_best, loop.create_future(), [None] * n, queue, left=n)
         request.spans = [()] * n
+        request.background = background
         if timeout_s is not None:
             request.deadline = now + timeout_s
             request.timer = loop.call_later(timeout_s, self._expire, request, timeout_s)
         rid, deadline, name = request.id, request.deadline, queue.name
         request.sentences = [
-            JobState(SentenceJob(next(self._ids), rid, s, beam, n_best, deadline, now, name, c), request, k)
+            JobState(
+                SentenceJob(next(self._ids), rid, s, beam, n_best, deadline, now, name, c, background),
+                request,
+                k,
+            )
             for k, (s, c) in enumerate(zip(sources, wanted, strict=True))
             for beam in [beam_for(beam_size, len(c))]
         ]
-        queue.queue.push(request, request.sentences)
+        queue.queue_of(request).push(request, request.sentences)
         self._queued(queue)
         self._dispatch()
         return request
@@ -358,28 +386,35 @@ class Scheduler:
         in its queue's order, to the worker that holds the model loaded, then to the one with the
         most free rows."""
         batches: dict[int, tuple[WorkerState, list[JobState]]] = {}
-        candidates = [m for m in self._turns if len(m.queue)]
+        candidates = [m for m in self._turns if m.waiting]
         touched: list[ModelQueue] = []
         while candidates:
             model = min(candidates, key=lambda m: m.rows)  # (the first of the least served)
-            sentence = model.queue.peek()
-            assert sentence is not None
-            state = self._worker_for(model.name, sentence.rows)
-            if state is None:
+            # A typed sentence first; a document job's where a worker has room for it within its
+            # share (a typed one that no worker may take now does not hold it back).
+            state, source = None, model.queue
+            sentence = source.peek()
+            if sentence is not None:
+                state = self._worker_for(model.name, sentence.rows)
+            if state is None and (waiting := model.background.peek()) is not None:
+                sentence, source = waiting, model.background
+                state = self._worker_for(model.name, sentence.rows, background=True)
+            if state is None or sentence is None:
                 candidates.remove(model)  # none may take it now; the other models may still go
                 continue
-            model.queue.pop()
+            source.pop()
             sentence.worker = state
             sentence.attempts += 1
             state.sentences[sentence.id] = sentence
             state.rows += sentence.rows
+            state.background_rows += sentence.rows if sentence.request.background else 0
             state.held[model.name] = state.held.get(model.name, 0) + sentence.rows
             model.rows += sentence.rows
             batches.setdefault(id(state), (state, []))[1].append(sentence)
             self._turns.remove(model)  # its turn is over
             self._turns.append(model)
             candidates.remove(model)
-            if len(model.queue):
+            if model.waiting:
                 candidates.append(model)
             if model not in touched:
                 touched.append(model)
@@ -392,13 +427,13 @@ class Scheduler:
                     sentence.attempts -= 1  # it never reached the worker
                 self._lost(state)
 
-    def _worker_for(self, model: str, rows: int) -> WorkerState | None:
+    def _worker_for(self, model: str, rows: int, background: bool = False) -> WorkerState | None:
         """The worker a sentence of ``model`` goes to: among those that may take it, one that holds
         the model loaded, then the one with the most free rows (the first among equals)."""
         best: WorkerState | None = None
         best_key = (False, 0)
         for state in self.workers:
-            if not state.takes(model, rows):
+            if not state.takes(model, rows, background):
                 continue
             key = (model in state.loaded, state.free)
             if best is None or key > best_key:
@@ -407,12 +442,13 @@ class Scheduler:
 
     def _queued(self, model: ModelQueue) -> None:
         if model.metrics is not None:
-            model.metrics.queue_depth.set(len(model.queue))
+            model.metrics.queue_depth.set(model.waiting)
 
     def _release(self, state: WorkerState, sentence: JobState) -> None:
         """``sentence`` is no longer in ``state``'s hands (answered, withdrawn or lost)."""
         del state.sentences[sentence.id]
         state.rows -= sentence.rows
+        state.background_rows -= sentence.rows if sentence.request.background else 0
         name = sentence.request.model.name
         state.held[name] -= sentence.rows
         if not state.held[name]:
@@ -465,7 +501,7 @@ class Scheduler:
             request.timer.cancel()
             request.timer = None
         model = request.model
-        dropped = model.queue.drop(request)
+        dropped = model.queue_of(request).drop(request)
         if dropped:
             if model.metrics is not None:
                 model.metrics.sentences.labels("abandoned").inc(len(dropped))
@@ -518,7 +554,7 @@ class Scheduler:
             model = request.model
             if model.metrics is not None:
                 model.metrics.retried.inc(len(sentences))
-            model.queue.push(request, sentences, first=True)
+            model.queue_of(request).push(request, sentences, first=True)
             touched.add(model)
         for model in touched:
             self._queued(model)

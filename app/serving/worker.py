@@ -56,6 +56,9 @@ log = logging.getLogger("uvicorn.error").getChild("worker")
 # Translated once before a worker reports ready: the first request should not pay for lazy
 # initialisation (allocator, kernels, thread pools).
 WARMUP_SENTENCES = ["Hallo Welt."]
+# Rows of document jobs' sentences in a running batch beside typed ones (the service passes a
+# eighth of NMT_MAX_BATCH_SIZE: one sentence at beam 5 of its 64 rows).
+BACKGROUND_ROWS = 8
 
 
 def open_translator(settings: Settings, model_dir: Path) -> Translator:
@@ -107,6 +110,7 @@ class HeldJob:
         "constraints",
         "spans",
         "cancelled",
+        "background",
     )
 
     def __init__(self, job: SentenceJob) -> None:
@@ -115,6 +119,7 @@ class HeldJob:
         self.n_best, self.enqueued, self.constraints = job.n_best, job.enqueued, job.constraints
         self.spans: tuple[Spans, ...] = ()  # the executor's, when it finishes
         self.cancelled = False
+        self.background = job.background
 
     def expired(self, now: float) -> bool:
         return self.cancelled or self.job.past_deadline(now)
@@ -125,11 +130,20 @@ class Inbox:
     the order the front end's scheduler uses (``app.serving.fairqueue``, round-robin over
     requests): the front end gives a worker up to two batches ahead, and a one-line request given
     after a document must still join before the rest of the document. The pipe's reader thread
-    adds and cancels; the model thread takes. ``metrics``: the process's (each model's label)."""
+    adds and cancels; the model thread takes. ``metrics``: the process's (each model's label).
 
-    def __init__(self, metrics: Metrics | None = None) -> None:
+    Document jobs' sentences (``SentenceJob.background``) wait apart and join after the typed
+    ones, and while typed sentences run or wait, at most ``background_rows`` of theirs are in the
+    batch: a typed line never waits for a slot behind a document, and its steps are not slowed
+    by a full batch of one (``benchmarks/jobs.py``). Alone, a job fills the batch."""
+
+    def __init__(self, metrics: Metrics | None = None, background_rows: int = BACKGROUND_ROWS) -> None:
         self.metrics = metrics
+        self.background_rows = background_rows
         self._queues: dict[str, FairQueue[HeldJob]] = {}  # by model
+        self._background: dict[str, FairQueue[HeldJob]] = {}  # by model: document jobs'
+        self._typed_waiting = 0  # jobs in ``_queues``
+        self._running = [0, 0]  # rows taken into a batch and not released: typed, background
         self._size = 0  # jobs in the queues
         self._rows = 0  # rows of the jobs in the queues
         self._by_id: dict[int, HeldJob] = {}  # every job given and not finished
@@ -143,7 +157,10 @@ class Inbox:
                 held = self._by_id[job.id] = HeldJob(job)
                 by_request.setdefault((job.model, job.request), []).append(held)
             for (model, rid), mine in by_request.items():
-                self._queues.setdefault(model, FairQueue()).push(rid, mine)
+                background = mine[0].background
+                queues = self._background if background else self._queues
+                queues.setdefault(model, FairQueue()).push(rid, mine)
+                self._typed_waiting += 0 if background else len(mine)
             self._size += len(jobs)
             self._rows += sum(j.beam_size for j in jobs)
             self._cond.notify()
@@ -160,6 +177,7 @@ class Inbox:
     def release(self, job: Job) -> bool:
         """Forget a job that left the batch; False if it had been cancelled (nobody waits for it)."""
         with self._cond:
+            self._running[isinstance(job, HeldJob) and job.background] -= job.beam_size
             return self._by_id.pop(job.id, None) is not None
 
     def stop(self) -> None:
@@ -174,8 +192,7 @@ class Inbox:
         return self._size
 
     def waiting_for(self, model: str) -> int:
-        queue = self._queues.get(model)
-        return 0 if queue is None else len(queue)
+        return sum(len(q) for q in (self._queues.get(model), self._background.get(model)) if q is not None)
 
     def wait(self, busy: Callable[[], bool]) -> bool:
         """Block until jobs wait or ``busy()`` (a batch is running); False once stopping."""
@@ -194,23 +211,33 @@ class Inbox:
         taken: list[Job] = []
         now = time.monotonic()
         with self._cond:
-            queue = self._queues.get(model)
-            while queue is not None and (job := queue.peek()) is not None:
-                if job.expired(now):
-                    self._pop(queue)
-                    self._by_id.pop(job.id, None)
-                    if self.metrics is not None:
-                        self.metrics.sentences.labels(job.model, "abandoned").inc()
-                    continue
-                if not fits(job):
-                    break
-                taken.append(self._pop(queue))
+            for background, queue in ((False, self._queues.get(model)), (True, self._background.get(model))):
+                while queue is not None and (job := queue.peek()) is not None:
+                    if job.expired(now):
+                        self._pop(queue, background)
+                        self._by_id.pop(job.id, None)
+                        if self.metrics is not None:
+                            self.metrics.sentences.labels(job.model, "abandoned").inc()
+                        continue
+                    if background and not self._background_fits(job):
+                        break
+                    if not fits(job):
+                        return taken  # nothing jumps a typed job that does not fit
+                    taken.append(self._pop(queue, background))
+                    self._running[background] += job.beam_size
         return taken
 
-    def _pop(self, queue: FairQueue[HeldJob]) -> HeldJob:
+    def _background_fits(self, job: HeldJob) -> bool:
+        """A document job's sentence joins within ``background_rows`` while typed ones run or
+        wait, and freely otherwise."""
+        typed, background = self._running
+        return not (typed or self._typed_waiting) or background + job.beam_size <= self.background_rows
+
+    def _pop(self, queue: FairQueue[HeldJob], background: bool) -> HeldJob:
         job = queue.pop()
         self._size -= 1
         self._rows -= job.beam_size
+        self._typed_waiting -= 0 if background else 1
         return job
 
 
@@ -233,7 +260,7 @@ def serve_worker(
         torch.set_num_threads(threads)
     try:
         metrics = process_metrics(metrics_dir)
-        inbox = Inbox(metrics)
+        inbox = Inbox(metrics, background_rows=max(1, settings.max_batch_size // 8))
         table = model_table(settings, models, metrics)
         loaded = table.load_at_start()
         executor = Executor.from_settings(table, inbox, settings, metrics=metrics)
