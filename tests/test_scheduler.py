@@ -694,3 +694,33 @@ def test_start_starts_the_first_worker_alone_then_the_others() -> None:
         assert s.start_seconds > 0 and s.alive
 
     run(main)
+
+
+def test_a_document_jobs_sentences_leave_a_batch_of_room_for_typed_ones_and_never_hold_them_back() -> None:
+    async def main() -> None:
+        worker = FakeWorker("w")
+        s = scheduler([worker], max_batch_size=4)  # 4 + 2 = 6 rows, 4 kept for typed sentences
+        job = s.submit(sources(10), beam_size=1, n_best=1, background=True)
+        assert len(worker.given()) == 2 and all(j.background for j in worker.given())  # 6 - 4 rows
+        typed = s.submit(sources(3, tag=1), beam_size=1, n_best=1)
+        assert [j.src for j in worker.given()[2:]] == sources(3, tag=1)  # at once, past the job's
+        assert not any(j.background for j in worker.given()[2:])
+        worker.answer(*worker.given()[2:])
+        assert typed.future.done() and len(worker.given()) == 5  # the job's share is 2 rows: no more
+        worker.answer(*worker.given()[:2])
+        assert len(worker.given()) == 7  # as its sentences finish, the next ones go
+        while not job.future.done():
+            worker.answer(*worker.pending.values())
+        assert s.active == 0 and s.waiting == 0
+
+    run(main)
+
+
+def test_an_idle_worker_takes_a_document_jobs_sentence_whatever_its_share() -> None:
+    async def main() -> None:
+        worker = FakeWorker("w")
+        s = scheduler([worker], max_batch_size=4)
+        s.submit(sources(1), beam_size=8, n_best=1, background=True)  # wider than its 2 rows
+        assert len(worker.given()) == 1
+
+    run(main)
