@@ -11,6 +11,7 @@ front end never imports a format's library.
 
 * .txt and .html: ``app.formats.plain``.
 * .docx: ``app.formats.word``.
+* .srt and .vtt: ``app.formats.subtitles``.
 """
 
 from __future__ import annotations
@@ -44,6 +45,8 @@ FORMATS: tuple[FileFormat, ...] = (
         "application/vnd.openxmlformats-officedocument.wordprocessingml.document",
         "app.formats.word",
     ),
+    FileFormat("SubRip subtitles", (".srt",), "application/x-subrip", "app.formats.subtitles"),
+    FileFormat("WebVTT subtitles", (".vtt",), "text/vtt; charset=utf-8", "app.formats.subtitles"),
 )
 BY_EXTENSION = {extension: f for f in FORMATS for extension in f.extensions}
 MEDIA_TYPES = {extension: f.media_type for extension, f in BY_EXTENSION.items()}
