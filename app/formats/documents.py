@@ -12,6 +12,7 @@ front end never imports a format's library.
 * .txt and .html: ``app.formats.plain``.
 * .docx: ``app.formats.word``.
 * .srt and .vtt: ``app.formats.subtitles``.
+* .md and .markdown: ``app.formats.markdown``.
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ FORMATS: tuple[FileFormat, ...] = (
     ),
     FileFormat("SubRip subtitles", (".srt",), "application/x-subrip", "app.formats.subtitles"),
     FileFormat("WebVTT subtitles", (".vtt",), "text/vtt; charset=utf-8", "app.formats.subtitles"),
+    FileFormat("Markdown", (".md", ".markdown"), "text/markdown; charset=utf-8", "app.formats.markdown"),
 )
 BY_EXTENSION = {extension: f for f in FORMATS for extension in f.extensions}
 MEDIA_TYPES = {extension: f.media_type for extension, f in BY_EXTENSION.items()}
