@@ -83,7 +83,7 @@ class Reader:
     def __init__(self, limits: DocumentLimits) -> None:
         self.limits = limits
         # Block nesting is bounded by max_depth (checked in the wrapper), not cut off silently.
-        md = MarkdownIt("commonmark", {"maxNesting": limits.max_depth + 2}).enable(["table", "strikethrough"])
+        md = MarkdownIt("commonmark", {"maxNesting": limits.max_depth + 8}).enable(["table", "strikethrough"])
         md.disable(["inline", "text_join"])  # the inline text is parsed here, leaf by leaf
         md.inline.ruler2.disable("fragments_join")  # keep unmatched delimiters their own tokens
         for rule in list(md.block.ruler.__rules__):
@@ -98,20 +98,22 @@ class Reader:
 
     def block_rule(self, name: str, fn: Callable[..., bool]) -> Callable[..., bool]:
         def rule(state: Any, start: int, end: int, silent: bool) -> bool:
+            # Checked as each block starts, so that a bomb stops early, not once its list is read.
             if state.level > self.limits.max_depth:
                 raise TooLarge(f"the Markdown nests more than {self.limits.max_depth} blocks deep")
+            if len(state.tokens) > self.limits.max_elements:
+                raise TooLarge(f"the Markdown has more than {self.limits.max_elements:,} elements")
             count = len(state.tokens)
             ok = fn(state, start, end, silent)
-            if ok and not silent:
-                if len(state.tokens) > self.limits.max_elements:
-                    raise TooLarge(f"the Markdown has more than {self.limits.max_elements:,} elements")
-                if name in LEAVES:  # where each of its lines starts, as nested blocks see it
-                    for token in state.tokens[count:]:
-                        if token.type == "inline" and token.map:
-                            lines = range(token.map[0], token.map[1])
-                            token.meta["lines"] = [
-                                (state.bMarks[i] + state.tShift[i], state.eMarks[i]) for i in lines
-                            ]
+            if (
+                ok and not silent and name in LEAVES
+            ):  # where each of its lines starts, as nested blocks see it
+                for token in state.tokens[count:]:
+                    if token.type == "inline" and token.map:
+                        lines = range(token.map[0], token.map[1])
+                        token.meta["lines"] = [
+                            (state.bMarks[i] + state.tShift[i], state.eMarks[i]) for i in lines
+                        ]
             return ok
 
         return rule
@@ -123,6 +125,8 @@ class Reader:
             start, count = state.pos, len(state.tokens)
             ok = fn(state, silent)
             if ok and not silent and state is self.state:
+                if self.elements + len(state.tokens) > self.limits.max_elements:
+                    raise TooLarge(f"the Markdown has more than {self.limits.max_elements:,} elements")
                 # Token lengths now: matching emphasis pairs later empties some of them.
                 self.events.append(
                     (name, start, state.pos, [(t, len(t.content)) for t in state.tokens[count:]])
@@ -366,8 +370,13 @@ def render(span: Span, text: str, offsets: Sequence[int]) -> str:
         add(text[cursor:offset])
         cursor = offset
         if piece.atom:  # as app.formats.html does with <code>: keep the spaces around it
-            spaced_before = mark.offset == 0 or source[mark.offset - 1].isspace()
-            spaced_after = mark.offset == len(source) or source[mark.offset].isspace()
+            # (and one where it now stands next to a word and stood next to none: "mit ![Bild](b.png)."
+            # -> "with ![Bild](b.png) it.").
+            before, after = source[mark.offset - 1 : mark.offset], source[mark.offset : mark.offset + 1]
+            spaced_before = not before.strip() or (
+                text[offset - 1 : offset].isalnum() and not before.isalnum()
+            )
+            spaced_after = not after.strip() or (text[offset : offset + 1].isalnum() and not after.isalnum())
             if spaced_before and offset > 0 and not text[offset - 1].isspace() and not line_start:
                 out.append(" ")
             out.append(piece.raw)

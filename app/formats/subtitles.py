@@ -97,7 +97,11 @@ def make_cue(text_lines: Sequence[str], start: int, vtt: bool) -> Cue:
     parts = (
         [line_block(line, vtt) for line in stripped] if dialogue else [line_block(" ".join(stripped), vtt)]
     )
-    visible = [len(line_block(line, vtt)[0].text) for line in stripped]
+    visible = (
+        [len(b.text) for b, _ in parts]
+        if dialogue or len(stripped) == 1
+        else [len(line_block(line, vtt)[0].text) for line in stripped]
+    )
     return Cue(
         start,
         start + len(text_lines),
