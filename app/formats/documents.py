@@ -11,8 +11,6 @@ front end never imports a format's library.
 
 * .txt and .html: ``app.formats.plain``.
 * .docx: ``app.formats.word``.
-* .srt and .vtt: ``app.formats.subtitles``.
-* .md and .markdown: ``app.formats.markdown``.
 """
 
 from __future__ import annotations
