@@ -63,6 +63,10 @@ class Piece:
     raw: str
     atom: bool = False  # a code span, image, autolink or inline HTML: something the sentence holds
     br: bool = False  # a line break with the next line's prefix
+    opens_link: bool = False  # a link's "["
+    # The closing "]" or "][]" of a link whose text is its reference ("[Ecma International][]"):
+    # the text it must still have, or the reference it must name once the text is translated.
+    reference: str = ""
 
 
 @dataclass(frozen=True)
@@ -246,7 +250,9 @@ def event_runs(
         saved = state.pos
         label_end = state.md.helpers.parseLinkLabel(state, start, True)
         state.pos = saved
-        return [("markup", start, start + 1, ""), ("markup", label_end, end, "")]
+        tail = src[label_end:end]
+        reference = " ".join(src[start + 1 : label_end].split()) if tail in ("]", "][]") else ""
+        return [("link", start, start + 1, ""), ("markup", label_end, end, reference)]
     return []  # "text", or a rule that only added to the pending text
 
 
@@ -288,7 +294,9 @@ def build_span(
             continue
         raw = src[source(start, False) : source(end, True)]
         marks.append(Mark(length, "after" if kind == "br" else "before"))
-        pieces.append(Piece(raw, atom=kind == "atom", br=kind == "br"))
+        pieces.append(
+            Piece(raw, kind == "atom", kind == "br", kind == "link", decoded if kind == "markup" else "")
+        )
         if kind == "br":
             out.append(" ")
             length += 1
@@ -340,6 +348,7 @@ class SplitMarkdown:
                 continue
             text, offsets = split.place(translations[start : start + count])
             start += count
+            offsets = within_words(span.block, text, offsets)
             out += [source[cursor : span.start], render(span, text, offsets)]
             cursor = span.end
         out.append(source[cursor:])
@@ -347,29 +356,42 @@ class SplitMarkdown:
         return encode(joined.replace("\n", "\r\n") if self.document.crlf else joined, self.document.bom)
 
 
+def word_around(text: str, offset: int) -> tuple[int, int]:
+    """The whitespace-separated word that ``offset`` is in or touches (the one before it first)."""
+    start = end = offset
+    if start > 0 and not text[start - 1].isspace():
+        while start > 0 and not text[start - 1].isspace():
+            start -= 1
+    while end < len(text) and not text[end].isspace():
+        end += 1
+    return start, end
+
+
+def within_words(block: Block, text: str, offsets: Sequence[int]) -> list[int]:
+    """Marks inside a word, where ``app.formats.inline`` moves them to a word boundary or the end
+    of its punctuation (``**Ecma**'s``, ``(`code`, more)``): back at the same place in the word
+    when the translation has that same word where the mark went."""
+    out: list[int] = []
+    for mark, offset in zip(block.marks, offsets, strict=True):
+        start, end = word_around(text, offset)
+        source_start, source_end = word_around(block.text, mark.offset)
+        if end > start and text[start:end] == block.text[source_start:source_end]:
+            offset = start + mark.offset - source_start
+        out.append(max(offset, out[-1]) if out else offset)
+    return out
+
+
 def render(span: Span, text: str, offsets: Sequence[int]) -> str:
     """The translated text with the source's markup at the marks' new offsets."""
     source = span.block.text
-    out: list[str] = []
+    out = Writer(span.written)
     cursor = 0
-    line_start = False  # after a line break: the next text starts a line
-
-    def add(chunk: str) -> None:
-        nonlocal line_start
-        if line_start:
-            chunk = chunk.lstrip(" ")
-            if not chunk:
-                return
-            if BLOCK_START.match(chunk):  # would open a block: a list item, a heading...
-                digits = len(chunk) - len(chunk.lstrip("0123456789"))
-                chunk = chunk[:digits] + "\\" + chunk[digits:]
-            line_start = False
-        out.append("".join(span.written.get(c, c) for c in chunk))
-
     for mark, offset, piece in zip(span.block.marks, offsets, span.pieces, strict=True):
-        add(text[cursor:offset])
+        out.text(text[cursor:offset])
         cursor = offset
-        if piece.atom:  # as app.formats.html does with <code>: keep the spaces around it
+        if piece.br:
+            out.line_break(piece.raw)
+        elif piece.atom:  # as app.formats.html does with <code>: keep the spaces around it
             # (and one where it now stands next to a word and stood next to none: "mit ![Bild](b.png)."
             # -> "with ![Bild](b.png) it.").
             before, after = source[mark.offset - 1 : mark.offset], source[mark.offset : mark.offset + 1]
@@ -377,14 +399,66 @@ def render(span: Span, text: str, offsets: Sequence[int]) -> str:
                 text[offset - 1 : offset].isalnum() and not before.isalnum()
             )
             spaced_after = not after.strip() or (text[offset : offset + 1].isalnum() and not after.isalnum())
-            if spaced_before and offset > 0 and not text[offset - 1].isspace() and not line_start:
-                out.append(" ")
-            out.append(piece.raw)
-            line_start = False
+            out.atom(piece.raw, spaced_before and offset > 0 and not text[offset - 1].isspace())
             if spaced_after and offset < len(text) and not text[offset].isspace():
-                out.append(" ")
-            continue
-        out.append(piece.raw)
-        line_start = piece.br
-    add(text[cursor:])
-    return "".join(out)
+                out.text(" ")
+        elif piece.reference and " ".join(out.since_link().split()) != piece.reference:
+            out.markup(f"][{piece.reference}]")  # "[Text][]" translated: "[Translation][Text]"
+        else:
+            out.markup(piece.raw, piece.opens_link)
+    out.text(text[cursor:])
+    return "".join(out.out)
+
+
+class Writer:
+    """A translated inline text as it is put together: a line break is written only when something
+    follows it on its line (two breaks with nothing between would leave an empty line, which ends
+    the paragraph); a line's text is escaped where it would open a block."""
+
+    def __init__(self, written: dict[str, str]) -> None:
+        self.written = written
+        self.out: list[str] = []
+        self.pending = ""  # a line break not yet written
+        self.line_start = False  # the next text starts a line
+        self.last_atom = -1  # where in out the last atom is
+        self.link = 0  # where in out the text of the last link opened begins
+
+    def flush(self) -> None:
+        if self.pending:
+            self.out.append(self.pending)
+            self.pending = ""
+            self.line_start = True
+
+    def text(self, chunk: str) -> None:
+        if self.line_start or self.pending:
+            chunk = chunk.lstrip(" ")
+        if not chunk:
+            return
+        self.flush()
+        if self.line_start:
+            if BLOCK_START.match(chunk):  # would open a block: a list item, a heading...
+                digits = len(chunk) - len(chunk.lstrip("0123456789"))
+                chunk = chunk[:digits] + "\\" + chunk[digits:]
+            self.line_start = False
+        self.out.append("".join(self.written.get(c, c) for c in chunk))
+
+    def markup(self, raw: str, opens_link: bool = False) -> None:
+        self.flush()
+        self.line_start = False
+        self.out.append(raw)
+        if opens_link:
+            self.link = len(self.out)
+
+    def atom(self, raw: str, space: bool) -> None:
+        self.flush()
+        # Two atoms that now meet get a space between them: `a``b` would be one code span.
+        if (space and not self.line_start) or self.last_atom == len(self.out) - 1 >= 0:
+            self.out.append(" ")
+        self.markup(raw)
+        self.last_atom = len(self.out) - 1
+
+    def line_break(self, raw: str) -> None:
+        self.pending = raw
+
+    def since_link(self) -> str:
+        return "".join(self.out[self.link :])
