@@ -24,6 +24,7 @@ inline rules are wrapped to record where each one matched: that is what tells te
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -39,6 +40,7 @@ from app.formats.limits import DocumentLimits, TooLarge
 FRONT_MATTER = re.compile(r"\A(---|\+\+\+)[ \t]*\n.*?^(?:\1|\.\.\.)[ \t]*$", re.DOTALL | re.MULTILINE)
 LEAVES = ("paragraph", "heading", "lheading", "table")  # the block rules whose inline text we translate
 ATOMS = ("backticks", "image", "autolink", "html_inline")  # inline rules whose match stays whole
+WINDOW = 200  # characters around a mark where within_words looks for its word
 INLINE_NESTING = 20  # markdown-it's own default for links and emphasis inside each other
 # What would open a block at the start of a line (a list item, heading, quote, fence, HTML, rule).
 BLOCK_START = re.compile(r"[-+*#>=`~<]|\d{1,9}[.)]")
@@ -63,7 +65,8 @@ class Piece:
     raw: str
     atom: bool = False  # a code span, image, autolink or inline HTML: something the sentence holds
     br: bool = False  # a line break with the next line's prefix
-    opens_link: bool = False  # a link's "["
+    follows: str = ""  # a line break's: the text that followed it in the source
+    opens_link: int = -1  # a link's "[" (alone or in an atom): where in raw the link's text starts
     # The closing "]" or "][]" of a link whose text is its reference ("[Ecma International][]"):
     # the text it must still have, or the reference it must name once the text is translated.
     reference: str = ""
@@ -219,7 +222,7 @@ class Reader:
             cursor = end
         if cursor < len(text):
             runs.append(("text", cursor, len(text), text[cursor:]))
-        return runs
+        return merge_atoms(runs)
 
 
 def event_runs(
@@ -256,6 +259,38 @@ def event_runs(
     return []  # "text", or a rule that only added to the pending text
 
 
+def merge_atoms(runs: Sequence[tuple[str, int, int, str]]) -> list[tuple[str, int, int, str]]:
+    """Markup with nothing but atoms inside and around it is one atom: ``[`zlib`](url)`` and
+    ``**`code`**`` move together (apart, the link's "[" could go to another word than its code)."""
+    out: list[tuple[str, int, int, str]] = []
+    group: list[tuple[str, int, int, str]] = []
+
+    def close() -> None:
+        if any(kind == "atom" for kind, _, _, _ in group):
+            # A link opened in it: where the link's text starts, for a "[text][]" to compare.
+            opener = [end - group[0][1] for kind, _, end, _ in group if kind == "link"]
+            out.append(("atom", group[0][1], group[-1][2], str(opener[-1]) if opener else ""))
+        else:
+            out.extend(group)
+        group.clear()
+
+    for run in runs:
+        if run[0] == "markup" and run[3]:  # a "[text][]" link's end stays apart: it may change
+            close()
+            out.append(run)
+            continue
+        if run[0] in ("atom", "markup", "link") and (not group or group[-1][2] == run[1]):
+            group.append(run)
+            continue
+        close()
+        if run[0] in ("atom", "markup", "link"):
+            group.append(run)
+        else:
+            out.append(run)
+    close()
+    return out
+
+
 def build_span(
     src: str,
     text: str,
@@ -289,13 +324,20 @@ def build_span(
         if kind in ("text", "special"):
             out.append(decoded)
             length += len(decoded)
+            raw = text[start:end]
             if kind == "special" and len(decoded) == 1:
-                written.setdefault(decoded, text[start:end])
+                written.setdefault(decoded, raw)
             continue
         raw = src[source(start, False) : source(end, True)]
         marks.append(Mark(length, "after" if kind == "br" else "before"))
         pieces.append(
-            Piece(raw, kind == "atom", kind == "br", kind == "link", decoded if kind == "markup" else "")
+            Piece(
+                raw,
+                atom=kind == "atom",
+                br=kind == "br",
+                opens_link=1 if kind == "link" else int(decoded) if kind == "atom" and decoded else -1,
+                reference=decoded if kind == "markup" else "",
+            )
         )
         if kind == "br":
             out.append(" ")
@@ -310,6 +352,10 @@ def build_span(
             "after" if m.side == "after" or block_text[m.offset : m.offset + 1].isspace() else "before",
         )
         for m in marks
+    ]
+    pieces = [
+        dataclasses.replace(p, follows=block_text[m.offset + 1 : m.offset + 12]) if p.br else p
+        for p, m in zip(pieces, marks, strict=True)
     ]
     return Span(segments[0][0], segments[-1][1], Block(block_text, tuple(marks)), tuple(pieces), written)
 
@@ -369,14 +415,22 @@ def word_around(text: str, offset: int) -> tuple[int, int]:
 
 def within_words(block: Block, text: str, offsets: Sequence[int]) -> list[int]:
     """Marks inside a word, where ``app.formats.inline`` moves them to a word boundary or the end
-    of its punctuation (``**Ecma**'s``, ``(`code`, more)``): back at the same place in the word
-    when the translation has that same word where the mark went."""
+    of its punctuation (``**Ecma**'s``, ``(`code`, more)``, ``<kbd>Ctrl</kbd>+<kbd>C</kbd>``): back
+    at the same place in the word when the translation has that same word near where the mark
+    went."""
     out: list[int] = []
     for mark, offset in zip(block.marks, offsets, strict=True):
-        start, end = word_around(text, offset)
         source_start, source_end = word_around(block.text, mark.offset)
-        if end > start and text[start:end] == block.text[source_start:source_end]:
-            offset = start + mark.offset - source_start
+        word = block.text[source_start:source_end]
+        inside = mark.offset - source_start
+        low = max(0, out[-1] - inside if out else 0, offset - WINDOW)  # marks keep their order
+        best = None
+        for match in re.finditer(re.escape(word), text[low : offset + WINDOW]) if word else ():
+            start = match.start() + low
+            whole = word_around(text, start + len(word)) == (start, start + len(word))
+            if whole and (best is None or abs(start + inside - offset) < abs(best - offset)):
+                best = start + inside
+        offset = best if best is not None else offset
         out.append(max(offset, out[-1]) if out else offset)
     return out
 
@@ -384,13 +438,13 @@ def within_words(block: Block, text: str, offsets: Sequence[int]) -> list[int]:
 def render(span: Span, text: str, offsets: Sequence[int]) -> str:
     """The translated text with the source's markup at the marks' new offsets."""
     source = span.block.text
-    out = Writer(span.written)
+    out = Writer(span.written, source)
     cursor = 0
     for mark, offset, piece in zip(span.block.marks, offsets, span.pieces, strict=True):
         out.text(text[cursor:offset])
         cursor = offset
         if piece.br:
-            out.line_break(piece.raw)
+            out.line_break(piece.raw, piece.follows)
         elif piece.atom:  # as app.formats.html does with <code>: keep the spaces around it
             # (and one where it now stands next to a word and stood next to none: "mit ![Bild](b.png)."
             # -> "with ![Bild](b.png) it.").
@@ -399,7 +453,9 @@ def render(span: Span, text: str, offsets: Sequence[int]) -> str:
                 text[offset - 1 : offset].isalnum() and not before.isalnum()
             )
             spaced_after = not after.strip() or (text[offset : offset + 1].isalnum() and not after.isalnum())
-            out.atom(piece.raw, spaced_before and offset > 0 and not text[offset - 1].isspace())
+            out.atom(
+                piece.raw, spaced_before and offset > 0 and not text[offset - 1].isspace(), piece.opens_link
+            )
             if spaced_after and offset < len(text) and not text[offset].isspace():
                 out.text(" ")
         elif piece.reference and " ".join(out.since_link().split()) != piece.reference:
@@ -415,13 +471,14 @@ class Writer:
     follows it on its line (two breaks with nothing between would leave an empty line, which ends
     the paragraph); a line's text is escaped where it would open a block."""
 
-    def __init__(self, written: dict[str, str]) -> None:
+    def __init__(self, written: dict[str, str], source: str) -> None:
         self.written = written
         self.out: list[str] = []
         self.pending = ""  # a line break not yet written
-        self.line_start = False  # the next text starts a line
+        self.follows = source  # what followed it in the source (at first: the text's start)
+        self.line_start = True  # the next text starts a line
         self.last_atom = -1  # where in out the last atom is
-        self.link = 0  # where in out the text of the last link opened begins
+        self.link = (0, 0)  # where the text of the last link opened begins: in out, and in that piece
 
     def flush(self) -> None:
         if self.pending:
@@ -436,29 +493,33 @@ class Writer:
             return
         self.flush()
         if self.line_start:
-            if BLOCK_START.match(chunk):  # would open a block: a list item, a heading...
+            start = BLOCK_START.match(chunk)
+            # It would open a block (a list item, a heading...), unless the source's line started
+            # so too (and was no block: a "-" in a paragraph's continuation line).
+            if start and not self.follows.startswith(start.group()):
                 digits = len(chunk) - len(chunk.lstrip("0123456789"))
                 chunk = chunk[:digits] + "\\" + chunk[digits:]
             self.line_start = False
         self.out.append("".join(self.written.get(c, c) for c in chunk))
 
-    def markup(self, raw: str, opens_link: bool = False) -> None:
+    def markup(self, raw: str, opens_link: int = -1) -> None:
         self.flush()
         self.line_start = False
         self.out.append(raw)
-        if opens_link:
-            self.link = len(self.out)
+        if opens_link >= 0:
+            self.link = (len(self.out) - 1, opens_link)
 
-    def atom(self, raw: str, space: bool) -> None:
+    def atom(self, raw: str, space: bool, opens_link: int) -> None:
         self.flush()
         # Two atoms that now meet get a space between them: `a``b` would be one code span.
         if (space and not self.line_start) or self.last_atom == len(self.out) - 1 >= 0:
             self.out.append(" ")
-        self.markup(raw)
+        self.markup(raw, opens_link)
         self.last_atom = len(self.out) - 1
 
-    def line_break(self, raw: str) -> None:
-        self.pending = raw
+    def line_break(self, raw: str, follows: str) -> None:
+        self.pending, self.follows = raw, follows
 
     def since_link(self) -> str:
-        return "".join(self.out[self.link :])
+        index, offset = self.link
+        return "".join(self.out[index:])[offset:]
