@@ -76,6 +76,12 @@ def test_block_quotes_lists_and_tables_keep_their_prefixes_and_cells() -> None:
     )
 
 
+def test_task_list_boxes_are_kept_out_of_the_sentences() -> None:
+    sentences, out = translate("- [ ] Erste Aufgabe.\n- [x] Zweite Aufgabe.\n")
+    assert sentences == ("Erste Aufgabe.", "Zweite Aufgabe.")
+    assert out == "- [ ] ERSTE AUFGABE.\n- [x] ZWEITE AUFGABE.\n"
+
+
 def test_a_longer_translation_keeps_the_lines_and_the_markup_around_the_words() -> None:
     source = "> Ein **großer** Hund läuft\n> über die [Wiese](u).\n"
     out = translate(source, lambda s: "A very big dog is running across the meadow.")[1]
@@ -104,6 +110,35 @@ def test_byte_order_mark_and_crlf_line_ends_are_kept() -> None:
 def test_a_document_without_text_comes_back_as_it_was() -> None:
     source = "```\ncode\n```\n\n---\n\n![Bild](a.png)\n"
     assert translate(source) == ((), source)
+
+
+def test_a_collapsed_reference_link_keeps_its_reference_when_its_text_is_translated() -> None:
+    source = "Siehe [die Quelle][] und [`code` Text][].\n\n[die Quelle]: /q\n[`code` Text]: /c\n"
+    out = translate(source, lambda s: "See the source and code text.")[1]
+    assert "][die Quelle]" in out and "][`code` Text]" in out
+    assert kept(out) == kept(source)
+    assert translate(source)[1] == source.replace("Siehe", "SIEHE").replace(" und", " UND").replace(
+        "[die Quelle][]", "[DIE QUELLE][die Quelle]"
+    ).replace("` Text][]", "` TEXT][`code` Text]")
+
+
+def test_markup_inside_words_and_around_code_comes_back_in_place() -> None:
+    source = "Die **Ecma**s Norm, [`zlib`](https://zlib.net) und (`a`, `b`)"
+    source += " mit <kbd>Strg</kbd>+<kbd>C</kbd> hier.\n"
+    assert translate(source, lambda s: s)[1] == source
+
+
+def test_code_spans_that_meet_in_a_shorter_translation_stay_apart() -> None:
+    source = "Mit `a` und `b` und `c` geht es.\n"
+    out = translate(source, lambda s: "Works.")[1]
+    assert kept(out) == kept(source)
+
+
+def test_a_line_break_with_no_words_left_for_its_line_is_dropped_not_left_empty() -> None:
+    source = "> Eins zwei drei\n> vier fünf sechs\n> sieben acht neun.\n"
+    out = translate(source, lambda s: "One two.")[1]
+    assert "\n>\n" not in out and "\n> \n" not in out
+    assert kept(out) == kept(source)
 
 
 @pytest.mark.parametrize("name", sorted(SAMPLES))

@@ -6,11 +6,11 @@ Translated: the inline text of paragraphs, headings (ATX and setext), list items
 table cells, link text and emphasis included. Each such text is one block (``app.formats.inline``)
 whose markup is marks: emphasis and strikethrough delimiters, a link's ``[`` and its ``](url
 "title")``, and each line break with the next line's prefix (``> ``, a list item's indentation),
-so a paragraph keeps its number of lines and every line its prefix. Code spans, images (their alt
-text too), autolinks and inline HTML stay in their sentence untouched, as ``<code>`` does in HTML.
-Backslash escapes and entities are text to the model (``AT&amp;T`` is "AT&T") and written back the
-way the source wrote them; a translated line that would start with a character that opens a block
-(``-``, ``#``, ``>``, ``1.``...) gets it escaped, so the block structure stays the same.
+so a paragraph keeps its lines (as long as the translation has words for each) and every line its
+prefix. Code spans, images (their alt text too), autolinks, inline HTML and a task item's ``[ ]``
+stay in their sentence untouched, as ``<code>`` does in HTML. Backslash escapes and entities are
+text to the model (``AT&amp;T`` is "AT&T") and written back the way the source wrote them. How the
+translation is written back around the markup: ``app.formats.markdown_text``.
 
 Not translated, kept exactly: code blocks (fenced and indented), HTML blocks, link reference
 definitions, front matter (``---`` YAML or ``+++`` TOML at the top), thematic breaks, and every
@@ -19,6 +19,12 @@ expanded inside a block quote's prefix, say) is left as it was rather than guess
 
 markdown-it-py gives block tokens with source line maps but inline tokens without offsets, so the
 inline rules are wrapped to record where each one matched: that is what tells text from markup.
+Limits: ``max_elements`` counts block and inline tokens as they are made, ``max_depth`` the blocks
+open at once (a nesting too deep for Python's stack is refused the same way), ``check_chars`` the
+text. markdown-it-py makes ~50,000 tokens a second, so the element limit also bounds the time.
+
+Not done: a translation's own Markdown characters (a "*" or "_" the model writes) are not escaped,
+and GitHub's footnotes, math and definition lists are read as CommonMark reads them (as text).
 """
 
 from __future__ import annotations
@@ -36,14 +42,13 @@ from markdown_it.rules_inline import StateInline
 from app.formats.documents import decode, encode
 from app.formats.inline import Block, Mark, SplitBlock
 from app.formats.limits import DocumentLimits, TooLarge
+from app.formats.markdown_text import Piece, Span, render, within_words
 
 FRONT_MATTER = re.compile(r"\A(---|\+\+\+)[ \t]*\n.*?^(?:\1|\.\.\.)[ \t]*$", re.DOTALL | re.MULTILINE)
 LEAVES = ("paragraph", "heading", "lheading", "table")  # the block rules whose inline text we translate
 ATOMS = ("backticks", "image", "autolink", "html_inline")  # inline rules whose match stays whole
-WINDOW = 200  # characters around a mark where within_words looks for its word
+TASK = re.compile(r"\[[ xX]\](?=\s)")
 INLINE_NESTING = 20  # markdown-it's own default for links and emphasis inside each other
-# What would open a block at the start of a line (a list item, heading, quote, fence, HTML, rule).
-BLOCK_START = re.compile(r"[-+*#>=`~<]|\d{1,9}[.)]")
 
 
 def read(kind: str, data: bytes, limits: DocumentLimits) -> MarkdownDocument:
@@ -56,31 +61,6 @@ def read(kind: str, data: bytes, limits: DocumentLimits) -> MarkdownDocument:
     parsed = re.sub(r"[^\n]", " ", match.group()) + text[match.end() :] if match else text
     spans = Reader(limits).read(parsed)
     return MarkdownDocument(text, tuple(spans), crlf, bom)
-
-
-@dataclass(frozen=True)
-class Piece:
-    """The source markup at one mark of a block."""
-
-    raw: str
-    atom: bool = False  # a code span, image, autolink or inline HTML: something the sentence holds
-    br: bool = False  # a line break with the next line's prefix
-    follows: str = ""  # a line break's: the text that followed it in the source
-    opens_link: int = -1  # a link's "[" (alone or in an atom): where in raw the link's text starts
-    # The closing "]" or "][]" of a link whose text is its reference ("[Ecma International][]"):
-    # the text it must still have, or the reference it must name once the text is translated.
-    reference: str = ""
-
-
-@dataclass(frozen=True)
-class Span:
-    """One inline text of the source, ``start:end``, as a block to translate."""
-
-    start: int
-    end: int
-    block: Block
-    pieces: tuple[Piece, ...]  # one per mark
-    written: dict[str, str]  # characters the source wrote escaped or as entities, and how
 
 
 class Reader:
@@ -209,6 +189,8 @@ class Reader:
         kinds: list[tuple[str, int, int, str]] = []
         for name, start, end, new in self.events:
             kinds += event_runs(state, name, start, end, new)
+        if TASK.match(text) and not any(start < 3 for _, start, _, _ in kinds):
+            kinds.append(("atom", 0, 3, ""))  # a task list item's "[ ]" or "[x]" (GitHub's)
         kinds.sort(key=lambda k: k[1])
         runs, cursor = [], 0
         for kind, start, end, decoded in kinds:
@@ -400,126 +382,3 @@ class SplitMarkdown:
         out.append(source[cursor:])
         joined = "".join(out)
         return encode(joined.replace("\n", "\r\n") if self.document.crlf else joined, self.document.bom)
-
-
-def word_around(text: str, offset: int) -> tuple[int, int]:
-    """The whitespace-separated word that ``offset`` is in or touches (the one before it first)."""
-    start = end = offset
-    if start > 0 and not text[start - 1].isspace():
-        while start > 0 and not text[start - 1].isspace():
-            start -= 1
-    while end < len(text) and not text[end].isspace():
-        end += 1
-    return start, end
-
-
-def within_words(block: Block, text: str, offsets: Sequence[int]) -> list[int]:
-    """Marks inside a word, where ``app.formats.inline`` moves them to a word boundary or the end
-    of its punctuation (``**Ecma**'s``, ``(`code`, more)``, ``<kbd>Ctrl</kbd>+<kbd>C</kbd>``): back
-    at the same place in the word when the translation has that same word near where the mark
-    went."""
-    out: list[int] = []
-    for mark, offset in zip(block.marks, offsets, strict=True):
-        source_start, source_end = word_around(block.text, mark.offset)
-        word = block.text[source_start:source_end]
-        inside = mark.offset - source_start
-        low = max(0, out[-1] - inside if out else 0, offset - WINDOW)  # marks keep their order
-        best = None
-        for match in re.finditer(re.escape(word), text[low : offset + WINDOW]) if word else ():
-            start = match.start() + low
-            whole = word_around(text, start + len(word)) == (start, start + len(word))
-            if whole and (best is None or abs(start + inside - offset) < abs(best - offset)):
-                best = start + inside
-        offset = best if best is not None else offset
-        out.append(max(offset, out[-1]) if out else offset)
-    return out
-
-
-def render(span: Span, text: str, offsets: Sequence[int]) -> str:
-    """The translated text with the source's markup at the marks' new offsets."""
-    source = span.block.text
-    out = Writer(span.written, source)
-    cursor = 0
-    for mark, offset, piece in zip(span.block.marks, offsets, span.pieces, strict=True):
-        out.text(text[cursor:offset])
-        cursor = offset
-        if piece.br:
-            out.line_break(piece.raw, piece.follows)
-        elif piece.atom:  # as app.formats.html does with <code>: keep the spaces around it
-            # (and one where it now stands next to a word and stood next to none: "mit ![Bild](b.png)."
-            # -> "with ![Bild](b.png) it.").
-            before, after = source[mark.offset - 1 : mark.offset], source[mark.offset : mark.offset + 1]
-            spaced_before = not before.strip() or (
-                text[offset - 1 : offset].isalnum() and not before.isalnum()
-            )
-            spaced_after = not after.strip() or (text[offset : offset + 1].isalnum() and not after.isalnum())
-            out.atom(
-                piece.raw, spaced_before and offset > 0 and not text[offset - 1].isspace(), piece.opens_link
-            )
-            if spaced_after and offset < len(text) and not text[offset].isspace():
-                out.text(" ")
-        elif piece.reference and " ".join(out.since_link().split()) != piece.reference:
-            out.markup(f"][{piece.reference}]")  # "[Text][]" translated: "[Translation][Text]"
-        else:
-            out.markup(piece.raw, piece.opens_link)
-    out.text(text[cursor:])
-    return "".join(out.out)
-
-
-class Writer:
-    """A translated inline text as it is put together: a line break is written only when something
-    follows it on its line (two breaks with nothing between would leave an empty line, which ends
-    the paragraph); a line's text is escaped where it would open a block."""
-
-    def __init__(self, written: dict[str, str], source: str) -> None:
-        self.written = written
-        self.out: list[str] = []
-        self.pending = ""  # a line break not yet written
-        self.follows = source  # what followed it in the source (at first: the text's start)
-        self.line_start = True  # the next text starts a line
-        self.last_atom = -1  # where in out the last atom is
-        self.link = (0, 0)  # where the text of the last link opened begins: in out, and in that piece
-
-    def flush(self) -> None:
-        if self.pending:
-            self.out.append(self.pending)
-            self.pending = ""
-            self.line_start = True
-
-    def text(self, chunk: str) -> None:
-        if self.line_start or self.pending:
-            chunk = chunk.lstrip(" ")
-        if not chunk:
-            return
-        self.flush()
-        if self.line_start:
-            start = BLOCK_START.match(chunk)
-            # It would open a block (a list item, a heading...), unless the source's line started
-            # so too (and was no block: a "-" in a paragraph's continuation line).
-            if start and not self.follows.startswith(start.group()):
-                digits = len(chunk) - len(chunk.lstrip("0123456789"))
-                chunk = chunk[:digits] + "\\" + chunk[digits:]
-            self.line_start = False
-        self.out.append("".join(self.written.get(c, c) for c in chunk))
-
-    def markup(self, raw: str, opens_link: int = -1) -> None:
-        self.flush()
-        self.line_start = False
-        self.out.append(raw)
-        if opens_link >= 0:
-            self.link = (len(self.out) - 1, opens_link)
-
-    def atom(self, raw: str, space: bool, opens_link: int) -> None:
-        self.flush()
-        # Two atoms that now meet get a space between them: `a``b` would be one code span.
-        if (space and not self.line_start) or self.last_atom == len(self.out) - 1 >= 0:
-            self.out.append(" ")
-        self.markup(raw, opens_link)
-        self.last_atom = len(self.out) - 1
-
-    def line_break(self, raw: str, follows: str) -> None:
-        self.pending, self.follows = raw, follows
-
-    def since_link(self) -> str:
-        index, offset = self.link
-        return "".join(self.out[index:])[offset:]
