@@ -133,6 +133,15 @@ def test_blocks_without_timings_and_empty_cues_are_kept_as_they_are() -> None:
     assert out == data.replace(b"Ja.", b"JA.")
 
 
+def test_cues_without_blank_lines_between_them_keep_their_numbers_and_timings() -> None:
+    data = (
+        b"1\n00:00:01,000 --> 00:00:02,000\nErster Text.\n2\n00:00:02,000 --> 00:00:03,000\nZweiter Text.\n"
+    )
+    sentences, out = translate("a.srt", data)
+    assert sentences == ("Erster Text.", "Zweiter Text.")
+    assert out == data.replace(b"Erster Text", b"ERSTER TEXT").replace(b"Zweiter Text", b"ZWEITER TEXT")
+
+
 @pytest.mark.parametrize("name", sorted(SAMPLES))
 def test_samples_keep_their_structure(name: str) -> None:
     data = SAMPLES[name]()

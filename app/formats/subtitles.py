@@ -8,6 +8,9 @@ tags (``<i>``, ``<b>``, ``<font ...>``, ``<c.yellow>``, ``<v Speaker>``, ``<00:0
 ``{\\an8}``) are marks that go back around the translated words. A dialogue cue (every line
 starts with "-", one speaker a line) is translated line by line instead.
 
+A file that leaves out the blank line between two cues still has each timing line kept as a
+timing (with the cue number before it), never translated as text.
+
 A sentence that runs across two cues is translated as two pieces (one per cue): each cue keeps its
 own timing, which is what viewers see, and a cue's text never moves to another cue's time.
 
@@ -79,16 +82,34 @@ def parse_cues(lines: Sequence[str], vtt: bool, limits: DocumentLimits) -> tuple
         while i < len(lines) and lines[i].strip():
             i += 1
         block = lines[start:i]  # one block: a cue, a header, a NOTE...
-        timing = next((k for k in range(min(2, len(block))) if "-->" in block[k]), None)
-        if timing is None or (vtt and block[0].startswith(KEPT_VTT_BLOCKS)):
-            continue  # not a cue: kept as it is
-        if len(cues) >= limits.max_elements:
-            raise TooLarge(f"too many subtitle cues in the file (at most {limits.max_elements:,})")
-        cue = make_cue(block[timing + 1 :], start + timing + 1, vtt)
-        chars += sum(len(b.text) for b in cue.blocks)
-        limits.check_chars(chars)
-        cues.append(cue)
+        if vtt and block[0].startswith(KEPT_VTT_BLOCKS):
+            continue  # kept as it is
+        for first, end in cue_text(block):
+            if len(cues) >= limits.max_elements:
+                raise TooLarge(f"too many subtitle cues in the file (at most {limits.max_elements:,})")
+            cue = make_cue(block[first:end], start + first, vtt)
+            chars += sum(len(b.text) for b in cue.blocks)
+            limits.check_chars(chars)
+            cues.append(cue)
     return tuple(cues)
+
+
+def cue_text(block: Sequence[str]) -> list[tuple[int, int]]:
+    """Where the text of each cue of a block is (lines ``first:end``). A block is one cue (a
+    timing line, first or after a number or identifier, then text), or none (kept as it is); or,
+    in a file that leaves out the blank line between cues, several: a timing line inside a cue's
+    text starts the next one (with the number before it, if there is one), so it is never
+    translated as text."""
+    timings = [k for k, line in enumerate(block) if "-->" in line]
+    if not timings or timings[0] > 1:
+        return []
+    out = []
+    for k, timing in enumerate(timings):
+        end = timings[k + 1] if k + 1 < len(timings) else len(block)
+        if end < len(block) and end - 1 > timing and block[end - 1].strip().isdigit():
+            end -= 1  # the next cue's number
+        out.append((timing + 1, end))
+    return out
 
 
 def make_cue(text_lines: Sequence[str], start: int, vtt: bool) -> Cue:
