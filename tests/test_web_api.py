@@ -168,6 +168,9 @@ def test_file_errors(client: TestClient, keyed: TestClient) -> None:
 
 def test_frontend_settings(client: TestClient, keyed: TestClient) -> None:
     settings = client.get("/frontend/settings").json()
+    formats = settings.pop("filesFormats")  # ours: the formats by name, for the page
+    assert {"name": "PDF", "extensions": [".pdf"]} in formats
+    assert [e for f in formats for e in f["extensions"]] == settings["supportedFilesFormat"]
     assert settings == {
         "charLimit": 300,
         "frontendTimeout": 500,
@@ -175,7 +178,24 @@ def test_frontend_settings(client: TestClient, keyed: TestClient) -> None:
         "keyRequired": False,
         "suggestions": False,
         "filesTranslation": True,
-        "supportedFilesFormat": [".txt", ".html", ".htm", ".docx", ".xlf", ".xliff"],
+        "supportedFilesFormat": [
+            ".txt",
+            ".html",
+            ".htm",
+            ".docx",
+            ".xlf",
+            ".xliff",
+            ".pptx",
+            ".xlsx",
+            ".odt",
+            ".odp",
+            ".ods",
+            ".pdf",
+            ".srt",
+            ".vtt",
+            ".md",
+            ".markdown",
+        ],
         "language": {
             "source": {"code": "auto", "name": "Auto Detect"},
             "target": {"code": "en", "name": "English"},

@@ -9,9 +9,9 @@ file's extension), named in ``FORMATS`` and imported only where documents are re
 processes (``app.formats.sandbox``, which preloads every module listed here) and in tests. The
 front end never imports a format's library.
 
-* .txt and .html: ``app.formats.plain``.
-* .docx: ``app.formats.word``.
-* .xlf and .xliff (XLIFF 1.2 and 2.x): ``app.formats.xliff``.
+* .txt and .html: ``app.formats.plain``; .docx: ``app.formats.word``; .pptx: ``slides``;
+  .xlsx: ``sheets``; .odt, .odp, .ods: ``opendocument``; .xlf, .xliff: ``xliff``; .pdf: ``pdf``;
+  .srt, .vtt: ``subtitles``; .md: ``markdown`` (each module's docstring says what it keeps).
 """
 
 from __future__ import annotations
@@ -74,6 +74,9 @@ FORMATS: tuple[FileFormat, ...] = (
         "app.formats.opendocument",
     ),
     FileFormat("PDF", (".pdf",), "application/pdf", "app.formats.pdf"),
+    FileFormat("SubRip subtitles", (".srt",), "application/x-subrip", "app.formats.subtitles"),
+    FileFormat("WebVTT subtitles", (".vtt",), "text/vtt; charset=utf-8", "app.formats.subtitles"),
+    FileFormat("Markdown", (".md", ".markdown"), "text/markdown; charset=utf-8", "app.formats.markdown"),
 )
 BY_EXTENSION = {extension: f for f in FORMATS for extension in f.extensions}
 MEDIA_TYPES = {extension: f.media_type for extension, f in BY_EXTENSION.items()}
