@@ -215,7 +215,7 @@ def test_the_slot_is_given_back_however_the_request_ends(
     assert translate(client, "solo-secret").status_code == 200 and free()
     assert translate(client, "solo-secret", source="xx").status_code == 400 and free()  # after admission
     form = {"source": "de", "target": "en", "api_key": "solo-secret"}
-    unsupported = client.post("/translate_file", data=form, files={"file": ("a.pdf", b"%PDF")})
+    unsupported = client.post("/translate_file", data=form, files={"file": ("a.exe", b"MZ")})
     assert unsupported.status_code == 400 and free()
     lenient = TestClient(client.app, raise_server_exceptions=False)  # the same app, already started
 

@@ -143,7 +143,8 @@ def test_html_and_docx_files(client: TestClient, translator: Translator) -> None
 
 
 def test_file_errors(client: TestClient, keyed: TestClient) -> None:
-    assert_error(upload(client, "a.pdf", b"%PDF-1.4"), 400, "unsupported file format '.pdf'", ".docx")
+    assert_error(upload(client, "a.exe", b"MZ"), 400, "unsupported file format '.exe'", ".docx", ".pdf")
+    assert_error(upload(client, "a.pdf", b"%PDF-1.4"), 400, "cannot read the PDF file")
     assert_error(upload(client, "a.docx", b"PK not really"), 400, "not a .docx document")
     assert_error(upload(client, "a.txt", b"\xff\xfe"), 400, "not UTF-8")
     assert_error(upload(client, "a.txt", b"x" * 65537), 413, "larger than 65536 bytes")
