@@ -17,6 +17,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from app.jobs import runner as job_runner
+from app.jobs import store as job_store
 from app.jobs.runner import JobRunner
 from app.jobs.store import PROGRESS
 from model.translator import Translator
@@ -208,3 +209,23 @@ def test_a_long_job_and_eight_typing_clients_share_the_workers(
     assert during["state"] == "translating", during  # every typed line was answered before the job ended
     assert during["progress"]["done"] > progress_before  # and the job went on meanwhile
     client.post(f"/jobs/{job['id']}/cancel")
+
+
+def test_a_job_stopped_with_the_service_goes_on_at_once_when_it_starts_again(
+    model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, translator: Translator
+) -> None:
+    monkeypatch.setattr(job_runner, "CHUNK_SENTENCES", 4)
+    sentences = german(200, seed=8)
+    settings = make_settings(model_dir, data_dir=tmp_path, warmup=False)
+    with serve(settings) as client:
+        job = submit(client, "a.txt", text_file(sentences))
+        stopped = wait(client, job["id"], until=("translating", *FINAL))
+        while stopped["progress"]["done"] == 0:
+            stopped = client.get(f"/jobs/{job['id']}").json()
+    assert stopped["state"] == "translating"
+    with serve(settings) as client:
+        # Its lease was given back at the stop: taken up now, not once the lease runs out.
+        done = wait(client, job["id"], timeout_s=job_store.LEASE_S - 5)
+        assert done["state"] == "done" and done["progress"]["done"] == 200
+        lines = client.get(done["resultUrl"]).text.split("\n")
+    assert lines == [r.hypotheses[0] for r in translator.translate_batch(sentences, beam_size=5)]

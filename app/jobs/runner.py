@@ -111,11 +111,12 @@ class JobRunner:
 
     async def stop(self) -> None:
         """Stop every running job where it is, giving its lease back."""
+        running = list(self.running)  # (each task's end takes it out of self.running)
         tasks = [t for t in (self.loop_task, *self.running.values()) if t is not None]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        for job_id in list(self.running):
+        for job_id in running:
             with contextlib.suppress(StoreUnavailable):
                 await asyncio.to_thread(self.store.release, job_id)
 

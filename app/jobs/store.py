@@ -226,6 +226,8 @@ class JobStore:
         """The next job to run, leased to the caller: the oldest queued one (or one whose runner
         stopped renewing its lease) among the owners with the fewest of ``running`` (owner -> jobs
         this runner is running), so that one key's many jobs do not hold every place."""
+        if not self.db.path.exists():  # no job was ever made: the data directory stays untouched
+            return None
         now = time.time()
         with self.db.writing() as db:
             rows = db.execute(
@@ -286,6 +288,8 @@ class JobStore:
 
     def remove_expired(self) -> int:
         """Delete expired jobs and their files; how many."""
+        if not self.db.path.exists():
+            return 0
         with self.db.writing() as db:
             ids = self._expire(db)
         for job_id in ids:
