@@ -74,9 +74,10 @@ def api(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[O
 
 
 def run_cases(operation: APIOperation, mode: GenerationMode) -> None:
-    """``CASES_PER_OPERATION`` generated requests to ``operation``, each answer checked (fewer to
-    a job's own operations: a generated id names no job, and each answer is the same 404)."""
-    cases = CASES_PER_OPERATION // 5 if operation.path.startswith("/jobs/") else CASES_PER_OPERATION
+    """``CASES_PER_OPERATION`` generated requests to ``operation``, each answer checked; a fifth of
+    them to the jobs' operations: a generated id names no job (each answer is the same 404), and
+    a job's upload is /translate_file's form, fuzzed in full there."""
+    cases = CASES_PER_OPERATION // 5 if operation.path.startswith("/jobs") else CASES_PER_OPERATION
 
     @seed(20261123)
     @settings(

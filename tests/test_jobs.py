@@ -167,8 +167,8 @@ def test_a_job_accepted_before_a_restart_is_finished_after_it_from_its_last_save
 def test_a_job_survives_a_worker_killed_in_the_middle(
     model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, translator: Translator
 ) -> None:
-    monkeypatch.setattr(job_runner, "CHUNK_SENTENCES", 8)
-    sentences = german(120, seed=5)
+    monkeypatch.setattr(job_runner, "CHUNK_SENTENCES", 4)
+    sentences = german(60, seed=5)
     with serve(make_settings(model_dir, data_dir=tmp_path, warmup=False)) as client:
         job = submit(client, "a.txt", text_file(sentences))
         wait(client, job["id"], until=("translating", *FINAL))
@@ -185,7 +185,7 @@ def test_a_long_job_and_eight_typing_clients_share_the_workers(
 ) -> None:
     """While a long job translates, 8 clients each get their typed lines answered, one after the
     other, long before the job ends, and the job goes on meanwhile: neither waits for the other."""
-    monkeypatch.setattr(job_runner, "CHUNK_SENTENCES", 16)
+    monkeypatch.setattr(job_runner, "CHUNK_SENTENCES", 2)  # its progress seen sentence by sentence
     job = submit(client, "long.txt", text_file(german(1500, seed=6)))
     wait(client, job["id"], until=("translating", *FINAL))
     lines = german(8 * 8, seed=7)
@@ -215,7 +215,7 @@ def test_a_job_stopped_with_the_service_goes_on_at_once_when_it_starts_again(
     model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, translator: Translator
 ) -> None:
     monkeypatch.setattr(job_runner, "CHUNK_SENTENCES", 4)
-    sentences = german(200, seed=8)
+    sentences = german(80, seed=8)
     settings = make_settings(model_dir, data_dir=tmp_path, warmup=False)
     with serve(settings) as client:
         job = submit(client, "a.txt", text_file(sentences))
@@ -226,6 +226,6 @@ def test_a_job_stopped_with_the_service_goes_on_at_once_when_it_starts_again(
     with serve(settings) as client:
         # Its lease was given back at the stop: taken up now, not once the lease runs out.
         done = wait(client, job["id"], timeout_s=job_store.LEASE_S - 5)
-        assert done["state"] == "done" and done["progress"]["done"] == 200
+        assert done["state"] == "done" and done["progress"]["done"] == 80
         lines = client.get(done["resultUrl"]).text.split("\n")
     assert lines == [r.hypotheses[0] for r in translator.translate_batch(sentences, beam_size=5)]

@@ -22,14 +22,17 @@ from fastapi import APIRouter, Depends, HTTPException, Query, Request, Response
 from fastapi.responses import FileResponse
 from pydantic import BaseModel, Field
 
+from app.config import Settings
 from app.deps import RouterDep, SettingsDep
 from app.formats.documents import MEDIA_TYPES, extension
 from app.jobs.runner import JobRunner
 from app.jobs.store import RESULT, Job, JobOptions, JobsFull, JobStore
 from app.key_limits import admit_key, key_owner
-from app.routes.files import FILE_FORM_BODY, check_format, read_form
+from app.routes.files import FILE_FORM_BODY, FileRequests, check_format, read_form
 from app.routes.translate import check_languages
 from app.schemas import ErrorResponse
+from app.served import ServedModel
+from app.serving.router import Router
 from app.terminology.database import StoreUnavailable
 from app.terminology.service import request_glossary
 
@@ -139,12 +142,27 @@ async def owned_job(request: Request, store: JobStore, job_id: str, api_key: str
         _413="A file over NMT_JOB_MAX_BYTES",
         _422="A field of the wrong type",
         _429="The key holds NMT_MAX_JOBS_PER_KEY jobs, or is over one of its limits",
-        _503="The service holds NMT_MAX_JOBS jobs, or cannot store one now (see Retry-After)",
+        _503="The service holds NMT_MAX_JOBS jobs, NMT_MAX_FILE_REQUESTS uploads are being received, "
+        "or a job cannot be stored now (see Retry-After)",
     ),
 )
 async def create_job(
     request: Request, settings: SettingsDep, router: RouterDep, store: JobStoreDep
 ) -> Response:
+    places: FileRequests = request.app.state.file_requests
+    async with places.place():  # uploads in the front end's memory at once: these and /translate_file's
+        job = await store_upload(request, settings, router, store)
+    runner: JobRunner = request.app.state.job_runner
+    runner.notify()
+    location = str(request.url_for("get_job", job_id=job.id))
+    body = JobInfo.of(job, request).model_dump_json()
+    return Response(body, status_code=202, media_type="application/json", headers={"Location": location})
+
+
+async def store_upload(
+    request: Request, settings: Settings, router: Router[ServedModel], store: JobStore
+) -> Job:
+    """The uploaded file as a new queued job (4xx for a form, file or pair refused now)."""
     form, name, data = await read_form(request, settings.job_max_bytes)
     admit_key(request, form.api_key, requests=1, text_lengths=[])  # its characters once it is read
     check_format(name)
@@ -156,14 +174,11 @@ async def create_job(
         settings.default_beam_size,
     )
     try:
-        job = await stored(store.create, key_owner(request), name, form.source, form.target, options, data)
+        owner = key_owner(request)
+        job: Job = await stored(store.create, owner, name, form.source, form.target, options, data)
     except JobsFull as e:
         raise HTTPException(429 if e.per_key else 503, str(e), {"Retry-After": "60"}) from e
-    runner: JobRunner = request.app.state.job_runner
-    runner.notify()
-    location = str(request.url_for("get_job", job_id=job.id))
-    body = JobInfo.of(job, request).model_dump_json()
-    return Response(body, status_code=202, media_type="application/json", headers={"Location": location})
+    return job
 
 
 @router.get(
