@@ -38,3 +38,10 @@ def test_a_typed_sentence_that_does_not_fit_is_not_jumped_by_a_jobs() -> None:
     inbox.add([job(1, 2, beam=8)])
     assert [j.id for j in inbox.take(lambda j: j.beam_size < 8, MODEL)] == []
     assert inbox.waiting == 2
+
+
+def test_alone_a_jobs_sentences_take_at_most_their_own_share_of_the_batch() -> None:
+    inbox = Inbox(background_rows=2, background_alone_rows=6)
+    inbox.add([job(i, 1, background=True) for i in range(5)])
+    assert take_all(inbox) == [0, 1, 2]  # 6 rows: room left for a typed line's beams beside them
+    assert take_all(inbox) == []

@@ -56,8 +56,9 @@ log = logging.getLogger("uvicorn.error").getChild("worker")
 # Translated once before a worker reports ready: the first request should not pay for lazy
 # initialisation (allocator, kernels, thread pools).
 WARMUP_SENTENCES = ["Hallo Welt."]
-# Rows of document jobs' sentences in a running batch beside typed ones (the service passes a
-# eighth of NMT_MAX_BATCH_SIZE: one sentence at beam 5 of its 64 rows).
+# Rows of document jobs' sentences in a running batch beside typed ones (the service passes an
+# eighth of NMT_MAX_BATCH_SIZE: one sentence at beam 5 of its 64 rows; a quarter when no typed one
+# is there).
 BACKGROUND_ROWS = 8
 
 
@@ -134,12 +135,19 @@ class Inbox:
 
     Document jobs' sentences (``SentenceJob.background``) wait apart and join after the typed
     ones, and while typed sentences run or wait, at most ``background_rows`` of theirs are in the
-    batch: a typed line never waits for a slot behind a document, and its steps are not slowed
-    by a full batch of one (``benchmarks/jobs.py``). Alone, a job fills the batch."""
+    batch, ``background_alone_rows`` otherwise: a typed line never waits for a slot behind a
+    document, and its steps are not those of a full batch of one (``benchmarks/jobs.py``). The
+    price is the job's speed alone: about half of what a full batch gives, on CPU."""
 
-    def __init__(self, metrics: Metrics | None = None, background_rows: int = BACKGROUND_ROWS) -> None:
+    def __init__(
+        self,
+        metrics: Metrics | None = None,
+        background_rows: int = BACKGROUND_ROWS,
+        background_alone_rows: int | None = None,
+    ) -> None:
         self.metrics = metrics
         self.background_rows = background_rows
+        self.background_alone_rows = background_alone_rows  # None: no limit
         self._queues: dict[str, FairQueue[HeldJob]] = {}  # by model
         self._background: dict[str, FairQueue[HeldJob]] = {}  # by model: document jobs'
         self._typed_waiting = 0  # jobs in ``_queues``
@@ -229,9 +237,13 @@ class Inbox:
 
     def _background_fits(self, job: HeldJob) -> bool:
         """A document job's sentence joins within ``background_rows`` while typed ones run or
-        wait, and freely otherwise."""
+        wait, and within ``background_alone_rows`` otherwise: a typed line that comes then decodes
+        beside a few of its rows, not a full batch of them (one at least: an idle worker works)."""
         typed, background = self._running
-        return not (typed or self._typed_waiting) or background + job.beam_size <= self.background_rows
+        if typed or self._typed_waiting:
+            return background + job.beam_size <= self.background_rows
+        limit = self.background_alone_rows
+        return limit is None or not background or background + job.beam_size <= limit
 
     def _pop(self, queue: FairQueue[HeldJob], background: bool) -> HeldJob:
         job = queue.pop()
@@ -260,7 +272,11 @@ def serve_worker(
         torch.set_num_threads(threads)
     try:
         metrics = process_metrics(metrics_dir)
-        inbox = Inbox(metrics, background_rows=max(1, settings.max_batch_size // 8))
+        inbox = Inbox(
+            metrics,
+            background_rows=max(1, settings.max_batch_size // 8),
+            background_alone_rows=max(1, settings.max_batch_size // 4),
+        )
         table = model_table(settings, models, metrics)
         loaded = table.load_at_start()
         executor = Executor.from_settings(table, inbox, settings, metrics=metrics)
