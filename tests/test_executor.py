@@ -18,7 +18,7 @@ import torch
 from conftest import SENTENCES, compile_cache_dir, synthetic_sentences
 
 from app.metrics import Metrics, process_metrics
-from app.serving.executor import JOIN_RATIO, JOIN_WAIT_STEPS, Executor, Job
+from app.serving.executor import BACKGROUND_EVERY, JOIN_RATIO, JOIN_WAIT_STEPS, Executor, Job
 from app.serving.models import ModelTable
 from app.serving.protocol import SentenceJob
 from app.serving.scheduler import Hypotheses
@@ -520,3 +520,24 @@ def test_inbox_wait_for_more_waits_for_rows_or_the_timeout() -> None:
     started = time.monotonic()
     inbox.wait_for_more(4, 10.0)
     assert time.monotonic() - started < 5.0  # 4 rows are there: it did not wait out its 10 s
+
+
+def test_a_typed_line_decodes_apart_from_a_documents_batch_in_its_own_steps(
+    make_executor: Callable[..., Executor], translator: Translator
+) -> None:
+    inbox = Inbox()
+    executor = make_executor(translator, inbox, max_batch_size=32)
+    typed = job(translator, LONG[0])
+    texts = [*LONG, *SENTENCES]
+    document = [dataclasses.replace(job(translator, s), background=True) for s in texts]
+    alone = drive(executor, inbox, {0: [dataclasses.replace(typed, id=next(_ids))]})
+    steps_alone = max(i for i, _ in alone.values()) + 1
+    finished = drive(executor, inbox, {0: document, 3: [typed]}, start=0)
+    typed_at, outcome = finished[typed.id]
+    # Its steps are its own (the document's batch steps once in BACKGROUND_EVERY meanwhile) ...
+    assert typed_at - 3 < steps_alone + steps_alone // BACKGROUND_EVERY + 2
+    assert tokens(outcome) == tokens(next(iter(alone.values()))[1])
+    # ... and the document's sentences translate as they would alone.
+    for j, text in zip(document, texts, strict=True):
+        assert tokens(finished[j.id][1]) == translator.translate_batch([text], beam_size=1)[0].tokens[:1]
+    assert typed_at < max(finished[j.id][0] for j in document)  # the line did not wait for it

@@ -9,10 +9,11 @@ A job goes queued -> reading -> translating -> writing -> done (or failed, or ca
   ``IN_FLIGHT`` chunks at once so the workers never wait between them, through the same path as a
   /translate request (the key's translation memory, the segment cache, constraints), but as
   *background* work: the scheduler gives a job's sentences to a worker only within a share of its
-  rows that leaves a batch free for typed requests, and the worker takes them into its batch after
-  every typed one, a few rows at most while typed ones run (``app.serving.worker.Inbox``). So a
-  200-page document does not delay a typed line, and alone it fills the batch
-  (benchmarks/jobs.py measures both). Each chunk is saved as it finishes.
+  rows that leaves a batch free for typed requests, and the worker decodes them in a batch of
+  their own that steps only when no typed sentence runs, or once in ``BACKGROUND_EVERY`` steps
+  (``app.serving.executor``). So a typed line decodes in its own steps beside a 200-page document,
+  and alone the document fills the batch (benchmarks/jobs.py measures both). Each chunk is saved
+  as it finishes.
 * **writing**: a reader process writes the translations into the file.
 
 At most ``max_running`` jobs run at a time in this process. A job that failed for a reason of

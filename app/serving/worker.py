@@ -56,10 +56,6 @@ log = logging.getLogger("uvicorn.error").getChild("worker")
 # Translated once before a worker reports ready: the first request should not pay for lazy
 # initialisation (allocator, kernels, thread pools).
 WARMUP_SENTENCES = ["Hallo Welt."]
-# Rows of document jobs' sentences in a running batch beside typed ones (the service passes an
-# eighth of NMT_MAX_BATCH_SIZE: one sentence at beam 5 of its 64 rows; a quarter when no typed one
-# is there).
-BACKGROUND_ROWS = 8
 
 
 def open_translator(settings: Settings, model_dir: Path) -> Translator:
@@ -133,25 +129,14 @@ class Inbox:
     after a document must still join before the rest of the document. The pipe's reader thread
     adds and cancels; the model thread takes. ``metrics``: the process's (each model's label).
 
-    Document jobs' sentences (``SentenceJob.background``) wait apart and join after the typed
-    ones, and while typed sentences run or wait, at most ``background_rows`` of theirs are in the
-    batch, ``background_alone_rows`` otherwise: a typed line never waits for a slot behind a
-    document, and its steps are not those of a full batch of one (``benchmarks/jobs.py``). The
-    price is the job's speed alone: about half of what a full batch gives, on CPU."""
+    Document jobs' sentences (``SentenceJob.background``) wait in queues of their own, for the
+    executor's batches of documents (``app.serving.executor``: they step only when no typed
+    sentence runs or waits, or one step in ``BACKGROUND_EVERY``)."""
 
-    def __init__(
-        self,
-        metrics: Metrics | None = None,
-        background_rows: int = BACKGROUND_ROWS,
-        background_alone_rows: int | None = None,
-    ) -> None:
+    def __init__(self, metrics: Metrics | None = None) -> None:
         self.metrics = metrics
-        self.background_rows = background_rows
-        self.background_alone_rows = background_alone_rows  # None: no limit
         self._queues: dict[str, FairQueue[HeldJob]] = {}  # by model
         self._background: dict[str, FairQueue[HeldJob]] = {}  # by model: document jobs'
-        self._typed_waiting = 0  # jobs in ``_queues``
-        self._running = [0, 0]  # rows taken into a batch and not released: typed, background
         self._size = 0  # jobs in the queues
         self._rows = 0  # rows of the jobs in the queues
         self._by_id: dict[int, HeldJob] = {}  # every job given and not finished
@@ -168,7 +153,6 @@ class Inbox:
                 background = mine[0].background
                 queues = self._background if background else self._queues
                 queues.setdefault(model, FairQueue()).push(rid, mine)
-                self._typed_waiting += 0 if background else len(mine)
             self._size += len(jobs)
             self._rows += sum(j.beam_size for j in jobs)
             self._cond.notify()
@@ -185,7 +169,6 @@ class Inbox:
     def release(self, job: Job) -> bool:
         """Forget a job that left the batch; False if it had been cancelled (nobody waits for it)."""
         with self._cond:
-            self._running[isinstance(job, HeldJob) and job.background] -= job.beam_size
             return self._by_id.pop(job.id, None) is not None
 
     def stop(self) -> None:
@@ -199,8 +182,11 @@ class Inbox:
         """Jobs waiting, every model's."""
         return self._size
 
-    def waiting_for(self, model: str) -> int:
-        return sum(len(q) for q in (self._queues.get(model), self._background.get(model)) if q is not None)
+    def waiting_for(self, model: str, background: bool | None = None) -> int:
+        """``model``'s jobs waiting: typed ones, documents' (``background``), or both (None)."""
+        kinds = (False, True) if background is None else (background,)
+        queues = [(self._background if kind else self._queues).get(model) for kind in kinds]
+        return sum(len(q) for q in queues if q is not None)
 
     def wait(self, busy: Callable[[], bool]) -> bool:
         """Block until jobs wait or ``busy()`` (a batch is running); False once stopping."""
@@ -213,43 +199,29 @@ class Inbox:
         with self._cond:
             self._cond.wait_for(lambda: self._stopping or self._rows >= rows, timeout)
 
-    def take(self, fits: Callable[[Job], bool], model: str = "") -> list[Job]:
-        """``model``'s jobs in the queue's order for as long as ``fits(job)``; cancelled or expired
-        ones are dropped on the way."""
+    def take(self, fits: Callable[[Job], bool], model: str = "", background: bool = False) -> list[Job]:
+        """``model``'s jobs (typed ones, or documents') in the queue's order for as long as
+        ``fits(job)``; cancelled or expired ones are dropped on the way."""
         taken: list[Job] = []
         now = time.monotonic()
         with self._cond:
-            for background, queue in ((False, self._queues.get(model)), (True, self._background.get(model))):
-                while queue is not None and (job := queue.peek()) is not None:
-                    if job.expired(now):
-                        self._pop(queue, background)
-                        self._by_id.pop(job.id, None)
-                        if self.metrics is not None:
-                            self.metrics.sentences.labels(job.model, "abandoned").inc()
-                        continue
-                    if background and not self._background_fits(job):
-                        break
-                    if not fits(job):
-                        return taken  # nothing jumps a typed job that does not fit
-                    taken.append(self._pop(queue, background))
-                    self._running[background] += job.beam_size
+            queue = (self._background if background else self._queues).get(model)
+            while queue is not None and (job := queue.peek()) is not None:
+                if job.expired(now):
+                    self._pop(queue)
+                    self._by_id.pop(job.id, None)
+                    if self.metrics is not None:
+                        self.metrics.sentences.labels(job.model, "abandoned").inc()
+                    continue
+                if not fits(job):
+                    break
+                taken.append(self._pop(queue))
         return taken
 
-    def _background_fits(self, job: HeldJob) -> bool:
-        """A document job's sentence joins within ``background_rows`` while typed ones run or
-        wait, and within ``background_alone_rows`` otherwise: a typed line that comes then decodes
-        beside a few of its rows, not a full batch of them (one at least: an idle worker works)."""
-        typed, background = self._running
-        if typed or self._typed_waiting:
-            return background + job.beam_size <= self.background_rows
-        limit = self.background_alone_rows
-        return limit is None or not background or background + job.beam_size <= limit
-
-    def _pop(self, queue: FairQueue[HeldJob], background: bool) -> HeldJob:
+    def _pop(self, queue: FairQueue[HeldJob]) -> HeldJob:
         job = queue.pop()
         self._size -= 1
         self._rows -= job.beam_size
-        self._typed_waiting -= 0 if background else 1
         return job
 
 
@@ -272,11 +244,7 @@ def serve_worker(
         torch.set_num_threads(threads)
     try:
         metrics = process_metrics(metrics_dir)
-        inbox = Inbox(
-            metrics,
-            background_rows=max(1, settings.max_batch_size // 8),
-            background_alone_rows=max(1, settings.max_batch_size // 4),
-        )
+        inbox = Inbox(metrics)
         table = model_table(settings, models, metrics)
         loaded = table.load_at_start()
         executor = Executor.from_settings(table, inbox, settings, metrics=metrics)
