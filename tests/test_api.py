@@ -21,7 +21,7 @@ from pydantic import ValidationError
 
 from app.config import Settings
 from app.main import create_app
-from app.routes.translate import run_until_disconnect, wait_for_disconnect
+from app.routes.sentences import run_until_disconnect, wait_for_disconnect
 from app.serving.errors import DeadlineExceeded, EngineStopped, QueueFull, TooLarge
 from model.runtime.prepack import int8_is_fast
 from model.translator import Translator

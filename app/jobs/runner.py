@@ -42,15 +42,8 @@ from app.formats.limits import DocumentError
 from app.formats.sandbox import Busy, DocumentReaders
 from app.jobs.store import FINAL, LEASE_S, Job, JobStore, State
 from app.key_limits import KeyLimiter, charge_owner
-from app.routes.translate import (
-    AUTO,
-    SearchPlan,
-    answer_with,
-    check_languages,
-    decode_sentences,
-    route_of,
-    source_language,
-)
+from app.routes.sentences import SearchPlan, answer_with, decode_sentences
+from app.routes.translate import AUTO, check_languages, route_of, source_language
 from app.served import ServedModel
 from app.serving.errors import EngineError
 from app.serving.router import Route, Router

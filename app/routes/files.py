@@ -34,11 +34,10 @@ from app.formats.documents import MEDIA_TYPES, SUPPORTED, download_name, extensi
 from app.formats.limits import DocumentError
 from app.formats.sandbox import Busy, DocumentReaders
 from app.key_limits import admit_key, charge_key
+from app.routes.sentences import SearchPlan, answer_sentences
 from app.routes.translate import (
     AUTO,
     CLIENT_CLOSED_REQUEST,
-    SearchPlan,
-    answer_sentences,
     check_languages,
     route_of,
     shorten,

@@ -14,7 +14,7 @@ a request).
 Blank sentences are neither looked up nor cached: the caller's decoding answers them without
 model work anyway, and counting them would only inflate the cache's hit rate.
 
-Generic over the caller's per-sentence result (``app.routes.translate.SentenceResult``), so that
+Generic over the caller's per-sentence result (``app.routes.sentences.SentenceResult``), so that
 nothing here depends on HTTP routes.
 """
 
