@@ -31,7 +31,7 @@ from tests.test_api import make_settings
 
 # At most, per operation and mode. The GETs without parameters have one case each; /translate gets
 # 150 valid and 150 invalid bodies (JSON, urlencoded, multipart): ~15 s on 2 cores.
-CASES_PER_OPERATION = 150
+CASES_PER_OPERATION = 120
 
 
 @pytest.fixture(scope="module")

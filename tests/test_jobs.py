@@ -165,18 +165,17 @@ def test_a_job_accepted_before_a_restart_is_finished_after_it_from_its_last_save
 
 
 def test_a_job_survives_a_worker_killed_in_the_middle(
-    model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, translator: Translator
+    client: TestClient, monkeypatch: pytest.MonkeyPatch, translator: Translator
 ) -> None:
     monkeypatch.setattr(job_runner, "CHUNK_SENTENCES", 4)
     sentences = german(60, seed=5)
-    with serve(make_settings(model_dir, data_dir=tmp_path, warmup=False)) as client:
-        job = submit(client, "a.txt", text_file(sentences))
-        wait(client, job["id"], until=("translating", *FINAL))
-        worker = client.app.state.scheduler.workers[0].worker  # type: ignore[attr-defined]
-        os.kill(worker.pid, signal.SIGKILL)
-        done = wait(client, job["id"], timeout_s=180)
-        assert done["state"] == "done", done
-        lines = client.get(done["resultUrl"]).text.split("\n")
+    job = submit(client, "a.txt", text_file(sentences))
+    wait(client, job["id"], until=("translating", *FINAL))
+    worker = client.app.state.scheduler.workers[0].worker  # type: ignore[attr-defined]
+    os.kill(worker.pid, signal.SIGKILL)
+    done = wait(client, job["id"], timeout_s=180)
+    assert done["state"] == "done", done
+    lines = client.get(done["resultUrl"]).text.split("\n")
     assert lines == [r.hypotheses[0] for r in translator.translate_batch(sentences, beam_size=5)]
 
 
@@ -187,7 +186,7 @@ def test_a_long_job_and_eight_typing_clients_share_the_workers(
     other, before the job ends (its sentences decode apart, after theirs); then the job goes on to
     the end: neither waits for the other to finish."""
     monkeypatch.setattr(job_runner, "CHUNK_SENTENCES", 8)
-    job = submit(client, "long.txt", text_file(german(400, seed=6)))
+    job = submit(client, "long.txt", text_file(german(200, seed=6)))
     wait(client, job["id"], until=("translating", *FINAL))
     lines = german(8 * 8, seed=7)
     latencies: list[float] = []
@@ -208,7 +207,7 @@ def test_a_long_job_and_eight_typing_clients_share_the_workers(
     assert len(latencies) == 64
     assert during["state"] == "translating", during  # every typed line was answered before the job ended
     done = wait(client, job["id"], timeout_s=180)
-    assert done["state"] == "done" and done["progress"]["done"] == 400
+    assert done["state"] == "done" and done["progress"]["done"] == 200
 
 
 def test_a_job_stopped_with_the_service_goes_on_at_once_when_it_starts_again(

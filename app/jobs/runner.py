@@ -59,9 +59,7 @@ log = logging.getLogger("uvicorn.error").getChild("jobs")
 
 CHUNK_SENTENCES = 64  # sentences a chunk: progress is saved, and shown, chunk by chunk
 # Chunks of one job given to the scheduler at once: the next is queued while the last sentences
-# of the one before decode, so that the workers' batches stay full. Each chunk is a request to
-# the scheduler, a turn of its round-robin: a typed line waits behind at most IN_FLIGHT sentences
-# of a job.
+# of the one before decode, so that the workers' batches of documents stay full.
 IN_FLIGHT = 2
 CHUNK_TIMEOUT_S = 900.0  # a chunk waits this long at most (it shares the workers with everyone)
 RETRY_S = 2.0  # before trying a chunk (or a read) again after a refusal of the moment
