@@ -29,6 +29,7 @@ from starlette.datastructures import State
 from starlette.types import Receive, Scope, Send
 
 from app.config import Settings, describe_settings_error, service_version
+from app.direct import DirectRoute
 from app.errors import install_error_handlers
 from app.jobs.runner import JobRunner, Services
 from app.jobs.store import JobStore
@@ -355,14 +356,21 @@ def prepare_detection(router: Router[ServedModel]) -> None:
 
 class TranslationApp(FastAPI):
     """FastAPI, with translation requests refused first thing when there is no room for them
-    (``app.shedding``): before FastAPI's and Starlette's layers, which cost more than the refusal."""
+    (``app.shedding``): before FastAPI's and Starlette's layers, which cost more than the refusal.
+    POST /translate then goes to its endpoint directly (``app.direct``), everything else through
+    FastAPI."""
+
+    direct: DirectRoute | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if await refused(self.state, scope, send):
             return
         try:
             await take_turn(self.state, scope)
-            await super().__call__(scope, receive, send)
+            if self.direct is not None and DirectRoute.matches(scope):
+                await self.direct(scope, receive, send)
+            else:
+                await super().__call__(scope, receive, send)
         finally:
             passed(scope)
             release_key(scope)
@@ -416,6 +424,7 @@ def create_app(settings: Settings | None = None) -> TranslationApp:
     ):
         app.include_router(module.router)
     app.mount("/static", frontend.static_files(), name="static")
+    app.direct = DirectRoute(app)
     return app
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import pickle
 import signal
 import threading
 import time
@@ -277,8 +278,8 @@ def serve_worker(
                     if table.changes != told:
                         told = table.changes
                         conn.send(Loaded(tuple(table.loaded)))
-                    if answers:
-                        conn.send(Answers(tuple(answers)))
+                    if answers:  # (pickle itself: see WorkerProcess.send)
+                        conn.send_bytes(pickle.dumps(Answers(tuple(answers)), pickle.HIGHEST_PROTOCOL))
     finally:
         if cores is not None:
             cores.update(busy=False)
