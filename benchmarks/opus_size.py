@@ -1,11 +1,9 @@
 """Real-size speed: a model of OPUS-MT's size, our server against CTranslate2 at the same precision.
 
-The model (made once, kept in ``--work``): a ``transformers`` MarianMTModel of OPUS-MT's shape
-(6+6 layers, d_model 512, 8 heads, FFN 2048, swish, scaled embeddings, 58,101 pieces: ~74M
-parameters with the embeddings shared and tied) with random weights (seed ``--seed``) and a
-MarianTokenizer whose SentencePiece models are trained on Multi30k's training text (8,000 pieces per
-side, read where they lie), its vocab.json filled up to 58,101 entries with pieces no text produces
-("▁zz12345": the output projection is 512 x 58,101 as in OPUS-MT). ``final_logits_bias[eos]`` is
+The model (``benchmarks.opus_model``; made once, kept in ``--work``): a ``transformers``
+MarianMTModel of OPUS-MT's shape (6+6 layers, d_model 512, 8 heads, FFN 2048: ~74M parameters,
+58,101 pieces, the output projection 512 x 58,101 as in OPUS-MT) with random weights (seed
+``--seed``) and a MarianTokenizer trained on Multi30k's training text. ``final_logits_bias[eos]`` is
 -1e4, so neither engine ever ends a sentence early: every output is exactly ``--length`` tokens in
 both (CTranslate2 also gets min_decoding_length = max_decoding_length), and random weights cannot
 make one engine's sentences shorter than the other's. Converted for us by ``model.convert.marian``
@@ -17,8 +15,8 @@ int8: ours against CTranslate2's int8), ``--runs`` times per beam (greedy and be
 1. CTranslate2 ``translate_batch`` over the first ``--limit`` test_2016 sentences, text to text,
    ``max_batch_size`` 64, ``max_decoding_length = min_decoding_length = --length`` (which does not
    count eos), in both thread layouts (2x1: two batches at a time on one thread each; 1x2: one batch
-   on two threads), each in its own process, while the server sits idle; every hypothesis is checked
-   to be ``--length`` tokens;
+   on two threads), each in its own process (``benchmarks.opus_engines``), while the server sits
+   idle; every hypothesis is checked to be ``--length`` tokens;
 2. our server as deployed (``benchmarks.load.serve``: uvicorn, its default two workers of one
    thread) with NMT_MAX_OUTPUT_TOKENS = NMT_MAX_LENGTH_B = length + 1 (ours counts eos) and
    NMT_MAX_LENGTH_A = 0: ``wrk`` with ``--connections`` connections for ``--duration`` seconds after
@@ -27,12 +25,16 @@ int8: ours against CTranslate2's int8), ``--runs`` times per beam (greedy and be
 Also: the server's start-up (to /health/ready; a cold start compiles the decoding step, a warm one
 loads it from ``--work``/compile) against CTranslate2's ``Translator`` construction; the resident
 memory of the server's processes after warm-up against each CTranslate2 process's; the weights'
-size; and, in a process of its own on one thread (what a server worker has), where a decoding step's
-time goes at 64 rows (the server's running batch: 64 greedy rows or 16 sentences x beam 4) and at
-256 rows (CTranslate2's batch of 64 sentences x beam 4): the output projection (512 x 58,101) alone,
-the token choice over 58,101 logits, the other linear layers, and the whole step. Our library,
-loaded with the server's settings, checks that our outputs are ``--length`` tokens and the same text
-as the server's for a few sentences.
+size; and, in a process of its own on one thread (what a server worker has; also
+``benchmarks.opus_engines``), where a decoding step's time goes at 64 rows (the server's running
+batch: 64 greedy rows or 16 sentences x beam 4) and at 256 rows (CTranslate2's batch of 64 sentences
+x beam 4): the output projection (512 x 58,101) alone, the token choice over 58,101 logits, the
+other linear layers, and the whole step. Our library, loaded with the server's settings, checks that
+our outputs are ``--length`` tokens and the same text as the server's for a few sentences.
+
+This module runs the server (start-up, ``wrk``, memory), drives the engines' processes, and reports
+(the table, ``--json``); the model is ``benchmarks.opus_model``'s, the engines' own processes
+(CTranslate2's, and our library's check and step profile) ``benchmarks.opus_engines``'s.
 
     .venv/bin/python -m benchmarks.opus_size --json benchmarks/results/opus_size.json
     .venv/bin/python -m benchmarks.opus_size --precisions float32 --profile-steps 0 --runs 3
@@ -40,25 +42,24 @@ as the server's for a few sentences.
 The first took 20 min on a busy 2-vCPU AVX2 EPYC, two cold compiles of the step included (the
 server's, ~70 s; the int8 step's for the profile); a second run, caches warm, takes less. On a CPU
 without VNNI our server is not run in int8 (``--server-precisions``): its rate is estimated from the
-step's time (``estimated_server``), and the int8 profile times the server's step only, once.
+step's time (``benchmarks.opus_engines.estimated_server``), and the int8 profile times the server's
+step only, once.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import multiprocessing as mp
 import os
 import statistics
 import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
 from dataclasses import asdict, dataclass, field
 from functools import partial
-from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
@@ -74,151 +75,24 @@ from benchmarks.load import (
     wait_idle,
     write_bodies,
 )
+from benchmarks.opus_engines import (
+    BATCH,
+    CT2Worker,
+    breakdown_table,
+    estimated_server,
+    fast_int8,
+    run_ours,
+    status_mib,
+)
+from benchmarks.opus_model import VOCAB, convert_ct2, convert_ours, make_hf_model, parameters, size_mib
 from training.data import read_lines
 
-VOCAB = 58101  # OPUS-MT de-en's vocabulary (with <pad> last)
-EOS, UNK, PAD = 0, 1, VOCAB - 1  # Marian's ids: </s> first, <unk> second, <pad> last
-SPM_PIECES = 8000  # per side, at most
-BATCH = 64  # CTranslate2's max_batch_size and the server's running batch (rows)
 PRECISIONS = {"float32": ("none", "float32"), "int8": ("int8", "int8")}  # ours, CTranslate2's
 CHECK_SENTENCES = 4  # compared between the server and the library
 REQUEST_TIMEOUT_S = 600.0
-SETTLE_S = 0.5  # Intel OpenMP threads spin for 200 ms after work: let them sleep between runs
-
-
-# -- the model --------------------------------------------------------------------------------------
-def train_spm(corpus: Path, prefix: Path) -> Path:
-    """A SentencePiece model of ``SPM_PIECES`` pieces trained on ``corpus`` (gzipped, read in place)."""
-    import sentencepiece as spm
-
-    spm.SentencePieceTrainer.train(
-        sentence_iterator=iter(read_lines(corpus)),
-        model_prefix=str(prefix),
-        vocab_size=SPM_PIECES,
-        character_coverage=1.0,
-        hard_vocab_limit=False,  # Multi30k's English has room for ~7,900
-        num_threads=2,
-        minloglevel=2,
-    )
-    return prefix.with_suffix(".model")
-
-
-def make_hf_model(out: Path, data: Path, seed: int) -> Path:
-    """The MarianMTModel and MarianTokenizer of OPUS-MT's size in ``out`` (kept: made once)."""
-    if (out / "config.json").is_file() and (out / "vocab.json").is_file():
-        return out
-    import sentencepiece as spm
-    import torch
-    from transformers import MarianConfig, MarianMTModel, MarianTokenizer
-
-    tmp = Path(tempfile.mkdtemp(prefix="opus-size-", dir=out.parent))
-    models = {
-        side: train_spm(data / f"train.{lang}.gz", tmp / side)
-        for side, lang in (("source", "de"), ("target", "en"))
-    }
-    pieces = ["</s>", "<unk>"]
-    for model in models.values():
-        sp = spm.SentencePieceProcessor(model_file=str(model))
-        pieces += [
-            sp.id_to_piece(i)
-            for i in range(sp.get_piece_size())
-            if not sp.is_control(i) and not sp.is_unknown(i)
-        ]
-    pieces = list(dict.fromkeys(pieces))
-    pieces += [f"▁zz{i:05d}" for i in range(VOCAB - 1 - len(pieces))]  # never produced by a text
-    vocab = {piece: i for i, piece in enumerate([*pieces, "<pad>"])}
-    assert len(vocab) == VOCAB and vocab["</s>"] == EOS and vocab["<unk>"] == UNK and vocab["<pad>"] == PAD
-    (tmp / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False), encoding="utf-8")
-    tokenizer = MarianTokenizer(
-        str(models["source"]),
-        str(models["target"]),
-        str(tmp / "vocab.json"),
-        source_lang="de",
-        target_lang="en",
-    )
-    torch.manual_seed(seed)
-    config = MarianConfig(
-        vocab_size=VOCAB,
-        d_model=512,
-        encoder_layers=6,
-        decoder_layers=6,
-        encoder_attention_heads=8,
-        decoder_attention_heads=8,
-        encoder_ffn_dim=2048,
-        decoder_ffn_dim=2048,
-        activation_function="swish",
-        scale_embedding=True,
-        max_position_embeddings=512,
-        pad_token_id=PAD,
-        decoder_start_token_id=PAD,
-        eos_token_id=EOS,
-        forced_eos_token_id=EOS,
-        share_encoder_decoder_embeddings=True,
-    )
-    model = MarianMTModel(config).eval()
-    with torch.no_grad():  # a weight: no engine ever ends a sentence before its length limit
-        model.final_logits_bias[0, EOS] = -1e4
-    hf = tmp / "hf"
-    model.save_pretrained(hf)
-    tokenizer.save_pretrained(hf)
-    hf.rename(out)
-    for f in tmp.iterdir():
-        f.unlink()
-    tmp.rmdir()
-    return out
-
-
-def parameters(hf_dir: Path) -> int:
-    """Weights of the model, each shared one once (sinusoidal positions not counted)."""
-    from safetensors import safe_open
-
-    total = 0
-    with safe_open(str(hf_dir / "model.safetensors"), "pt") as f:
-        for name in f.keys():  # noqa: SIM118 (a safe_open has no __iter__)
-            if "embed_tokens" in name or "lm_head" in name or "embed_positions" in name:
-                continue
-            n = 1
-            for s in f.get_slice(name).get_shape():
-                n *= s
-            total += n
-    return total
-
-
-def convert_ours(hf_dir: Path, out: Path) -> Path:
-    if (out / "config.json").is_file():
-        return out
-    from model.convert.marian import convert
-
-    return convert(hf_dir, out, source="de", target="en", command="benchmarks.opus_size")
-
-
-def convert_ct2(hf_dir: Path, out: Path, quantization: str) -> Path:
-    if (out / "model.bin").is_file():
-        return out
-    import ctranslate2
-
-    ctranslate2.converters.TransformersConverter(str(hf_dir)).convert(
-        str(out), quantization=quantization, force=True
-    )
-    return out
-
-
-def size_mib(path: Path) -> float:
-    return sum(f.stat().st_size for f in path.iterdir() if f.is_file()) / 2**20
 
 
 # -- memory -----------------------------------------------------------------------------------------
-def status_mib(pid: int, field_name: str) -> float:
-    """A kB field of /proc/PID/status (VmRSS, VmHWM), MiB; 0 when the process is gone."""
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith(field_name + ":"):
-                return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return 0.0
-
-
 def server_memory(pid: int) -> dict[str, Any]:
     """Resident memory of the server's processes: each (its command line shortened), the sum, PSS."""
     processes = []
@@ -259,225 +133,7 @@ class Others:
             self.fraction = max(0.0, (busy - self.busy) - (own - self.own)) / capacity
 
 
-# -- CTranslate2, one process per thread layout -----------------------------------------------------
-def ct2_process(conn: Connection, spec: dict[str, Any]) -> None:
-    """Worker: build the Translator (timed), then translate each (texts, beam) it is sent."""
-    import ctranslate2
-    import sentencepiece as spm
-
-    started = time.perf_counter()
-    translator = ctranslate2.Translator(
-        spec["dir"],
-        device="cpu",
-        compute_type=spec["compute_type"],
-        inter_threads=spec["inter"],
-        intra_threads=spec["intra"],
-    )
-    load_s = time.perf_counter() - started
-    source = spm.SentencePieceProcessor(model_file=spec["source_spm"])
-    target = spm.SentencePieceProcessor(model_file=spec["target_spm"])
-    conn.send({"load_s": load_s, "rss_mib": status_mib(os.getpid(), "VmRSS")})
-    length = spec["length"]
-    while (job := conn.recv()) is not None:
-        texts, beam = job
-        started = time.perf_counter()
-        pieces = [p + ["</s>"] for p in source.encode(texts, out_type=str)]  # as MarianTokenizer does
-        results = translator.translate_batch(
-            pieces,
-            max_batch_size=BATCH,
-            beam_size=beam,
-            max_input_length=spec["max_input_length"],
-            max_decoding_length=length,
-            min_decoding_length=length,
-        )
-        hyps = [r.hypotheses[0] for r in results]
-        out = [target.decode_pieces(h) for h in hyps]
-        seconds = time.perf_counter() - started
-        conn.send(
-            {
-                "seconds": seconds,
-                "lengths": sorted({len(h) for h in hyps}),
-                "outputs": len(out),
-                "rss_mib": status_mib(os.getpid(), "VmRSS"),
-                "hwm_mib": status_mib(os.getpid(), "VmHWM"),
-            }
-        )
-
-
-class CT2Worker:
-    def __init__(self, spec: dict[str, Any]) -> None:
-        ctx = mp.get_context("spawn")  # a fresh interpreter: no OpenMP runtime shared with torch
-        self.conn, child = ctx.Pipe()
-        self.process = ctx.Process(target=ct2_process, args=(child, spec), daemon=True)
-        self.process.start()
-        self.started: dict[str, float] = self.conn.recv()
-        self.length = spec["length"]
-        self.last: dict[str, Any] = {}
-
-    def __call__(self, texts: list[str], beam: int) -> float:
-        """Sentences per second over ``texts``; every output checked to be ``length`` tokens."""
-        self.conn.send((texts, beam))
-        self.last = self.conn.recv()
-        if self.last["lengths"] != [self.length]:
-            raise AssertionError(f"CTranslate2 produced lengths {self.last['lengths']}, not {self.length}")
-        time.sleep(SETTLE_S)
-        return float(len(texts) / self.last["seconds"])
-
-    def close(self) -> None:
-        self.conn.send(None)
-        self.process.join(timeout=30)
-
-
-# -- our library: the length check and where a step's time goes -------------------------------------
-def ours_process(conn: Connection, spec: dict[str, Any]) -> None:
-    """Worker on one thread: our outputs for the check sentences, then the step's breakdown."""
-    import torch
-
-    torch.set_num_threads(1)
-    from benchmarks.step import filled_cache, thread_ms
-    from model.decoding.options import DecodeOptions
-    from model.decoding.translator import Translator
-    from model.runtime.runners import load_runner
-    from model.runtime.step import argmax_rows, topk_rows
-
-    length = spec["length"]
-    options = DecodeOptions(max_output_tokens=length + 1, max_length_a=0, max_length_b=length + 1)
-    translator = Translator.load(
-        spec["model"],
-        device="cpu",
-        quantization=spec["quantization"],
-        options=options,
-        capacity=BATCH,
-        max_beam_size=8,  # NMT_MAX_BEAM_SIZE's default: the server's step keeps 16 candidates per row
-        compile=True,
-        cache_dir=Path(spec["cache_dir"]),
-    )
-    check: dict[str, Any] = {}
-    for beam in spec["beams"] if spec["check"] else []:
-        results = translator.translate_batch(spec["check_texts"], beam_size=beam)
-        check[str(beam)] = {
-            "lengths": sorted({len(r.tokens[0]) for r in results}),
-            "texts": [r.hypotheses[0] for r in results],
-        }
-    model = translator.model
-    positions = options.positions(model.cfg.max_positions)
-    sources = translator.source_ids(spec["texts"])
-    breakdown = []
-    # Where int8 is slow (no VNNI) only the server's own step, at its own batch, is timed.
-    configs = [(BATCH, True)] if spec["slow"] else [(BATCH, True), (BATCH, False), (4 * BATCH, False)]
-    with torch.inference_mode():
-        batch = translator.batch(sources[:BATCH])
-        encode_ms = thread_ms(lambda: model.source_kv(model.encode(batch)), 1, spec["repeats"])
-        for rows, compiled in configs:
-            ns = argparse.Namespace(capacity=rows, positions=positions, history=spec["history"])
-            runner = (
-                translator.runner
-                if compiled
-                else load_runner(model, top=16, capacity=rows, positions=positions, compile=False)
-            )
-            srcs = (sources * (rows // len(sources) + 1))[:rows]
-            for beam in (False, True):
-                entry = {
-                    "rows": rows,
-                    "runner": runner.kind,
-                    "candidates_for": "every row (beam)" if beam else "none (greedy)",
-                    "step_ms": step_ms(translator, runner, srcs, beam, ns, spec, thread_ms, filled_cache),
-                }
-                chosen = torch.arange(rows) if beam else torch.zeros(1, dtype=torch.long)
-                entry.update(parts(model, rows, chosen, spec, thread_ms, argmax_rows, topk_rows))
-                breakdown.append(entry)
-    conn.send(
-        {
-            "check": check,
-            "breakdown": breakdown,
-            "encode_64_ms": encode_ms,
-            "quantization": translator.quantization,
-        }
-    )
-
-
-def step_ms(
-    translator: Any,
-    runner: Any,
-    sources: list[list[int]],
-    beam: bool,
-    ns: argparse.Namespace,
-    spec: dict[str, Any],
-    thread_ms: Callable[..., float],
-    filled_cache: Callable[..., Any],
-) -> float:
-    """A whole step (the runner, then the cache's advance) at ``len(sources)`` rows, ms; ``beam``:
-    the candidates of every row asked for (beam search), else none (greedy)."""
-    import torch
-
-    rows = len(sources)
-    cache = filled_cache(translator, runner, sources, ns)
-    tokens = torch.full((rows,), 5, dtype=torch.long)
-    chosen = torch.arange(rows) if beam else torch.zeros(1, dtype=torch.long)
-    unforced = torch.zeros((len(chosen), 2), dtype=torch.long)  # no constraints: dummy columns (as decoding)
-
-    def step() -> None:
-        cache.advance(runner(tokens, *cache.views(), chosen, unforced)[4])
-        cache.lengths[:rows] -= 1  # the same history at every call
-        cache.max_length -= 1
-
-    return thread_ms(step, spec["steps"], spec["repeats"])
-
-
-def parts(
-    model: Any,
-    rows: int,
-    chosen: Any,
-    spec: dict[str, Any],
-    thread_ms: Callable[..., float],
-    argmax_rows: Callable[..., Any],
-    topk_rows: Callable[..., Any],
-) -> dict[str, float]:
-    """The step's pieces timed alone at ``rows`` rows (ms)."""
-    import torch
-
-    d = model.cfg.d_model
-    x, wide = torch.randn(rows, 1, d), torch.randn(rows, 1, model.cfg.d_ff)
-    logits = model._logits(x)[:, 0].contiguous()
-    linears = [
-        (m, wide if m is layer.ff.fc2 else x)
-        for layer in model.decoder
-        for m in (layer.self_attn.qkv, layer.self_attn.out, layer.cross_attn.q, layer.cross_attn.out)
-        + (layer.ff.fc1, layer.ff.fc2)
-    ]
-
-    def choice() -> None:  # DecodeStep's tail: every row's argmax, the candidates of the beam rows
-        argmax_rows(logits, min_rows=0)
-        r = logits.index_select(0, chosen)
-        topk_rows(r, 16)
-        most = r.amax(-1, keepdim=True)
-        torch.log(torch.exp(r - most).sum(-1, keepdim=True))
-
-    def other_linears() -> None:
-        for m, inp in linears:
-            m(inp)
-
-    n, k = spec["steps"], spec["repeats"]
-    return {
-        "output_projection_ms": thread_ms(lambda: model._logits(x), n, k),
-        "choice_ms": thread_ms(choice, n, k),
-        "other_linears_ms": thread_ms(other_linears, n, k),
-    }
-
-
-def run_ours(spec: dict[str, Any]) -> dict[str, Any]:
-    ctx = mp.get_context("spawn")
-    conn, child = ctx.Pipe()
-    process = ctx.Process(target=ours_process, args=(child, spec), daemon=True)
-    process.start()
-    try:
-        result: dict[str, Any] = conn.recv()
-    except EOFError:
-        raise RuntimeError("the profiling process died") from None
-    process.join(timeout=30)
-    return result
-
-
+# -- the measurement --------------------------------------------------------------------------------
 def post(url: str, body: dict[str, Any]) -> Any:
     request = urllib.request.Request(
         url + "/translate", json.dumps(body).encode(), {"Content-Type": "application/json"}
@@ -486,7 +142,6 @@ def post(url: str, body: dict[str, Any]) -> Any:
         return json.loads(response.read())
 
 
-# -- the measurement --------------------------------------------------------------------------------
 @dataclass
 class Point:
     precision: str
@@ -671,55 +326,6 @@ def measure_precision(
             f"sentences/s as the step's time implies: {estimate}",
             flush=True,
         )
-
-
-def fast_int8() -> bool:
-    """Whether the CPU has VNNI (int8 dot products): without it torch's int8 matrix products
-    (``torch._int_mm``) took ~50x float32's time here (64 x 512 x 2048: 94 ms against 2 ms)."""
-    try:
-        flags = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
-    return "avx512_vnni" in flags or "avx_vnni" in flags or "amx_int8" in flags
-
-
-def estimated_server(result: dict[str, Any], args: argparse.Namespace) -> dict[str, float]:
-    """Sentences/s of the server's workers (one per core, one thread each, 64 rows) if decoding took
-    only what the step and the encoder take alone: length + 1 steps per sentence (ours also runs the
-    step whose only allowed token is eos), all sentences the same length."""
-    workers = len(os.sched_getaffinity(0))
-    steps = {}  # beam -> ms of the server's step (compiled, 64 rows)
-    for e in result["breakdown"]:
-        if e["rows"] == BATCH and e["runner"] != "eager":
-            greedy = e["candidates_for"].startswith("none")
-            steps.update({b: e["step_ms"] for b in args.beams if (b == 1) == greedy})
-    out = {}
-    for beam, ms in steps.items():
-        sentences = BATCH // beam
-        seconds = (result["encode_64_ms"] * sentences / BATCH + (args.length + 1) * ms) / 1000
-        out[str(beam)] = round(workers * sentences / seconds, 2)
-    return out
-
-
-def breakdown_table(entries: list[dict[str, Any]]) -> str:
-    lines = [
-        "| rows | runner | candidates | step ms | output projection ms (share) | choice ms "
-        "| other linears ms | rest ms |",
-        "|---:|---|---|---:|---:|---:|---:|---:|",
-    ]
-    for e in entries:
-        proj, choice, lin, step = (
-            e["output_projection_ms"],
-            e["choice_ms"],
-            e["other_linears_ms"],
-            e["step_ms"],
-        )
-        lines.append(
-            f"| {e['rows']} | {e['runner']} | {e['candidates_for']} | {step:.1f} "
-            f"| {proj:.1f} ({proj / step:.0%}) "
-            f"| {choice:.1f} | {lin:.1f} | {max(0.0, step - proj - choice - lin):.1f} |"
-        )
-    return "\n".join(lines)
 
 
 def markdown(report: Report, length: int) -> str:

@@ -24,7 +24,8 @@ from training import train as train_cli
 from training.checkpoints import average_checkpoints, checkpoint_paths
 from training.config import ConfigError, TrainConfig
 from training.loss import label_smoothed_nll
-from training.train import TrainResult, inverse_sqrt_schedule, train
+from training.setup import inverse_sqrt_schedule
+from training.train import TrainResult, train
 
 
 @pytest.fixture(scope="module")
