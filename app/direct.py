@@ -23,13 +23,12 @@ FastAPI. The route stays registered there too: it is what OpenAPI documents.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+import inspect
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException
-from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from app.deps import get_router, get_scheduler, get_settings
@@ -38,8 +37,6 @@ from app.routes.translate import router as translate_routes
 from app.routes.translate import translate
 
 PATH = "/translate"
-
-Handler = Callable[[Request, Exception], Awaitable[Response]]
 
 
 class DirectRoute:
@@ -50,7 +47,7 @@ class DirectRoute:
         routes = [
             r
             for r in translate_routes.routes
-            if isinstance(r, APIRoute) and r.path == PATH and "POST" in r.methods
+            if isinstance(r, APIRoute) and r.path == PATH and "POST" in (r.methods or ())
         ]
         if len(routes) != 1:
             raise RuntimeError(f"expected one POST {PATH} route, found {len(routes)}")
@@ -78,7 +75,9 @@ class DirectRoute:
             key = self._handler(exc)
             if key is None:
                 raise
-            await (await self.app.exception_handlers[key](request, exc))(scope, receive, send)
+            answer = self.app.exception_handlers[key](request, exc)
+            response = await answer if inspect.isawaitable(answer) else answer
+            await response(scope, receive, send)
             if key in (Exception, 500):
                 raise  # as ServerErrorMiddleware: answered 500, and raised for the server's log
             return
@@ -87,7 +86,7 @@ class DirectRoute:
     def _handler(self, exc: Exception) -> Any:
         """Which of the app's handlers Starlette would call for ``exc`` (its key): its status
         code's, then its class's, nearest first."""
-        handlers: dict[Any, Handler] = self.app.exception_handlers
+        handlers = self.app.exception_handlers
         if isinstance(exc, HTTPException) and exc.status_code in handlers:
             return exc.status_code
         return next((cls for cls in type(exc).__mro__ if cls in handlers), None)

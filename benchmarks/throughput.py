@@ -12,13 +12,21 @@ script starts the server as it is deployed (``benchmarks.load.serve``: uvicorn, 
 2. the server: ``wrk`` (Debian package; ``benchmarks/wrk/translate.lua`` posts one sentence per
    request) with ``--connections`` keep-alive connections for ``--duration`` seconds after
    ``--warmup`` seconds not counted. wrk is C: its event loop takes a few percent of a core where a
-   Python client took a third of one from the server it measured.
+   Python client took a third of one from the server it measured. Meanwhile the CPU time of the
+   front end (the uvicorn process: HTTP, parsing, the scheduler, pipes) and of its model workers
+   (its child processes), each divided by the requests answered: CPU-us per request.
+
+The server runs with ``NMT_SEGMENT_CACHE_MB=0`` unless a configuration sets it: wrk cycles over
+the same 1,000 sentences, which the segment cache would answer from memory after the first pass
+(CTranslate2 decodes every one).
 
 Then, once per configuration, single-request latency: one wrk connection (each request waits for
 the previous answer) for ``--latency-duration`` seconds, against CTranslate2 translating the same
-sentences one at a time (``translate_batch`` of one, its better thread configuration for a batch
-of one). Ratios are taken against the reference measured in the same run (these machines move by
-±15% between runs); the report gives each run's ratio and their median.
+sentences one at a time (``translate_batch`` of one, text to text), measured first, while the
+server sits idle: float32 and int8 (what LibreTranslate serves), each in its better thread
+configuration for a batch of one (1 x 2: 2 x 1 runs a batch of one on one thread). Ratios are
+taken against the reference measured in the same run (these machines move by ±15% between runs);
+the report gives each run's ratio and their median.
 
     .venv/bin/python -m benchmarks.throughput --json throughput.json           # ~12 min on 2 cores
     .venv/bin/python -m benchmarks.throughput --runs 1 --duration 10 --beams 1  # ~2 min
@@ -40,9 +48,18 @@ from typing import Any
 import ctranslate2
 import torch
 
-from benchmarks.common import DATA, DEFAULT_MODEL
+from benchmarks.common import DATA, DEFAULT_MODEL, REPO
 from benchmarks.engine import Worker
-from benchmarks.load import machine, run_wrk, serve, wait_idle, write_bodies
+from benchmarks.load import (
+    Server,
+    cpu_seconds,
+    machine,
+    process_tree,
+    run_wrk,
+    serve,
+    wait_idle,
+    write_bodies,
+)
 from model.export_ctranslate2 import export
 from training.data import read_lines
 
@@ -56,6 +73,8 @@ class Point:
     run: int
     server: float  # translations/s (200 answers)
     errors: int  # non-200 answers and socket errors
+    front_end_us: float  # CPU-us of the front-end process per answered request
+    workers_us: float  # CPU-us of the model workers (all of them) per answered request
     latency_ms: dict[str, float]
     ct2: dict[str, float]  # thread configuration -> sentences/s, measured just before
 
@@ -71,12 +90,18 @@ class Latency:
     beam: int
     server_p50_ms: float
     server_p99_ms: float
-    ct2_p50_ms: float
+    ct2_p50_ms: float  # float32, its better thread configuration
     ct2_threads: str
+    ct2_int8_p50_ms: float  # int8 (LibreTranslate's), its better thread configuration
+    ct2_int8_threads: str
 
     @property
     def ratio(self) -> float:
         return self.server_p50_ms / self.ct2_p50_ms
+
+    @property
+    def int8_ratio(self) -> float:
+        return self.server_p50_ms / self.ct2_int8_p50_ms
 
 
 @dataclass
@@ -91,7 +116,7 @@ def parse_config(spec: str) -> tuple[str, dict[str, str]]:
     return name, env
 
 
-def ct2_workers(ct2_dir: Path, threads: list[str]) -> dict[str, Worker]:
+def ct2_workers(ct2_dir: Path, threads: list[str], compute_type: str = "float32") -> dict[str, Worker]:
     workers = {}
     for t in threads:
         inter, intra = (int(x) for x in t.split("x"))
@@ -100,11 +125,29 @@ def ct2_workers(ct2_dir: Path, threads: list[str]) -> dict[str, Worker]:
             "threads": intra,
             "inter_threads": inter,
             "device": "cpu",
-            "ct2_compute_type": "float32",
+            "ct2_compute_type": compute_type,
             "max_length": 256,
         }
         workers[t] = Worker("ctranslate2", spec)
     return workers
+
+
+class CpuMeter:
+    """CPU seconds of the server's front end (its own process) and of its workers (descendants)."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.start = self.now()
+
+    def now(self) -> tuple[float, float]:
+        workers = [p for p in process_tree(self.pid) if p != self.pid]
+        return cpu_seconds(self.pid), sum(cpu_seconds(p) for p in workers)
+
+    def per_request_us(self, requests: int) -> tuple[float, float]:
+        """(front end, workers) CPU-us per request since the meter started."""
+        (front0, workers0), (front1, workers1) = self.start, self.now()
+        n = max(requests, 1)
+        return 1e6 * (front1 - front0) / n, 1e6 * (workers1 - workers0) / n
 
 
 def ct2_latency(worker: Worker, texts: list[str], beam: int) -> float:
@@ -115,6 +158,7 @@ def ct2_latency(worker: Worker, texts: list[str], beam: int) -> float:
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", type=Path, default=DEFAULT_MODEL)
+    p.add_argument("--repo", type=Path, default=REPO, help="run the server from this checkout (before/after)")
     p.add_argument("--src", type=Path, default=DATA / "test_2016_flickr.de.gz")
     p.add_argument("--limit", type=int, default=None, help="first N sentences only")
     p.add_argument("--configs", nargs="+", default=["default"], help="name:NMT_VAR=value,... per server")
@@ -135,12 +179,13 @@ def main(argv: list[str] | None = None) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         ct2_dir = export(args.model, Path(tmp) / "ct2", quantization="float32")
         workers = ct2_workers(ct2_dir, args.ct2_threads)
+        int8_workers = ct2_workers(ct2_dir, args.ct2_threads, "int8") if args.latency_sentences else {}
         try:
             for spec in args.configs:
                 name, env = parse_config(spec)
-                env = {"NMT_MODEL_DIR": str(args.model), **env}
+                env = {"NMT_MODEL_DIR": str(args.model), "NMT_SEGMENT_CACHE_MB": "0", **env}
                 started = time.perf_counter()
-                with serve(env, args.log_dir / f"{name}.log") as server:
+                with serve(env, args.log_dir / f"{name}.log", repo=args.repo.resolve()) as server:
                     print(f"[{name}] ready in {time.perf_counter() - started:.1f} s", flush=True)
                     for beam in args.beams:
                         bodies = write_bodies(texts, Path(tmp) / f"bodies-{beam}.jsonl", beam=beam)
@@ -149,9 +194,11 @@ def main(argv: list[str] | None = None) -> None:
                         for run in range(args.runs):
                             ct2 = {t: len(texts) / w(texts, beam, BATCH).seconds for t, w in workers.items()}
                             run_wrk(server.url, bodies, connections=args.connections, duration_s=args.warmup)
+                            meter = CpuMeter(server.process.pid)
                             r = run_wrk(
                                 server.url, bodies, connections=args.connections, duration_s=args.duration
                             )
+                            front_end_us, workers_us = meter.per_request_us(r.count(200))
                             wait_idle(server)
                             point = Point(
                                 name,
@@ -159,6 +206,8 @@ def main(argv: list[str] | None = None) -> None:
                                 run,
                                 r.answered_per_s,
                                 r.requests - r.count(200) + sum(r.socket_errors.values()),
+                                front_end_us,
+                                workers_us,
                                 r.latency_ms,
                                 ct2,
                             )
@@ -166,16 +215,17 @@ def main(argv: list[str] | None = None) -> None:
                             print(
                                 f"[{name}] beam {beam} run {run + 1}: server {point.server:.1f}/s, CT2 "
                                 + ", ".join(f"{t} {v:.1f}" for t, v in ct2.items())
-                                + f" -> {point.ratio:.2f}x (errors {point.errors})",
+                                + f" -> {point.ratio:.2f}x (errors {point.errors}); CPU-us/request front end "
+                                + f"{point.front_end_us:.0f}, workers {point.workers_us:.0f}",
                                 flush=True,
                             )
                         if args.latency_sentences:
                             report.latencies.append(
-                                latency(name, server.url, workers, texts, beam, args, Path(tmp))
+                                latency(name, server, workers, int8_workers, texts, beam, args, Path(tmp))
                             )
                             print(f"[{name}] beam {beam}: {report.latencies[-1]}", flush=True)
         finally:
-            for w in workers.values():
+            for w in [*workers.values(), *int8_workers.values()]:
                 w.close()
     print()
     print(markdown(report))
@@ -184,27 +234,43 @@ def main(argv: list[str] | None = None) -> None:
         data = {
             "environment": env_info,
             "points": [asdict(x) | {"ratio": x.ratio} for x in report.points],
-            "latencies": [asdict(x) | {"ratio": x.ratio} for x in report.latencies],
+            "latencies": [
+                asdict(x) | {"ratio": x.ratio, "int8_ratio": x.int8_ratio} for x in report.latencies
+            ],
         }
         args.json.write_text(json.dumps(data, indent=2))
 
 
 def latency(
-    name: str, url: str, workers: dict[str, Worker], texts: list[str], beam: int, args: Any, tmp: Path
+    name: str,
+    server: Server,
+    workers: dict[str, Worker],
+    int8_workers: dict[str, Worker],
+    texts: list[str],
+    beam: int,
+    args: Any,
+    tmp: Path,
 ) -> Latency:
+    """The server's p50/p99 on one connection; CTranslate2's batch-1 p50 measured just before,
+    while the server sits idle (so that neither shares the cores with the other)."""
     sample = texts[: args.latency_sentences]
-    bodies = write_bodies(sample, tmp / f"latency-{beam}.jsonl", beam=beam)
-    r = run_wrk(url, bodies, connections=1, threads=1, duration_s=args.latency_duration)
+    wait_idle(server)
     best = {t: ct2_latency(w, sample, beam) for t, w in workers.items()}
+    best_int8 = {t: ct2_latency(w, sample, beam) for t, w in int8_workers.items()}
+    bodies = write_bodies(sample, tmp / f"latency-{beam}.jsonl", beam=beam)
+    r = run_wrk(server.url, bodies, connections=1, threads=1, duration_s=args.latency_duration)
     threads = min(best, key=lambda t: best[t])
-    return Latency(name, beam, r.latency_ms["p50"], r.latency_ms["p99"], best[threads], threads)
+    int8 = min(best_int8, key=lambda t: best_int8[t])
+    return Latency(
+        name, beam, r.latency_ms["p50"], r.latency_ms["p99"], best[threads], threads, best_int8[int8], int8
+    )
 
 
 def markdown(report: Report) -> str:
     lines = [
         "| config | beam | server sentences/s (median, min–max) | CT2 best (median) | "
-        "server / CT2 per run | median ratio |",
-        "|---|---:|---:|---:|---|---:|",
+        "server / CT2 per run | median ratio | CPU-us/request: front end, workers (median) |",
+        "|---|---:|---:|---:|---|---:|---:|",
     ]
     keys = list(dict.fromkeys((p.config, p.beam) for p in report.points))
     for config, beam in keys:
@@ -214,18 +280,22 @@ def markdown(report: Report) -> str:
         lines.append(
             f"| {config} | {beam} | {statistics.median(server):.1f} ({min(server):.1f}–{max(server):.1f}) "
             f"| {statistics.median(best):.1f} | {', '.join(f'{p.ratio:.2f}' for p in ps)} "
-            f"| **{statistics.median(p.ratio for p in ps):.2f}×** |"
+            f"| **{statistics.median(p.ratio for p in ps):.2f}×** "
+            f"| {statistics.median(p.front_end_us for p in ps):.0f}, "
+            f"{statistics.median(p.workers_us for p in ps):.0f} |"
         )
     if report.latencies:
         lines += [
             "",
-            "| config | beam | server p50 / p99 ms (1 connection) | CT2 batch-1 p50 ms | p50 ratio |",
-            "|---|---:|---:|---:|---:|",
+            "| config | beam | server p50 / p99 ms (1 connection) | CT2 float32 batch-1 p50 ms | ratio "
+            "| CT2 int8 batch-1 p50 ms | ratio |",
+            "|---|---:|---:|---:|---:|---:|---:|",
         ]
         for lat in report.latencies:
             lines.append(
                 f"| {lat.config} | {lat.beam} | {lat.server_p50_ms:.1f} / {lat.server_p99_ms:.1f} "
-                f"| {lat.ct2_p50_ms:.1f} ({lat.ct2_threads}) | {lat.ratio:.2f}× |"
+                f"| {lat.ct2_p50_ms:.1f} ({lat.ct2_threads}) | {lat.ratio:.2f}× "
+                f"| {lat.ct2_int8_p50_ms:.1f} ({lat.ct2_int8_threads}) | {lat.int8_ratio:.2f}× |"
             )
     return "\n".join(lines)
 

@@ -133,7 +133,7 @@ def translate_all(args: argparse.Namespace) -> Translations:
     with tempfile.TemporaryDirectory() as tmp:
         input_file = Path(tmp) / "input.de"
         input_file.write_text("".join(t + "\n" for t in texts), encoding="utf-8")
-        for quantization in QUANTIZATIONS:
+        for quantization in args.quantizations:
             for beam in BEAMS:
                 name = config_name(quantization, beam)
                 started = time.perf_counter()
@@ -194,6 +194,13 @@ def main(argv: list[str] | None = None) -> None:
     )
     p.add_argument("--src", type=Path, default=DATA / "test_2016_flickr.de.gz")
     p.add_argument("--limit", type=int, default=None, help="first N sentences only")
+    p.add_argument(
+        "--quantizations",
+        nargs="+",
+        choices=QUANTIZATIONS,
+        default=list(QUANTIZATIONS),
+        help="none only where int8 is slow (no VNNI: model.runtime.prepack.int8_is_fast)",
+    )
     p.add_argument("--clients", type=int, default=16, help="concurrent requests to the service")
     p.add_argument("--examples", type=int, default=2, help="--compare: differences shown per config and path")
     p.add_argument("--log-dir", type=Path, default=Path(tempfile.gettempdir()) / "nmt-translations")

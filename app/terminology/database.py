@@ -7,7 +7,10 @@ glossaries") and the write it allows are one atomic step across processes.
 
 Opened on first use, not at start: a service that never stores a glossary never touches its data
 directory (which may be read-only), and reads of a store that was never written find no file and
-answer "nothing" without creating one.
+answer "nothing" without creating one. A file found absent is looked for again at most every
+``ABSENT_RECHECK_S`` (a /translate request's memory lookup would otherwise ``stat`` it every time,
+~5% of the front end's CPU per request), and at once after this process writes: another process's
+first write is seen within that second.
 
 Reads and writes have a connection each, each behind its own lock: writes run on a thread
 (``asyncio.to_thread``) and may wait seconds for another process's write lock, while reads are
@@ -18,9 +21,12 @@ from __future__ import annotations
 
 import sqlite3
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+
+ABSENT_RECHECK_S = 1.0
 
 
 class StoreUnavailable(RuntimeError):
@@ -36,6 +42,7 @@ class Database:
         self._writer: sqlite3.Connection | None = None
         self._read_lock = threading.Lock()
         self._write_lock = threading.Lock()
+        self._absent_until = 0.0  # (monotonic) until then the file is taken to be still absent
 
     def _open(self) -> sqlite3.Connection:
         try:
@@ -64,7 +71,10 @@ class Database:
         """The connection for reads, or None when the file was never made (nothing stored yet)."""
         with self._read_lock:
             if self._reader is None:
-                if not self.path.exists():
+                now = time.monotonic()
+                if now < self._absent_until or not self.path.exists():
+                    if now >= self._absent_until:
+                        self._absent_until = now + ABSENT_RECHECK_S
                     yield None
                     return
                 self._reader = self._open()
@@ -79,6 +89,7 @@ class Database:
         with self._write_lock:
             if self._writer is None:
                 self._writer = self._open()
+                self._absent_until = 0.0  # it exists now: the next read opens it
             db = self._writer
             try:
                 db.execute("BEGIN IMMEDIATE")
