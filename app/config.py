@@ -18,7 +18,7 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from app.formats.limits import DocumentLimits
 from app.terminology.glossaries import GlossaryLimits
-from model.decoding.options import DecodeOptions
+from model.decoding.options import MAX_BEAM_SIZE, DecodeOptions
 from model.decoding.terms import MAX_TERMS_PER_SENTENCE
 from model.runtime import DEFAULT_CACHE_DIR
 
@@ -150,7 +150,7 @@ class Settings(BaseSettings):
     # Decoding (model.decoding.options.DecodeOptions, which documents each; the CLI's defaults are
     # the same). A request's beam size and alternatives are its own, within these limits.
     default_beam_size: PositiveInt = 5
-    max_beam_size: PositiveInt = 8
+    max_beam_size: PositiveInt = MAX_BEAM_SIZE  # the CLI's --max-beam-size, the library's default
     max_alternatives: Annotated[int, Field(ge=0)] = 3
     # Terminology (app.terminology): entries of a request's inline glossary, characters of a term
     # (source or target), and terms decoded as constraints in one sentence (each one more raises

@@ -198,3 +198,28 @@ def test_missing_model_dir(tmp_path: Path) -> None:
 def test_intact_copy_loads(sentences: list[str], model_dir_copy: Path) -> None:
     """The control for the breakage tests: the undamaged copy loads."""
     assert Translator.load(model_dir_copy, device="cpu").translate_batch([sentences[0]], beam_size=1)
+
+
+def constrained_lines() -> tuple[list[str], list[list[str]]]:
+    """Lines with numbers, and each line's terms as the CLI and the service choose them (placeholders)."""
+    from model.decoding.terms import sentence_terms
+
+    lines = [f"Ein Hund mit {n} Bällen läuft {n + 7} Mal im Park" for n in range(2, 14)]
+    lines += [f"Zwei Kinder spielen um {n} Uhr" for n in range(1, 9)]
+    return lines, [[t.target for t in sentence_terms(line, None, protect=True, limit=8)] for line in lines]
+
+
+def test_a_translator_made_for_beam_1_decodes_constrained_lines_as_the_service(model_dir: Path) -> None:
+    """The CLI's translator for ``--beam-size 1`` and a worker's (``max_beam_size`` the service's
+    NMT_MAX_BEAM_SIZE, app/serving/worker.py) keep as many candidates per row in their steps:
+    greedy lines with placeholders (a beam of 2 each) come out the same. (With candidates for a
+    beam of 1 only, the constrained search saw fewer and chose otherwise.)"""
+    from model.decoding.options import DecodeOptions
+
+    lines, terms = constrained_lines()
+    assert all(terms)
+    cli = Translator.load(model_dir, quantization="none", options=DecodeOptions(beam_size=1))
+    worker = Translator.load(model_dir, quantization="none", max_beam_size=8, capacity=64)
+    assert_same_results(
+        cli.translate_batch(lines, terms=terms), worker.translate_batch(lines, beam_size=1, terms=terms)
+    )

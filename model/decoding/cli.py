@@ -28,7 +28,7 @@ from typing import BinaryIO
 from tqdm import tqdm
 
 from model.checkpoint import ModelDirError, source_prefix
-from model.decoding.options import DecodeOptions
+from model.decoding.options import MAX_BEAM_SIZE, DecodeOptions
 from model.decoding.terms import MAX_TERMS_PER_SENTENCE, Glossary, TooManyTerms, read_glossary, sentence_terms
 from model.decoding.translator import DTYPES, QUANTIZATIONS, Translator
 
@@ -109,6 +109,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--batch-size", type=positive_int, default=64, help="rows (beams) decoded together (default 64)"
+    )
+    parser.add_argument(
+        "--max-beam-size",
+        type=positive_int,
+        default=MAX_BEAM_SIZE,
+        help="the service's NMT_MAX_BEAM_SIZE, for lines with terms or placeholders to translate as the "
+        f"service translates them (their search reads 2x that many candidates; default {MAX_BEAM_SIZE})",
     )
     parser.add_argument(
         "--device", default="auto", help="auto (CUDA if available), cpu, cuda or cuda:N (default auto)"
@@ -310,6 +317,8 @@ def main(argv: list[str] | None = None) -> int:
             quantization=args.quantization,
             options=options,
             capacity=max(args.batch_size, args.beam_size),
+            # (within the batch: a smaller --batch-size keeps fewer candidates than the service)
+            max_beam_size=max(min(args.max_beam_size, args.batch_size), args.beam_size),
             compile=not args.no_compile,
             cache_dir=args.compile_cache_dir,
         )

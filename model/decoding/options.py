@@ -14,6 +14,11 @@ from typing import Any
 from model.tokenizer import Tokenizer
 
 GUARD_MARGIN = 16  # candidates kept beyond 2K per row for the repetition guard to drop
+# The largest beam a request may ask for, unless configured (the service's NMT_MAX_BEAM_SIZE, the
+# CLI's --max-beam-size, ``Translator``'s max_beam_size). A decoding step keeps ``candidates`` of
+# it per row, and constrained decoding reads every candidate kept: the library, the CLI and the
+# service choose a constrained sentence's tokens alike only where they keep the same number.
+MAX_BEAM_SIZE = 8
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ import torch
 from model.checkpoint import ModelInfo, load_model, read_info_and_tokenizer, source_prefix
 from model.decoding.batch import decode, pad_batch
 from model.decoding.constraints import beam_for
-from model.decoding.options import DecodeOptions
+from model.decoding.options import MAX_BEAM_SIZE, DecodeOptions
 from model.decoding.search import Hypothesis
 from model.runtime.allocator import keep_freed_memory
 from model.runtime.prepack import int8_is_fast
@@ -84,7 +84,10 @@ class Translator:
         self.quantization = quantization  # what the linear layers run in: none or int8
         self.options = options or DecodeOptions()
         self.capacity = capacity
-        self.max_beam_size = max(max_beam_size or self.options.beam_size, self.options.beam_size)
+        # (MAX_BEAM_SIZE by default, within the capacity: the step's candidates per row are the
+        # service's, so that constrained sentences decode as there.)
+        default = min(MAX_BEAM_SIZE, capacity)
+        self.max_beam_size = max(max_beam_size or default, self.options.beam_size)
         if self.max_beam_size > capacity:
             raise ValueError(f"a beam of {self.max_beam_size} does not fit in {capacity} rows")
         self.compile, self.cache_dir = compile, cache_dir
@@ -114,8 +117,9 @@ class Translator:
         torch build supports it and the CPU has int8 dot-product instructions (VNNI, AMX), else none.
         ``options``: the default decoding (``DecodeOptions``); ``capacity``: rows decoded together;
         ``max_beam_size``: the largest beam a call may ask for (the step keeps 2x that many
-        candidates per row); ``compile``: compile the decoding step (``model.runtime.runners``;
-        falls back to eager where it cannot), kept in ``cache_dir``.
+        candidates per row; default ``MAX_BEAM_SIZE`` within ``capacity``, as the service);
+        ``compile``: compile the decoding step (``model.runtime.runners``; falls back to eager where
+        it cannot), kept in ``cache_dir``.
         Raises ``ModelDirError`` naming the file when one is missing or corrupted, ``ValueError``
         for a device, dtype or quantization that cannot be used.
         """
