@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import multiprocessing
-import pickle
 from concurrent.futures import ThreadPoolExecutor
 from multiprocessing.connection import Connection
 from typing import Protocol
@@ -32,6 +31,9 @@ from app.serving.protocol import (
     StartFailed,
     Stop,
     ToWorker,
+)
+from app.serving.protocol import (
+    send as send_message,
 )
 
 START_TIMEOUT_S = 300.0  # loading and warming up a worker's models, each (so many more for many)
@@ -127,9 +129,7 @@ class WorkerProcess:
         """Send ``message`` now; False if the worker is gone (its exit is being handled)."""
         try:
             assert self._conn is not None
-            # pickle itself, not Connection.send's ForkingPickler: a third less CPU per message
-            # (no reducer table to copy); the worker's recv() reads either.
-            self._conn.send_bytes(pickle.dumps(message, pickle.HIGHEST_PROTOCOL))
+            send_message(self._conn, message)
             return True
         except (OSError, ValueError, AssertionError):  # closed pipe or connection
             return False

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import pickle
 import signal
 import threading
 import time
@@ -48,6 +47,9 @@ from app.serving.protocol import (
     Stop,
     ToWorker,
     Translate,
+)
+from app.serving.protocol import (
+    send as send_message,
 )
 from model.decoding.constraints import beam_for
 from model.decoding.translator import Translator
@@ -251,10 +253,10 @@ def serve_worker(
         executor = Executor.from_settings(table, inbox, settings, metrics=metrics)
     except Exception as e:  # the front end fails its start-up with this reason
         with contextlib.suppress(OSError):
-            conn.send(StartFailed(f"{type(e).__name__}: {e}"))
+            send_message(conn, StartFailed(f"{type(e).__name__}: {e}"))
         conn.close()
         return
-    conn.send(Ready(tuple((m.name, m.description) for m in loaded)))
+    send_message(conn, Ready(tuple((m.name, m.description) for m in loaded)))
     told = table.changes  # what the front end knows of the models held
     threading.Thread(target=_read, args=(conn, inbox), name="nmt-worker-inbox", daemon=True).start()
     if cores is not None:
@@ -277,9 +279,9 @@ def serve_worker(
                 with contextlib.suppress(OSError):  # the front end is gone: the reader stops us
                     if table.changes != told:
                         told = table.changes
-                        conn.send(Loaded(tuple(table.loaded)))
-                    if answers:  # (pickle itself: see WorkerProcess.send)
-                        conn.send_bytes(pickle.dumps(Answers(tuple(answers)), pickle.HIGHEST_PROTOCOL))
+                        send_message(conn, Loaded(tuple(table.loaded)))
+                    if answers:
+                        send_message(conn, Answers(tuple(answers)))
     finally:
         if cores is not None:
             cores.update(busy=False)
