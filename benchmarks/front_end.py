@@ -29,7 +29,7 @@ from contextlib import ExitStack
 from pathlib import Path
 
 from benchmarks.common import DATA, DEFAULT_MODEL, REPO
-from benchmarks.load import Server, cpu_seconds, process_tree, run_wrk, serve, wait_idle, write_bodies
+from benchmarks.load import CpuMeter, Server, process_tree, run_wrk, serve, wait_idle, write_bodies
 from training.data import read_lines
 
 
@@ -46,12 +46,11 @@ def pin(server: Server) -> None:
 
 def round_us(server: Server, bodies: Path, connections: int, duration_s: float) -> tuple[float, float]:
     """(front-end CPU-us per answered request, answered requests/s) over one wrk run."""
-    pid = server.process.pid
-    before = cpu_seconds(pid)
+    meter = CpuMeter(server.process.pid)
     r = run_wrk(server.url, bodies, connections=connections, duration_s=duration_s)
-    used = cpu_seconds(pid) - before
+    front_end_us, _ = meter.per_request_us(r.count(200))
     wait_idle(server)
-    return 1e6 * used / max(r.count(200), 1), r.answered_per_s
+    return front_end_us, r.answered_per_s
 
 
 def main(argv: list[str] | None = None) -> None:

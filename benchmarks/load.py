@@ -156,6 +156,25 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+class CpuMeter:
+    """CPU seconds of a server's front end (its own process) and of its workers (its
+    descendants), from when it is made."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.start = self.now()
+
+    def now(self) -> tuple[float, float]:
+        workers = [p for p in process_tree(self.pid) if p != self.pid]
+        return cpu_seconds(self.pid), sum(cpu_seconds(p) for p in workers)
+
+    def per_request_us(self, requests: int) -> tuple[float, float]:
+        """(front end, workers) CPU-us per request since the meter started."""
+        (front0, workers0), (front1, workers1) = self.start, self.now()
+        n = max(requests, 1)
+        return 1e6 * (front1 - front0) / n, 1e6 * (workers1 - workers0) / n
+
+
 def peak_rss_mib(pid: int) -> float:
     """VmHWM summed over the process tree, MiB."""
     return tree_sum_mib(pid, "status", "VmHWM:")

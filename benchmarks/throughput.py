@@ -51,10 +51,9 @@ import torch
 from benchmarks.common import DATA, DEFAULT_MODEL, REPO
 from benchmarks.engine import Worker
 from benchmarks.load import (
+    CpuMeter,
     Server,
-    cpu_seconds,
     machine,
-    process_tree,
     run_wrk,
     serve,
     wait_idle,
@@ -130,24 +129,6 @@ def ct2_workers(ct2_dir: Path, threads: list[str], compute_type: str = "float32"
         }
         workers[t] = Worker("ctranslate2", spec)
     return workers
-
-
-class CpuMeter:
-    """CPU seconds of the server's front end (its own process) and of its workers (descendants)."""
-
-    def __init__(self, pid: int) -> None:
-        self.pid = pid
-        self.start = self.now()
-
-    def now(self) -> tuple[float, float]:
-        workers = [p for p in process_tree(self.pid) if p != self.pid]
-        return cpu_seconds(self.pid), sum(cpu_seconds(p) for p in workers)
-
-    def per_request_us(self, requests: int) -> tuple[float, float]:
-        """(front end, workers) CPU-us per request since the meter started."""
-        (front0, workers0), (front1, workers1) = self.start, self.now()
-        n = max(requests, 1)
-        return 1e6 * (front1 - front0) / n, 1e6 * (workers1 - workers0) / n
 
 
 def ct2_latency(worker: Worker, texts: list[str], beam: int) -> float:
