@@ -71,10 +71,7 @@ class Database:
         """The connection for reads, or None when the file was never made (nothing stored yet)."""
         with self._read_lock:
             if self._reader is None:
-                now = time.monotonic()
-                if now < self._absent_until or not self.path.exists():
-                    if now >= self._absent_until:
-                        self._absent_until = now + ABSENT_RECHECK_S
+                if self._absent():
                     yield None
                     return
                 self._reader = self._open()
@@ -82,6 +79,16 @@ class Database:
                 yield self._reader
             except sqlite3.Error as e:
                 raise StoreUnavailable(f"cannot read {self.path}: {e}") from e
+
+    def _absent(self) -> bool:
+        """Whether the file is still not there: looked for at most once per ABSENT_RECHECK_S."""
+        now = time.monotonic()
+        if now < self._absent_until:
+            return True
+        if self.path.exists():
+            return False
+        self._absent_until = now + ABSENT_RECHECK_S
+        return True
 
     @contextmanager
     def writing(self) -> Iterator[sqlite3.Connection]:

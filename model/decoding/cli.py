@@ -317,8 +317,9 @@ def main(argv: list[str] | None = None) -> int:
             quantization=args.quantization,
             options=options,
             capacity=max(args.batch_size, args.beam_size),
-            # (within the batch: a smaller --batch-size keeps fewer candidates than the service)
-            max_beam_size=max(min(args.max_beam_size, args.batch_size), args.beam_size),
+            # (within the batch: a smaller --batch-size keeps fewer candidates than the service;
+            # the Translator raises it to --beam-size)
+            max_beam_size=min(args.max_beam_size, args.batch_size),
             compile=not args.no_compile,
             cache_dir=args.compile_cache_dir,
         )
