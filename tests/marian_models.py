@@ -5,6 +5,8 @@ with SentencePiece models and weights trained in seconds on Multi30k.
 
 The weights are trained (a few hundred Adam steps on CPU) rather than random so that greedy and
 beam search end with eos like a real model's and the comparisons see varied, non-degenerate output.
+A multilingual model's training targets open with a word its target token chooses (``OPENERS``), so
+that the token steers its first output piece by a margin checked as the model is made.
 transformers' Marian is post-norm only (its config has no normalize_before): pre-norm is not made
 here; the converter refuses a config that asks for it.
 """
@@ -27,6 +29,15 @@ REPO = Path(__file__).resolve().parents[1]
 DATA_DIRS = (REPO.parent / "shared" / "data" / "multi30k", Path("/work/shared/data/multi30k"))
 SOURCE = "de"
 TARGETS = {"eng": "en", "fra": "fr", "ces": "cs"}  # a multilingual model's >>xxx<< tokens
+# The word every training target of a multilingual model begins with, one per target token: the
+# token alone then decides the first output piece, by a wide margin (``_check_steering``), so that
+# tests can tell which token a translation was made with. Without it a model trained this briefly
+# ignores its target token, and outputs for two targets differ only by quantization noise.
+OPENERS = {"eng": "Behold", "fra": "Voici", "ces": "Hle"}
+# Logits between the first piece and the runner-up, for every target token: int8 moves a first-step
+# logit of this model by 0.14 at most (float32 training gives margins of 3 to 4 on AVX-512 and AVX2).
+STEERING_MARGIN = 1.0
+STEERING_SENTENCES = 50  # test_2016_flickr sources the margin is checked on
 OPUS_MT_KEYS = {
     "normalize_before": False,
     "normalize_embedding": False,
@@ -102,13 +113,16 @@ def _vocab(*piece_lists: list[str], first: tuple[str, ...] = ()) -> dict[str, in
 
 
 def _corpus(multilingual: bool, n: int, offset: int = 0) -> list[tuple[str, str, str]]:
-    """(target code, source, target) triples: de-en, or de into each of TARGETS in turn."""
+    """(target code, source, target) triples: de-en, or de into each of TARGETS in turn, each
+    target opened by its code's OPENERS word."""
     source = read_gz("train.de.gz", n, offset=offset)
     if not multilingual:
         return [("", s, t) for s, t in zip(source, read_gz("train.en.gz", n, offset=offset), strict=True)]
     targets = {code: read_gz(f"train.{lang}.gz", n, offset=offset) for code, lang in TARGETS.items()}
-    codes = list(TARGETS)
-    return [(codes[i % 3], s, targets[codes[i % 3]][i]) for i, s in enumerate(source)]
+    codes = [list(TARGETS)[i % len(TARGETS)] for i in range(len(source))]
+    return [
+        (c, s, f"{OPENERS[c]} {targets[c][i]}") for i, (c, s) in enumerate(zip(codes, source, strict=True))
+    ]
 
 
 def make_marian_dir(out: Path, options: MarianOptions, *, cache: Path, sentences: int = 3000) -> Path:
@@ -188,6 +202,8 @@ def make_marian_dir(out: Path, options: MarianOptions, *, cache: Path, sentences
             id(m): m for m in (model.model.encoder.embed_tokens, model.model.decoder.embed_tokens)
         }.values():
             module.weight[pad].zero_()
+    if options.multilingual and options.steps:
+        _check_steering(model, out, vocab)
     model.save_pretrained(out)
     config_file = out / "config.json"  # the Bart-era keys real OPUS-MT configs still carry (all off)
     config_file.write_text(json.dumps({**json.loads(config_file.read_text()), **OPUS_MT_KEYS}, indent=2))
@@ -208,13 +224,12 @@ def _train(
         return
     source_sp = spm.SentencePieceProcessor(model_file=str(out / "source.spm"))
     target_sp = spm.SentencePieceProcessor(model_file=str(out / "target.spm"))
-    unk, pad = vocab["<unk>"], model.config.pad_token_id
-
-    def ids(sp: spm.SentencePieceProcessor, text: str, table: dict[str, int]) -> list[int]:
-        return [table.get(p, unk) for p in sp.Encode(text, out_type=str)][:24] + [0]
-
+    pad = model.config.pad_token_id
     pairs = [
-        (([vocab[f">>{code}<<"]] if code else []) + ids(source_sp, s, vocab), ids(target_sp, t, target_vocab))
+        (
+            ([vocab[f">>{code}<<"]] if code else []) + _ids(source_sp, s, vocab),
+            _ids(target_sp, t, target_vocab),
+        )
         for code, s, t in corpus
     ]
     rng = random.Random(options.seed)
@@ -228,6 +243,37 @@ def _train(
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
+
+
+def _ids(sp: spm.SentencePieceProcessor, text: str, vocab: dict[str, int]) -> list[int]:
+    """A sentence as training feeds it: its pieces' ids in ``vocab`` (unknown ones unk), at most 24,
+    then eos."""
+    return [vocab.get(p, vocab["<unk>"]) for p in sp.Encode(text, out_type=str)][:24] + [0]
+
+
+def _check_steering(model: Any, out: Path, vocab: dict[str, int]) -> None:
+    """Raise unless a multilingual model's target token alone decides its first output piece: over
+    STEERING_SENTENCES test sources, each token's first piece is the same for every source, differs
+    from every other token's, and leads the runner-up by STEERING_MARGIN logits or more (far beyond
+    what int8 quantization moves a logit), so that two targets never give the same translation."""
+    source_sp = spm.SentencePieceProcessor(model_file=str(out / "source.spm"))
+    texts = read_gz("test_2016_flickr.de.gz", STEERING_SENTENCES)
+    pad = model.config.pad_token_id
+    firsts: dict[str, set[int]] = {}
+    with torch.no_grad():
+        for code in TARGETS:
+            src = _pad([[vocab[f">>{code}<<"], *_ids(source_sp, t, vocab)] for t in texts], pad)
+            start = torch.full((len(texts), 1), model.config.decoder_start_token_id)
+            logits = model(input_ids=src, attention_mask=src != pad, decoder_input_ids=start).logits[:, 0]
+            top = logits.topk(2, dim=-1)
+            margin = float((top.values[:, 0] - top.values[:, 1]).min())
+            if margin < STEERING_MARGIN:
+                raise RuntimeError(
+                    f">>{code}<< leads its first piece by only {margin:.2f} logits (< {STEERING_MARGIN})"
+                )
+            firsts[code] = set(top.indices[:, 0].tolist())
+    if any(len(ids) != 1 for ids in firsts.values()) or len(set.union(*firsts.values())) != len(TARGETS):
+        raise RuntimeError(f"the target tokens do not each choose their own first piece: {firsts}")
 
 
 def _pad(rows: list[list[int]], value: int) -> torch.Tensor:

@@ -1,7 +1,8 @@
 """An imported model is just a model directory: OPUS-MT models (transformers MarianMTModels made
 here, tests/marian_models.py) converted by ``model.convert.marian`` and served over HTTP by the real
-app and workers, in int8 with the running batch, routed by their languages (the multilingual one by
-its >>fra<< tokens), counted in the metrics, and answered as the library and the CLI answer.
+app and workers, in int8 with the running batch (and unquantized, as ``auto`` is without VNNI),
+routed by their languages (the multilingual one by its >>fra<< tokens), counted in the metrics, and
+answered as the library and the CLI answer.
 
 Expected translations come from ``Translator`` on the converted directories (which
 tests/test_convert_marian.py checks against transformers and CTranslate2), so a test fails if a
@@ -62,9 +63,18 @@ def client(settings: Settings) -> Iterator[TestClient]:
         yield c
 
 
+@pytest.fixture(scope="module")
+def float32_served(shelf: Path) -> Iterator[tuple[TestClient, Settings]]:
+    """The shelf served unquantized too (what ``auto`` gives on CPUs without VNNI), with its settings."""
+    settings = make_settings(shelf, quantization="none")
+    with serve(settings) as c:
+        yield c, settings
+
+
 @functools.cache
 def translator(model_dir: Path, settings: Settings) -> Translator:
-    return Translator.load(model_dir, device="cpu", quantization="int8", options=settings.decode_options())
+    options = settings.decode_options()
+    return Translator.load(model_dir, device="cpu", quantization=settings.quantization, options=options)
 
 
 def library(shelf: Path, settings: Settings, name: str, texts: list[str], target: str) -> list[str]:
@@ -92,14 +102,27 @@ def test_languages_list_the_imported_directions(client: TestClient) -> None:
     assert models == {BILINGUAL: ["de-en"], MULTILINGUAL: ["de-en", "de-fr", "de-cs"]}
 
 
+@pytest.mark.parametrize("quantization", ["int8", "none"])
 def test_each_request_is_translated_by_its_model_and_target_token(
-    client: TestClient, shelf: Path, settings: Settings
+    request: pytest.FixtureRequest, client: TestClient, shelf: Path, settings: Settings, quantization: str
 ) -> None:
+    """Each answer is the library's with the model and target token asked for, in int8 and float32.
+    The multilingual model opens every translation with a word its target token alone chooses
+    (tests/marian_models.py checks the margin as it builds the model), so that answers made with
+    another token, or by the other model, differ in every sentence: none can pass for the right one."""
+    if quantization != settings.quantization:
+        client, settings = request.getfixturevalue("float32_served")
     texts = read_gz("test_2016_flickr.de.gz", 6)
-    assert post(client, texts, "en") == library(shelf, settings, BILINGUAL, texts, "en")
-    french = post(client, texts, "fr")
-    assert french == library(shelf, settings, MULTILINGUAL, texts, "fr")
-    assert french != post(client, texts, "cs")  # the target token steers the multilingual model
+    english = post(client, texts, "en")  # de-en: the bilingual model's
+    assert english == library(shelf, settings, BILINGUAL, texts, "en")
+    multilingual = {"en": library(shelf, settings, MULTILINGUAL, texts, "en")}
+    for target in ("fr", "cs"):
+        multilingual[target] = post(client, texts, target)
+        assert multilingual[target] == library(shelf, settings, MULTILINGUAL, texts, target), target
+    opening = {target: {text.split()[0] for text in answers} for target, answers in multilingual.items()}
+    assert all(len(words) == 1 for words in opening.values()), opening  # one word for each token,
+    assert len(set.union(*opening.values())) == 3, opening  # another for each token,
+    assert all(e.split()[0] not in opening["en"] for e in english), english  # and not the bilingual's
 
 
 def test_concurrent_clients_get_the_answers_each_sentence_gets_alone(

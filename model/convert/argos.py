@@ -11,6 +11,12 @@ code (``model.convert.ct2_model``) and renamed to our weights (``model.convert.c
 Not supported (``ConversionError``): a ``target_prefix`` in metadata.json, a piece argos-translate
 forces at the start of every *output*; our models route by a *source* prefix, and a forced first
 target token is not something a model directory can say.
+
+A package may come from anywhere: before anything is unpacked, its members are counted
+(``MAX_ARCHIVE_MEMBERS``) and their declared sizes summed, at most ``UNPACK_RATIO`` times the
+package plus ``UNPACK_SLACK`` (Python's zipfile never writes more than a member declares), and
+names that would land outside the scratch directory are refused; ``model.convert.ct2_model``
+bounds what the unpacked model declares in turn.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from typing import Any
 
 from safetensors.torch import save_file
 
+from model.convert.bounds import MAX_ARCHIVE_MEMBERS
 from model.convert.ct2_model import read_model
 from model.convert.ct2_transformer import Imported, from_ct2
 from model.convert.errors import ConversionError
@@ -41,6 +48,10 @@ from model.directory import (
 )
 
 METADATA = "metadata.json"
+# What a package may unpack to: model weights compress little (a real package unpacks to ~1.1-1.5
+# times its size), text a few times; a zip bomb declares hundreds or thousands of times its size.
+UNPACK_RATIO = 20
+UNPACK_SLACK = 64 << 20
 
 
 def convert(
@@ -93,9 +104,7 @@ def _package_dir(src: Path, scratch: Path) -> Path:
     else:
         try:
             with zipfile.ZipFile(src) as z:
-                for name in z.namelist():  # refuse members that would land outside scratch
-                    if name.startswith(("/", "\\")) or ".." in Path(name).parts:
-                        raise ConversionError(f"{src}: member {name!r} points outside the package")
+                _check_members(src, z.infolist())
                 z.extractall(scratch)
         except (zipfile.BadZipFile, OSError, EOFError) as e:
             raise ConversionError(f"{src}: unreadable zip ({e})") from e
@@ -110,10 +119,26 @@ def _package_dir(src: Path, scratch: Path) -> Path:
     )
 
 
+def _check_members(src: Path, members: list[zipfile.ZipInfo]) -> None:
+    """Refuse a zip with too many members, one that would land outside the scratch directory, or
+    declared sizes past what a package of this size unpacks to (all before anything is written)."""
+    if len(members) > MAX_ARCHIVE_MEMBERS:
+        raise ConversionError(f"{src}: {len(members)} members (at most {MAX_ARCHIVE_MEMBERS})")
+    for m in members:
+        if m.filename.startswith(("/", "\\")) or ".." in Path(m.filename).parts:
+            raise ConversionError(f"{src}: member {m.filename!r} points outside the package")
+    declared, limit = sum(m.file_size for m in members), UNPACK_RATIO * src.stat().st_size + UNPACK_SLACK
+    if declared > limit:
+        raise ConversionError(
+            f"{src}: its members unpack to {declared} bytes, more than {UNPACK_RATIO} times the package "
+            f"plus {UNPACK_SLACK >> 20} MiB ({limit}): not a model package (a zip bomb?)"
+        )
+
+
 def _metadata(package: Path, src: Path) -> dict[str, Any]:
     try:
         meta = json.loads((package / METADATA).read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
         raise ConversionError(f"{src}: {METADATA} is unreadable ({e})") from e
     if not isinstance(meta, dict):
         raise ConversionError(f"{src}: {METADATA} is not a JSON object")

@@ -18,6 +18,12 @@ Quantized weights are dequantized here: CTranslate2 stores ``q = round(w * scale
 per output row (int8) or one per tensor (int16) in ``<name>_scale``, so ``w = q / scale``; an int16
 weight saved without a scale (old models) used the global scale 1000. An alias also aliases its
 ``_scale`` (as the C++ loader does), since the spec aliased the float weight before quantizing it.
+
+The file may be hostile (an Argos package from anywhere): every count it declares is bounded before
+anything is allocated for it (variables and aliases by the bytes left to hold them, ranks by
+``MAX_RANK``, each variable's bytes by its shape and the file, vocabularies by ``MAX_VOCABULARY``),
+and a scale is used only when its shape is one of the two above, so that dequantizing never makes a
+tensor larger than its weight (an ``[N, 1]`` scale would broadcast a ``[1, N]`` weight to N x N).
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ from typing import Any
 
 import torch
 
+from model.convert.bounds import MAX_VOCABULARY
 from model.convert.errors import ConversionError
 
 BINARY_FILE = "model.bin"
@@ -38,6 +45,11 @@ CURRENT_BINARY_VERSION = 6  # the newest layout this reader knows (CTranslate2 4
 DTYPES = (torch.float32, torch.int8, torch.int16, torch.int32, torch.float16, torch.bfloat16)
 _OLD_ITEM_SIZES = {4: torch.float32, 2: torch.int16, 1: torch.int8}  # binary versions 1-3
 GLOBAL_INT16_SCALE = 1000.0  # ops::Quantize::global_int16_scale, for int16 weights saved without a scale
+MAX_RANK = 4  # CTranslate2 writes scalars, vectors and matrices; anything past 4 dimensions is not its
+# The fewest bytes a variable's record takes (name length, rank, dtype or item size, size) and an
+# alias's (two string lengths): a count of either that the bytes left cannot hold is refused.
+_MIN_VARIABLE_BYTES = 2 + 1 + 1 + 4
+_MIN_ALIAS_BYTES = 2 + 2
 
 
 @dataclass
@@ -75,6 +87,17 @@ class _Reader:
     def unpack(self, fmt: str, what: str) -> int:
         return int(struct.unpack(fmt, self.take(struct.calcsize(fmt), what))[0])
 
+    def count(self, what: str, min_bytes: int) -> int:
+        """A u32 count of records of at least ``min_bytes`` each, refused if the rest of the file
+        cannot hold that many (before anything is made for them)."""
+        n = self.unpack("<I", what)
+        left = len(self.data) - self.pos
+        if n * min_bytes > left:
+            raise ConversionError(
+                f"{self.path}: {what} is {n}, more than the {left} bytes left in the file can hold"
+            )
+        return n
+
     def string(self, what: str) -> str:
         raw = bytes(self.take(self.unpack("<H", f"length of {what}"), what))
         try:
@@ -98,10 +121,16 @@ def read_binary(path: Path) -> tuple[int, str, int, dict[str, torch.Tensor], lis
         )
     spec, revision = ("", 1) if version < 2 else (r.string("the spec name"), r.unpack("<I", "the revision"))
     variables: dict[str, torch.Tensor] = {}
-    for i in range(r.unpack("<I", "the number of variables")):
+    for i in range(r.count("the number of variables", _MIN_VARIABLE_BYTES)):
         name = r.string(f"the name of variable {i}")
+        if name in variables:
+            raise ConversionError(f"{path}: variable {name} appears twice")
         rank = r.unpack("<B", f"the rank of {name}")
+        if rank > MAX_RANK:
+            raise ConversionError(f"{path}: variable {name} has rank {rank} (at most {MAX_RANK})")
         shape = [r.unpack("<I", f"a dimension of {name}") for _ in range(rank)]
+        if 0 in shape:  # an empty weight could declare any other size: none is ever written
+            raise ConversionError(f"{path}: variable {name} has an empty dimension (shape {shape})")
         if version >= 4:
             type_id = r.unpack("<B", f"the dtype of {name}")
             if type_id >= len(DTYPES):
@@ -126,11 +155,29 @@ def read_binary(path: Path) -> tuple[int, str, int, dict[str, torch.Tensor], lis
         variables[name] = tensor.reshape(shape).clone()  # clone: own memory, not the file's buffer
     aliases: list[tuple[str, str]] = []
     if version >= 3:
-        for i in range(r.unpack("<I", "the number of aliases")):
+        for i in range(r.count("the number of aliases", _MIN_ALIAS_BYTES)):
             aliases.append((r.string(f"alias {i}"), r.string(f"the target of alias {i}")))
     if r.pos != len(data):  # CTranslate2 never writes anything after the aliases
         raise ConversionError(f"{path}: {len(data) - r.pos} unexpected bytes after the last variable")
     return version, spec, revision, variables, aliases
+
+
+def _scale_of(path: Path, name: str, value: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """``scale`` shaped to divide ``value`` in place of it: one value for the tensor (int16), or a
+    vector of one value per row (int8); any other shape is refused before it is broadcast."""
+    if scale.numel() == 1:
+        per_row = scale.reshape([1] * value.dim())
+    elif scale.dim() == 1 and value.dim() >= 1 and scale.shape[0] == value.shape[0]:
+        per_row = scale.reshape(-1, *([1] * (value.dim() - 1)))
+    else:
+        raise ConversionError(
+            f"{path}: {name}_scale has shape {list(scale.shape)}: a quantization scale is one value, or "
+            f"a vector of one per row of {name} (shape {list(value.shape)})"
+        )
+    per_row = per_row.to(torch.float32)
+    if not bool(torch.isfinite(per_row).all()) or bool((per_row == 0).any()):
+        raise ConversionError(f"{path}: {name}_scale has a zero or non-finite value")
+    return per_row
 
 
 def _dequantize(path: Path, variables: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -146,13 +193,7 @@ def _dequantize(path: Path, variables: dict[str, torch.Tensor]) -> dict[str, tor
                 if value.dtype == torch.int8:
                     raise ConversionError(f"{path}: int8 variable {name} has no {name}_scale")
                 scale = torch.tensor(GLOBAL_INT16_SCALE)
-            scale = scale.to(torch.float32)
-            if scale.dim() == 1 and scale.numel() != value.shape[0]:
-                raise ConversionError(
-                    f"{path}: {name}_scale has {scale.numel()} values for {value.shape[0]} rows of {name}"
-                )
-            per_row = scale.reshape(-1, *([1] * (value.dim() - 1))) if scale.dim() == 1 else scale
-            out[name] = value.to(torch.float32) / per_row
+            out[name] = value.to(torch.float32) / _scale_of(path, name, value, scale)
         elif value.is_floating_point() and value.dim() > 0:
             out[name] = value.to(torch.float32)
         else:
@@ -161,15 +202,26 @@ def _dequantize(path: Path, variables: dict[str, torch.Tensor]) -> dict[str, tor
 
 
 def _read_vocabulary(path: Path) -> list[str]:
+    """The tokens of a JSON list or a text file of one token a line, at most ``MAX_VOCABULARY``:
+    counted in the raw bytes (separators, an upper bound) before any list is made of them."""
     try:
-        if path.suffix == ".json":
-            tokens = json.loads(path.read_text(encoding="utf-8"))
+        data = path.read_bytes()
+        json_list = path.suffix == ".json"
+        # tokens <= separators + 1: commas, or line ends (\n, \r\n or \r, as text mode reads them)
+        separators = (
+            data.count(b",") if json_list else data.count(b"\n") + data.count(b"\r") - data.count(b"\r\n")
+        )
+        if separators >= MAX_VOCABULARY:
+            raise ConversionError(f"{path}: more than {MAX_VOCABULARY} tokens")
+        if json_list:
+            tokens = json.loads(data.decode("utf-8"))
             if not isinstance(tokens, list) or not all(isinstance(t, str) for t in tokens):
                 raise ConversionError(f"{path}: not a JSON list of tokens")
             return tokens
-        lines = path.read_text(encoding="utf-8").split("\n")  # one token a line
+        text = data.decode("utf-8").replace("\r\n", "\n").replace("\r", "\n")  # as read_text() did
+        lines = text.split("\n")  # one token a line
         return lines[:-1] if lines and lines[-1] == "" else lines
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
         raise ConversionError(f"{path}: unreadable vocabulary ({e})") from e
 
 
@@ -190,6 +242,8 @@ def read_model(directory: str | Path) -> CT2Model:
     for alias, name in aliases:
         if name not in raw:
             raise ConversionError(f"{binary}: alias {alias} names {name}, which is not a variable")
+        if alias in raw:
+            raise ConversionError(f"{binary}: alias {alias} is also the name of a variable")
         raw[alias] = raw[name]
         if f"{name}_scale" in raw:
             raw[f"{alias}_scale"] = raw[f"{name}_scale"]
@@ -199,7 +253,7 @@ def read_model(directory: str | Path) -> CT2Model:
     if (directory / "config.json").is_file():
         try:
             config = json.loads((directory / "config.json").read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
             raise ConversionError(f"{directory / 'config.json'}: unreadable ({e})") from e
         if not isinstance(config, dict):
             raise ConversionError(f"{directory / 'config.json'}: not a JSON object")

@@ -22,6 +22,11 @@ our built-in layouts: [sin | cos] halves, but of position p + 1 and with frequen
 CTranslate2) gets a zero row appended to the vocabulary as its start (and padding) token, with an
 output bias that never lets it be produced. Anything else our Transformer does not compute raises
 ``ConversionError`` naming the option; so does a variable this module does not know.
+
+Every variable's shape is checked against what the architecture needs before it is used: the width
+D is the embeddings', and each weight must be [out, in] of D, the feed-forward width and the
+vocabulary sizes, so that nothing computed here (a missing bias's zeros, the computed sinusoids)
+is larger than what the file holds; heads, layers and scalars are checked by name in the same way.
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ from typing import Any
 import torch
 
 from model.config import ModelConfig
+from model.convert.bounds import MAX_LAYERS, check_state
 from model.convert.ct2_model import CT2Model
 from model.convert.errors import ConversionError
 
@@ -104,6 +110,22 @@ def builtin_sinusoids(positions: int, depth: int) -> torch.Tensor:
     return torch.cat([torch.sin(scaled), torch.cos(scaled)], dim=1)
 
 
+def _scalar(file: object, name: str, value: torch.Tensor) -> float:
+    """The one finite number ``value`` holds (``ConversionError`` naming ``name`` otherwise)."""
+    if value.numel() != 1:
+        raise ConversionError(f"{file}: {name} has shape {list(value.shape)}, not one value")
+    number = float(value.reshape(()).item())
+    if not math.isfinite(number):
+        raise ConversionError(f"{file}: {name} is {number}")
+    return number
+
+
+def _shaped(file: object, name: str, value: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
+    if tuple(value.shape) != shape:
+        raise ConversionError(f"{file}: {name} has shape {list(value.shape)}, the model needs {list(shape)}")
+    return value
+
+
 class _Variables:
     """The model's variables, each taken at most once, so that leftovers can be refused."""
 
@@ -122,20 +144,24 @@ class _Variables:
 
     def scalar(self, *names: str, default: float | None = None) -> float | None:
         """The first of ``names`` present (all are taken), else ``default``."""
-        found = [v for v in (self.get(n) for n in names) if v is not None]
-        return float(found[0].item()) if found else default
+        found = [(n, v) for n in names if (v := self.get(n)) is not None]
+        return _scalar(self.file, *found[0]) if found else default
 
-    def linear(self, scope: str, state: dict[str, torch.Tensor], ours: str) -> None:
-        weight = self.take(f"{scope}/weight")
+    def linear(self, scope: str, state: dict[str, torch.Tensor], ours: str, shape: tuple[int, int]) -> None:
+        """The weight (``shape``: [out, in]) and bias ([out]; zeros when absent) at ``scope``."""
+        weight = _shaped(self.file, f"{scope}/weight", self.take(f"{scope}/weight"), shape)
         bias = self.get(f"{scope}/bias")  # optional in CTranslate2 (OpenNMT-py without biases)
         state[f"{ours}.weight"] = weight
-        state[f"{ours}.bias"] = bias if bias is not None else torch.zeros(weight.shape[0])
+        state[f"{ours}.bias"] = (
+            torch.zeros(shape[0]) if bias is None else _shaped(self.file, f"{scope}/bias", bias, shape[:1])
+        )
 
-    def norm(self, scope: str, state: dict[str, torch.Tensor], ours: str) -> None:
+    def norm(self, scope: str, state: dict[str, torch.Tensor], ours: str, width: int) -> None:
         gamma, beta = self.take(f"{scope}/gamma"), self.get(f"{scope}/beta")
         if beta is None:
             raise ConversionError(f"{self.file}: {scope} is an RMSNorm (no beta): not supported")
-        state[f"{ours}.weight"], state[f"{ours}.bias"] = gamma, beta
+        state[f"{ours}.weight"] = _shaped(self.file, f"{scope}/gamma", gamma, (width,))
+        state[f"{ours}.bias"] = _shaped(self.file, f"{scope}/beta", beta, (width,))
 
 
 def _refuse_unsupported(ct2: CT2Model) -> None:
@@ -163,10 +189,21 @@ def _refuse_unsupported(ct2: CT2Model) -> None:
 
 
 def _layers(ct2: CT2Model, stack: str) -> int:
+    """How many layers ``stack`` has: its variables' ``layer_<i>/`` indices must be 0..n-1, n at
+    most MAX_LAYERS (an index is read only when short enough to be one)."""
+    file = ct2.path / "model.bin"
     layer = re.compile(rf"{stack}/layer_(\d+)/")
-    indices = {int(m.group(1)) for m in map(layer.match, ct2.variables) if m}
+    indices: set[int] = set()
+    for m in map(layer.match, ct2.variables):
+        if m is None:
+            continue
+        digits = m.group(1)
+        if len(digits) > len(str(MAX_LAYERS)) or int(digits) >= MAX_LAYERS or digits != str(int(digits)):
+            shown = digits if len(digits) <= 12 else f"{digits[:12]}... ({len(digits)} digits)"
+            raise ConversionError(f"{file}: {stack} layer index {shown} (at most {MAX_LAYERS} layers)")
+        indices.add(int(digits))
     if not indices or indices != set(range(len(indices))):
-        raise ConversionError(f"{ct2.path / 'model.bin'}: {stack} layers {sorted(indices)} are not 0..n-1")
+        raise ConversionError(f"{file}: {stack} layers {sorted(indices)} are not 0..n-1")
     return len(indices)
 
 
@@ -195,19 +232,53 @@ def _scale_embeddings(v: _Variables, d_model: int) -> bool:
             )
         ]
         value = next((f for f in found if f is not None), None)
-        if value is None or (value.dtype == torch.int8 and value.item()):
+        number = None if value is None else _scalar(v.file, f"{stack}/scale_embeddings", value)
+        if number is None or (value is not None and value.dtype == torch.int8 and number):
             scaled.add(True)
-        elif value.dtype == torch.int8 or float(value.item()) == 1.0:
+        elif (value is not None and value.dtype == torch.int8) or number == 1.0:
             scaled.add(False)
-        elif math.isclose(float(value.item()), math.sqrt(d_model), rel_tol=1e-6):
+        elif math.isclose(number, math.sqrt(d_model), rel_tol=1e-6):
             scaled.add(True)
         else:
-            raise ConversionError(
-                f"{v.file}: {stack} embeddings scaled by {float(value.item())}: not supported"
-            )
+            raise ConversionError(f"{v.file}: {stack} embeddings scaled by {number}: not supported")
     if len(scaled) != 1:
         raise ConversionError(f"{v.file}: encoder and decoder embeddings scaled differently: not supported")
     return scaled.pop()
+
+
+def _heads(v: _Variables, d_model: int, default: int) -> int:
+    """The number of attention heads: a whole number from 1 to ``d_model`` that divides it."""
+    heads = _stack_option(v, "num_heads", default)
+    assert heads is not None
+    if heads != int(heads) or not 1 <= heads <= d_model or d_model % int(heads):
+        raise ConversionError(
+            f"{v.file}: num_heads {heads} does not split the width {d_model} into whole heads"
+        )
+    return int(heads)
+
+
+def _embeddings(ct2: CT2Model, v: _Variables) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """(source, target) embeddings and the width D: each [tokens of its vocabulary, D]."""
+    src_emb = v.get("encoder/embeddings/weight")
+    src_emb = v.take("encoder/embeddings_0/weight") if src_emb is None else src_emb
+    tgt_emb = v.take("decoder/embeddings/weight")
+    if tgt_emb.dim() != 2:
+        raise ConversionError(f"{v.file}: decoder/embeddings/weight has shape {list(tgt_emb.shape)}, not 2-D")
+    d_model = tgt_emb.shape[1]
+    for vocab, emb, fname, side in (
+        (ct2.source_vocabulary, src_emb, ct2.vocabulary_files[0], "encoder"),
+        (ct2.target_vocabulary, tgt_emb, ct2.vocabulary_files[-1], "decoder"),
+    ):
+        if emb.dim() != 2 or emb.shape[1] != d_model:
+            raise ConversionError(
+                f"{v.file}: the {side} embeddings have shape {list(emb.shape)}, the model needs "
+                f"[tokens, {d_model}]"
+            )
+        if len(vocab) != emb.shape[0]:
+            raise ConversionError(
+                f"{ct2.path / fname}: {len(vocab)} tokens, but {v.file} has {emb.shape[0]} embedding rows"
+            )
+    return src_emb, tgt_emb, d_model
 
 
 def from_ct2(ct2: CT2Model) -> Imported:
@@ -216,63 +287,74 @@ def from_ct2(ct2: CT2Model) -> Imported:
     v = _Variables(ct2)
     file = v.file
     enc_n, dec_n = _layers(ct2, "encoder"), _layers(ct2, "decoder")
-    src_emb = v.get("encoder/embeddings/weight")
-    src_emb = v.take("encoder/embeddings_0/weight") if src_emb is None else src_emb
-    tgt_emb = v.take("decoder/embeddings/weight")
-    d_model = tgt_emb.shape[1]
-    heads = _stack_option(v, "num_heads", SPECS[ct2.spec] or 8)
-    assert heads is not None
-    n_heads = int(heads)
+    src_emb, tgt_emb, d_model = _embeddings(ct2, v)
+    n_heads = _heads(v, d_model, SPECS[ct2.spec] or 8)
     head_dim = d_model // n_heads
     for key in [k for k in v.left if k.endswith(("/queries_scale", "/head_dim"))]:
-        value = float(v.take(key).item())
+        value = _scalar(file, key, v.take(key))
         want = 1 / math.sqrt(head_dim) if key.endswith("queries_scale") else head_dim
         if not math.isclose(value, want, rel_tol=1e-6):
             raise ConversionError(f"{file}: {key}={value} is not supported (ours: {want})")
     pre_norm = bool(_stack_option(v, "pre_norm", 1.0))  # CTranslate2's default is pre-norm
-    act_id = int(_stack_option(v, "activation", 0.0) or 0)
-    if act_id not in ACTIVATIONS:
-        what = OTHER_ACTIVATIONS.get(act_id, f"activation id {act_id}")
+    act = _stack_option(v, "activation", 0.0) or 0.0
+    if act not in ACTIVATIONS:
+        what = OTHER_ACTIVATIONS.get(int(act), f"activation id {act}") if act == int(act) else f"id {act}"
         raise ConversionError(f"{file}: the activation {what} is not supported (relu, swish, gelu are)")
+    act_id = int(act)
     for name in NO_EFFECT:
         for key in (name, f"encoder/{name}", f"decoder/{name}"):
             v.get(key)
     scale = _scale_embeddings(v, d_model)
     zero_start = bool(v.scalar("decoder/start_from_zero_embedding", default=0.0))
 
+    # The feed-forward width, from the first layer (each layer's weights are checked against it).
+    fc1 = v.left.get("encoder/layer_0/ffn/linear_0/weight")
+    d_ff = fc1.shape[0] if fc1 is not None and fc1.dim() == 2 else 0
+    if d_ff == 0:
+        raise ConversionError(f"{file}: encoder/layer_0/ffn/linear_0/weight is missing or not 2-D")
+    d, f = d_model, d_ff
     state: dict[str, torch.Tensor] = {}
     for stack, n in (("encoder", enc_n), ("decoder", dec_n)):
         for i in range(n):
             ct, ours = f"{stack}/layer_{i}", f"{stack}.{i}"
-            v.linear(f"{ct}/self_attention/linear_0", state, f"{ours}.self_attn.qkv")
-            v.linear(f"{ct}/self_attention/linear_1", state, f"{ours}.self_attn.out")
+            v.linear(f"{ct}/self_attention/linear_0", state, f"{ours}.self_attn.qkv", (3 * d, d))
+            v.linear(f"{ct}/self_attention/linear_1", state, f"{ours}.self_attn.out", (d, d))
             v.norm(
                 f"{ct}/self_attention/layer_norm",
                 state,
                 f"{ours}.{'attn' if stack == 'encoder' else 'self'}_norm.norm",
+                d,
             )
             if stack == "decoder":
-                v.linear(f"{ct}/attention/linear_0", state, f"{ours}.cross_attn.q")
-                v.linear(f"{ct}/attention/linear_1", state, f"{ours}.cross_attn.kv")
-                v.linear(f"{ct}/attention/linear_2", state, f"{ours}.cross_attn.out")
-                v.norm(f"{ct}/attention/layer_norm", state, f"{ours}.cross_norm.norm")
-            v.linear(f"{ct}/ffn/linear_0", state, f"{ours}.ff.fc1")
-            v.linear(f"{ct}/ffn/linear_1", state, f"{ours}.ff.fc2")
-            v.norm(f"{ct}/ffn/layer_norm", state, f"{ours}.ff_norm.norm")
+                v.linear(f"{ct}/attention/linear_0", state, f"{ours}.cross_attn.q", (d, d))
+                v.linear(f"{ct}/attention/linear_1", state, f"{ours}.cross_attn.kv", (2 * d, d))
+                v.linear(f"{ct}/attention/linear_2", state, f"{ours}.cross_attn.out", (d, d))
+                v.norm(f"{ct}/attention/layer_norm", state, f"{ours}.cross_norm.norm", d)
+            v.linear(f"{ct}/ffn/linear_0", state, f"{ours}.ff.fc1", (f, d))
+            v.linear(f"{ct}/ffn/linear_1", state, f"{ours}.ff.fc2", (d, f))
+            v.norm(f"{ct}/ffn/layer_norm", state, f"{ours}.ff_norm.norm", d)
     finals = [s for s in ("encoder", "decoder") if f"{s}/layer_norm/gamma" in v.left]
     if pre_norm and len(finals) != 2:
         raise ConversionError(f"{file}: pre-norm without a final LayerNorm in each stack is not supported")
     if not pre_norm and finals:
         raise ConversionError(f"{file}: post-norm with a final LayerNorm ({finals[0]}) is not supported")
     for s in finals:
-        v.norm(f"{s}/layer_norm", state, f"{s}_norm")
+        v.norm(f"{s}/layer_norm", state, f"{s}_norm", d)
 
     enc_pos, dec_pos = (
         v.get("encoder/position_encodings/encodings"),
         v.get("decoder/position_encodings/encodings"),
     )
+    for side, table in (("encoder", enc_pos), ("decoder", dec_pos)):
+        if table is not None and (table.dim() != 2 or table.shape[1] != d):
+            raise ConversionError(
+                f"{file}: {side}/position_encodings/encodings has shape {list(table.shape)}, the model "
+                f"needs [positions, {d}]"
+            )
     if enc_pos is None and dec_pos is None:
-        table = builtin_sinusoids(BUILTIN_POSITIONS, d_model)
+        if d_model < 4 or d_model % 2:  # sin and cos halves, frequencies over D/2 - 1 steps
+            raise ConversionError(f"{file}: computed position encodings need an even width of 4 or more")
+        table = builtin_sinusoids(BUILTIN_POSITIONS, d_model)  # D is checked: the weights are D x D
     elif enc_pos is not None and dec_pos is not None and torch.equal(enc_pos, dec_pos):
         table = enc_pos
     else:
@@ -281,17 +363,23 @@ def from_ct2(ct2: CT2Model) -> Imported:
         )
     state["positions.table"] = table
 
-    proj_w, proj_b = v.take("decoder/projection/weight"), v.get("decoder/projection/bias")
+    vocab = tgt_emb.shape[0]
+    proj_w = _shaped(file, "decoder/projection/weight", v.take("decoder/projection/weight"), (vocab, d))
+    proj_b = v.get("decoder/projection/bias")
+    if proj_b is not None:
+        _shaped(file, "decoder/projection/bias", proj_b, (vocab,))
     if v.left:
         names = ", ".join(sorted(v.left)[:5])
         raise ConversionError(
             f"{file}: variables this converter does not know (an unsupported option?): {names}"
         )
-    return _vocabularies(ct2, src_emb, tgt_emb, proj_w, proj_b, state, dict(
+    imported = _vocabularies(ct2, src_emb, tgt_emb, proj_w, proj_b, state, dict(
         d_model=d_model, n_heads=n_heads, encoder_layers=enc_n, decoder_layers=dec_n,
-        d_ff=state["encoder.0.ff.fc1.weight"].shape[0], activation=ACTIVATIONS[act_id], pre_norm=pre_norm,
+        d_ff=d_ff, activation=ACTIVATIONS[act_id], pre_norm=pre_norm,
         positions="learned", max_positions=table.shape[0], scale_embeddings=scale, dropout=0.0,
     ), zero_start)  # fmt: skip
+    check_state(imported.config, imported.state, str(file))
+    return imported
 
 
 def _vocabularies(
@@ -305,20 +393,7 @@ def _vocabularies(
     zero_start: bool,
 ) -> Imported:
     """Special ids, shared/tied matrices and appended rows (a zero start token, a pad token)."""
-    file = ct2.path / "model.bin"
     src_vocab, tgt_vocab = list(ct2.source_vocabulary), list(ct2.target_vocabulary)
-    for vocab, emb, fname in (
-        (src_vocab, src_emb, ct2.vocabulary_files[0]),
-        (tgt_vocab, tgt_emb, ct2.vocabulary_files[-1]),
-    ):
-        if len(vocab) != emb.shape[0]:
-            raise ConversionError(
-                f"{ct2.path / fname}: {len(vocab)} tokens, but {file} has {emb.shape[0]} embedding rows"
-            )
-    if proj_w.shape[0] != len(tgt_vocab):
-        raise ConversionError(
-            f"{file}: the projection has {proj_w.shape[0]} rows for {len(tgt_vocab)} tokens"
-        )
     shared = ct2.shared_vocabulary or src_vocab == tgt_vocab
     share_emb = shared and torch.equal(src_emb, tgt_emb)
     tie = torch.equal(proj_w, tgt_emb)
@@ -384,7 +459,7 @@ def _vocabularies(
             # Whether CTranslate2 ends sources with eos: not for OpenNMT-py's models (most Argos ones).
             source_eos=bool(conf.get("add_source_eos", False)),
         )  # fmt: skip
-    except ValueError as e:
+    except (TypeError, ValueError) as e:  # e.g. a layer_norm_epsilon that is not a number
         raise ConversionError(f"{ct2.path}: {e}") from e
     return Imported(config, state, src_vocab, tgt_vocab, shared)
 

@@ -13,6 +13,10 @@ dependency. The mapping onto our state dict, as transformers 5 computes a Marian
   (``sinusoidal_halves``) unless the weights carry another table (``learned``);
 * ``lm_head`` + ``final_logits_bias`` (kept as ``output_bias`` whenever present);
 * the decoder starts from ``decoder_start_token_id`` (pad), ends at eos; unk is vocab.json's.
+
+The directory may come from anywhere: config.json's sizes are bounded (``model.convert.bounds``)
+and every tensor's shape is checked against the config before it is fused, compared or used to
+compute a table; ``model.convert.marian_files`` reads the files with bounds of its own.
 """
 
 from __future__ import annotations
@@ -25,11 +29,18 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 
 from model.config import ModelConfig
+from model.convert.bounds import (
+    MAX_LAYERS,
+    MAX_POSITIONS,
+    MAX_WIDTH,
+    check_state,
+    expected_shapes,
+)
 from model.convert.errors import ConversionError
+from model.convert.marian_files import read_json, read_object, read_vocabularies, read_weights
 from model.directory import (
     CONFIG_FILE,
     MODEL_CARD,
@@ -42,7 +53,6 @@ from model.directory import (
     ModelInfo,
 )
 from model.layers import sinusoids
-from model.transformer import Transformer
 
 ACTIVATIONS = {"swish": "swish", "silu": "swish", "relu": "relu", "gelu": "gelu"}
 LICENCE = "CC-BY-4.0 (OPUS-MT) unless stated"
@@ -101,8 +111,8 @@ def convert(
     if src.resolve() == out.resolve() or out.resolve() in src.resolve().parents:
         raise ConversionError(f"{out}: would overwrite the model being converted")
     hf = _read_config(src)
-    weights = _read_weights(src)
-    vocab, target_vocab = _read_vocabularies(src)
+    weights = read_weights(src)
+    vocab, target_vocab = read_vocabularies(src)
     cfg, state = _state_dict(hf, weights, vocab, target_vocab, src)
     info = _info(cfg, src, vocab, source, target, command)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -129,18 +139,11 @@ def convert(
     return out
 
 
-def _read_json(file: Path) -> Any:
-    try:
-        return json.loads(file.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ConversionError(f"{file}: not readable JSON ({e})") from e
-
-
 def _read_config(src: Path) -> dict[str, Any]:
     file = src / "config.json"
     if not file.is_file():
         raise ConversionError(f"{file}: missing (is {src} a Hugging Face MarianMTModel directory?)")
-    hf = _read_json(file)
+    hf = read_json(file)
     if not isinstance(hf, dict) or hf.get("model_type") != "marian":
         kind = hf.get("model_type") if isinstance(hf, dict) else None
         raise ConversionError(f"{file}: model_type is {kind!r}, not 'marian' (a MarianMTModel directory)")
@@ -159,64 +162,6 @@ def _read_config(src: Path) -> dict[str, Any]:
             f"(one of {', '.join(ACTIVATIONS)})"
         )
     return hf
-
-
-def _read_weights(src: Path) -> dict[str, torch.Tensor]:
-    """The checkpoint's tensors by name, with MarianMTModel's ``model.`` prefix."""
-    files = [src / WEIGHTS_FILE]
-    index = src / "model.safetensors.index.json"
-    if index.is_file():
-        files = sorted({src / str(f) for f in dict(_read_json(index).get("weight_map", {})).values()})
-    state: dict[str, torch.Tensor] = {}
-    if all(f.is_file() for f in files):
-        for file in files:
-            try:
-                state.update(load_file(str(file)))
-            except (SafetensorError, OSError, ValueError) as e:
-                raise ConversionError(f"{file}: cannot read the weights ({e})") from e
-    elif (src / "pytorch_model.bin").is_file():
-        file = src / "pytorch_model.bin"
-        try:  # weights_only: tensors and containers only, no code from the file runs
-            loaded = torch.load(file, map_location="cpu", weights_only=True)
-        except Exception as e:  # noqa: BLE001 - any failure of the restricted unpickler is a bad file
-            raise ConversionError(f"{file}: cannot read the weights ({type(e).__name__}: {e})") from e
-        if not isinstance(loaded, dict) or not all(isinstance(v, torch.Tensor) for v in loaded.values()):
-            raise ConversionError(f"{file}: not a state dict of tensors")
-        state = dict(loaded)
-    else:
-        raise ConversionError(f"{src}: no weights ({WEIGHTS_FILE} or pytorch_model.bin)")
-    if not any(k.startswith("model.") for k in state):  # a MarianModel's (no head): same names, unprefixed
-        state = {
-            k if k in ("lm_head.weight", "final_logits_bias") else f"model.{k}": v for k, v in state.items()
-        }
-    return {k: v.float() if v.dtype not in (torch.float16, torch.float32) else v for k, v in state.items()}
-
-
-def _vocabulary(file: Path) -> list[str]:
-    """vocab.json (piece -> id) as the list of pieces in id order; its ids must be 0..V-1."""
-    if not file.is_file():
-        raise ConversionError(f"{file}: missing")
-    data = _read_json(file)
-    if not isinstance(data, dict) or not all(isinstance(i, int) for i in data.values()):
-        raise ConversionError(f"{file}: not a JSON object of pieces to ids")
-    pieces = {i: p for p, i in data.items()}
-    if len(pieces) != len(data) or set(pieces) != set(range(len(data))):
-        raise ConversionError(f"{file}: its ids are not 0..{len(data) - 1}, each once")
-    return [pieces[i] for i in range(len(data))]
-
-
-def _read_vocabularies(src: Path) -> tuple[list[str], list[str]]:
-    """Source and target pieces in id order; the same list for a joint vocabulary. MarianTokenizer
-    reads target_vocab.json only with ``separate_vocabs`` (tokenizer_config.json)."""
-    for name in (SOURCE_SPM, TARGET_SPM):
-        if not (src / name).is_file():
-            raise ConversionError(f"{src / name}: missing")
-    settings = src / "tokenizer_config.json"
-    separate = (src / "target_vocab.json").is_file()
-    if settings.is_file():
-        separate = bool(dict(_read_json(settings)).get("separate_vocabs", False))
-    vocab = _vocabulary(src / "vocab.json")
-    return vocab, (_vocabulary(src / "target_vocab.json") if separate else vocab)
 
 
 def _take(weights: dict[str, torch.Tensor], *names: str) -> torch.Tensor:
@@ -254,11 +199,11 @@ def _positions(
         if hf.get("static_position_embeddings") is False:
             raise ConversionError("config.json asks for learned positions, but the weights have no table")
         return "sinusoidal_halves", None
+    for table in tables:  # before the reference is computed: its size is the config's
+        if table is not None and tuple(table.shape) != (rows, width):
+            raise ConversionError(f"embed_positions.weight is {tuple(table.shape)}, expected {(rows, width)}")
     reference = sinusoids(rows, width, halves=True)
     filled = [reference if t is None else t.float() for t in tables]
-    for table in filled:
-        if tuple(table.shape) != (rows, width):
-            raise ConversionError(f"embed_positions.weight is {tuple(table.shape)}, expected {(rows, width)}")
     # Our float32 sinusoid is within 3e-5 of transformers' (float64, then rounded) at 512 x 512.
     if all(torch.allclose(t, reference, rtol=0, atol=1e-4) for t in filled):
         return "sinusoidal_halves", None
@@ -267,18 +212,40 @@ def _positions(
     return "learned", filled[0]
 
 
-def _layers(weights: dict[str, torch.Tensor], n_enc: int, n_dec: int) -> dict[str, torch.Tensor]:
-    """Every layer's tensors under our names, fused per ``LAYERS``; those used leave ``weights``."""
+def _layers(
+    weights: dict[str, torch.Tensor], cfg: ModelConfig, expected: dict[str, tuple[int, ...]]
+) -> dict[str, torch.Tensor]:
+    """Every layer's tensors under our names, fused per ``LAYERS``, each part checked against the
+    shape ``expected`` implies (our fused rows split evenly) before it is fused; those used leave
+    ``weights``."""
     state: dict[str, torch.Tensor] = {}
-    for side, count in (("encoder", n_enc), ("decoder", n_dec)):
+    for side, count in (("encoder", cfg.encoder_layers), ("decoder", cfg.decoder_layers)):
         for i in range(count):
             for ours, theirs in LAYERS[side].items():
                 for kind in ("weight", "bias"):
                     names = [f"model.{side}.layers.{i}.{t}.{kind}" for t in theirs]
-                    state[f"{side}.{i}.{ours}.{kind}"] = torch.cat([_take(weights, n) for n in names])
+                    rows, *rest = expected[f"{side}.{i}.{ours}.{kind}"]
+                    want = (rows // len(names), *rest)
+                    parts = [_take(weights, n) for n in names]
+                    for name, part in zip(names, parts, strict=True):
+                        if tuple(part.shape) != want:
+                            raise ConversionError(
+                                f"{name}: shape {tuple(part.shape)}, config.json implies {want}"
+                            )
+                    state[f"{side}.{i}.{ours}.{kind}"] = torch.cat(parts)
                     for name in names:
                         del weights[name]
     return state
+
+
+def _count(hf: dict[str, Any], key: str, default: int, most: int, src: Path) -> int:
+    """config.json's ``key``: a whole number from 1 to ``most``."""
+    value = hf.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= most:
+        raise ConversionError(
+            f"{src / 'config.json'}: {key} {value!r} is not a whole number from 1 to {most}"
+        )
+    return value
 
 
 def _state_dict(
@@ -286,6 +253,12 @@ def _state_dict(
 ) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
     weights = dict(weights)
     enc, dec, out = _embeddings(hf, weights)
+    d_model = _count(hf, "d_model", enc.size(1) if enc.dim() == 2 else 0, MAX_WIDTH, src)
+    for what, matrix in (("the encoder's embedding", enc), ("the decoder's", dec), ("lm_head.weight", out)):
+        if matrix.dim() != 2 or matrix.size(1) != d_model:
+            raise ConversionError(
+                f"{src}: {what} has shape {tuple(matrix.shape)}, config.json's d_model is {d_model}"
+            )
     for what, pieces, matrix in (("vocab.json", vocab, enc), ("the target vocabulary", target_vocab, dec)):
         if len(pieces) != matrix.size(0):
             raise ConversionError(
@@ -294,7 +267,12 @@ def _state_dict(
             )
     if out.size(0) != dec.size(0):
         raise ConversionError(f"lm_head.weight has {out.size(0)} rows, the decoder's embedding {dec.size(0)}")
-    d_model, max_positions = int(hf.get("d_model", enc.size(1))), int(hf.get("max_position_embeddings", 1024))
+    max_positions = _count(hf, "max_position_embeddings", 1024, MAX_POSITIONS, src)
+    heads = _count(hf, "encoder_attention_heads", 16, d_model, src)
+    if d_model % heads:
+        raise ConversionError(
+            f"{src / 'config.json'}: {heads} attention heads do not divide d_model {d_model}"
+        )
     positions, table = _positions(hf, weights, max_positions, d_model)
     eos = hf.get("eos_token_id", 0)
     eos = eos[0] if isinstance(eos, list) and eos else eos
@@ -302,16 +280,20 @@ def _state_dict(
     if "<unk>" not in vocab or pad is None:
         raise ConversionError(f"{src}: vocab.json has no <unk>, or config.json no pad_token_id")
     bias = weights.get("final_logits_bias")
+    if bias is not None and tuple(bias.shape) not in ((1, dec.size(0)), (dec.size(0),)):
+        raise ConversionError(
+            f"final_logits_bias has shape {tuple(bias.shape)}, the target vocabulary {dec.size(0)} pieces"
+        )
     same = enc is dec or (enc.shape == dec.shape and torch.equal(enc, dec))
     try:
         cfg = ModelConfig(
             vocab_size=len(target_vocab),
             source_vocab_size=0 if target_vocab == vocab else len(vocab),
             d_model=d_model,
-            n_heads=int(hf.get("encoder_attention_heads", 16)),
-            encoder_layers=int(hf.get("encoder_layers", 12)),
-            decoder_layers=int(hf.get("decoder_layers", 12)),
-            d_ff=int(hf.get("encoder_ffn_dim", 4096)),
+            n_heads=heads,
+            encoder_layers=_count(hf, "encoder_layers", 12, MAX_LAYERS, src),
+            decoder_layers=_count(hf, "decoder_layers", 12, MAX_LAYERS, src),
+            d_ff=_count(hf, "encoder_ffn_dim", 4096, MAX_WIDTH, src),
             dropout=float(hf.get("dropout", 0.1)),
             attention_dropout=float(hf.get("attention_dropout", 0.0)),
             activation_dropout=float(hf.get("activation_dropout", 0.0)),
@@ -332,7 +314,7 @@ def _state_dict(
         )
     except (TypeError, ValueError) as e:
         raise ConversionError(f"{src / 'config.json'}: {e}") from e
-    state = _layers(weights, cfg.encoder_layers, cfg.decoder_layers)
+    state = _layers(weights, cfg, expected_shapes(cfg, "config.json"))
     state["embed.weight"] = dec
     if not cfg.share_embeddings:
         state["src_embed.weight"] = enc
@@ -346,7 +328,7 @@ def _state_dict(
     if table is not None:
         state["positions.table"] = table
     _check_leftovers(weights)
-    _check_shapes(cfg, state)
+    check_state(cfg, state, "config.json")
     return cfg, state
 
 
@@ -366,20 +348,6 @@ def _check_leftovers(weights: dict[str, torch.Tensor]) -> None:
         )
 
 
-def _check_shapes(cfg: ModelConfig, state: dict[str, torch.Tensor]) -> None:
-    try:
-        with torch.device("meta"):  # shapes only: no memory, no initialisation
-            expected = {k: tuple(v.shape) for k, v in Transformer(cfg).state_dict().items()}
-    except (AssertionError, ValueError, RuntimeError) as e:  # e.g. a pad id outside the source's rows
-        raise ConversionError(f"config.json describes no model we can build ({e})") from e
-    missing, extra = sorted(set(expected) - set(state)), sorted(set(state) - set(expected))
-    if missing or extra:
-        raise ConversionError(f"the weights do not fit config.json: missing {missing[:5]}, extra {extra[:5]}")
-    for name, shape in expected.items():
-        if tuple(state[name].shape) != shape:
-            raise ConversionError(f"{name}: shape {tuple(state[name].shape)}, config.json implies {shape}")
-
-
 def language(code: str) -> str:
     """The service's code for an OPUS-MT language code: ISO 639-1 where ``ISO639_1`` knows one."""
     return ISO639_1.get(code, code)
@@ -390,12 +358,12 @@ def _name_languages(src: Path) -> tuple[str | None, str | None]:
     ``opus-mt-tc-big-en-ko``): the directory's, config.json's ``_name_or_path``, or a Hugging Face
     cache's ``models--Helsinki-NLP--opus-mt-de-en``."""
     settings = src / "tokenizer_config.json"
-    data = dict(_read_json(settings)) if settings.is_file() else {}
+    data = read_object(settings) if settings.is_file() else {}
     found = (data.get("source_lang"), data.get("target_lang"))
     if all(found):
         return str(found[0]), str(found[1])
     path = src.resolve()
-    names = [path.name, Path(str(_read_json(src / "config.json").get("_name_or_path") or "")).name]
+    names = [path.name, Path(str(read_json(src / "config.json").get("_name_or_path") or "")).name]
     names += [part.split("--")[-1] for part in path.parts if part.startswith("models--")]
     for name in names:
         if m := OPUS_NAME.match(name):
@@ -408,7 +376,7 @@ def _info(
 ) -> ModelInfo:
     guessed = _name_languages(src)
     source = language(source or guessed[0] or "")
-    name = str(_read_json(src / "config.json").get("_name_or_path") or src.resolve().name)
+    name = str(read_json(src / "config.json").get("_name_or_path") or src.resolve().name)
     origin = f"Hugging Face MarianMTModel {name} (OPUS-MT, Helsinki-NLP)"
     training = {"origin": origin, "licence": _licence(src), "command": command}
     tokens = {m.group(1): i for i, p in enumerate(vocab) if (m := LANGUAGE_TOKEN.match(p))}
