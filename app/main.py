@@ -37,6 +37,7 @@ from app.key_limits import open_key_limiter, release_key
 from app.keys import KeysError
 from app.langid import prepare as prepare_langid
 from app.languages import source_languages, target_languages
+from app.loop_monitor import watch_event_loop
 from app.metrics import Metrics, process_metrics
 from app.middleware import RequestMetricsMiddleware
 from app.routes import (
@@ -297,7 +298,9 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await asyncio.to_thread(prepare_detection, router)
         app.state.scheduler = scheduler
         app.state.turns = asyncio.Semaphore(TURNS)
-        with readiness_fails_on_shutdown(app.state):
+        # The loop's lag recorded, and a request that holds the loop named, while ready
+        # (app/loop_monitor.py); start-up's own work on the loop is not what it warns about.
+        with readiness_fails_on_shutdown(app.state), watch_event_loop(metrics):
             app.state.ready = True
             for model in models:
                 logger.info(

@@ -38,6 +38,7 @@ from prometheus_client import values as _values
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
+LOOP_LAG_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 MODEL = "model"  # the label of everything recorded for one model
 KEY = "key"  # the label of what is recorded for one API key: its name
 
@@ -220,6 +221,21 @@ class Metrics:
             "nmt_segment_cache_bytes",
             "Bytes held by the segment caches of the front end's processes (as accounted, approximate)",
             multiprocess_mode="livesum",
+            registry=None,
+        )
+
+        # The front end's event loop (app/loop_monitor.py): recorded by the front end only.
+        self.loop_lag = Histogram(
+            "nmt_event_loop_lag_seconds",
+            "Event loop lag of the front end, sampled every 50 ms: how long a callback waits to run",
+            buckets=LOOP_LAG_BUCKETS,
+            registry=None,
+        )
+        # livemax: the front end is the one live process that sets it (the workers' stays 0).
+        self.loop_lag_max = Gauge(
+            "nmt_event_loop_lag_max_seconds",
+            "The largest lag of the front end's event loop in the last 30 to 60 seconds",
+            multiprocess_mode="livemax",
             registry=None,
         )
 

@@ -1,4 +1,5 @@
-"""Request metrics: a count per (endpoint, status) and a latency histogram per endpoint.
+"""Request metrics: a count per (endpoint, status) and a latency histogram per endpoint; and which
+request the current task serves, for the event loop's monitor (``app.loop_monitor.REQUEST``).
 
 A plain ASGI middleware rather than ``@app.middleware("http")``: Starlette's BaseHTTPMiddleware
 wraps ``receive``, which gets in the way of the disconnect polling of /translate.
@@ -11,6 +12,7 @@ import time
 from starlette.datastructures import State
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from app.loop_monitor import REQUEST
 from app.metrics import Metrics
 
 UNKNOWN_ENDPOINT = "other"
@@ -42,9 +44,11 @@ class RequestMetricsMiddleware:
                 status = int(message["status"])
             await send(message)
 
+        serving = REQUEST.set(scope)  # (tasks started from here copy it: they serve it too)
         try:
             await self.app(scope, receive, send_and_record_status)
         finally:
+            REQUEST.reset(serving)
             # The router has written the matched route into ``scope`` by now.
             endpoint = endpoint_label(scope)
             metrics.requests.labels(endpoint=endpoint, status=str(status)).inc()
