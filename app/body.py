@@ -25,6 +25,10 @@ from app.schemas import TranslateRequest
 URLENCODED = "application/x-www-form-urlencoded"
 MULTIPART = "multipart/form-data"
 BODY_TIMEOUT_S = 10.0
+# Bodies larger than this are parsed on a thread (``parse_request``). One up to this size costs the
+# event loop 7 ms at most (a form of 16,000 bare q fields; as JSON 0.1 ms), and a thread hop ~0.1
+# ms: more than an ordinary request's body (up to NMT_MAX_CHARS = 5,000 characters) takes to parse.
+INLINE_BYTES = 32 * 1024
 LIST_FIELDS = frozenset({"q"})  # form fields that become a list when repeated (q=a&q=b)
 Body = TypeVar("Body", bound=BaseModel)
 
@@ -85,10 +89,12 @@ def group_fields(pairs: list[tuple[str, str]]) -> dict[str, Any]:
     """Form pairs to a request dict: repeated ``q`` becomes a list; other fields keep their first
     value (as LibreTranslate's ``request.values.get`` does)."""
     data: dict[str, Any] = {}
+    lists: dict[str, list[str]] = {}  # the list each repeated field became, appended to in place
     for key, value in pairs:
-        if key in LIST_FIELDS and key in data:
-            previous = data[key]
-            data[key] = [*previous, value] if isinstance(previous, list) else [previous, value]
+        if key in lists:
+            lists[key].append(value)
+        elif key in LIST_FIELDS and key in data:
+            data[key] = lists[key] = [data[key], value]
         else:
             data.setdefault(key, value)
     if data.get("api_key") == "":  # HTML forms send empty fields; an empty key means "no key"
@@ -180,16 +186,47 @@ async def parse_request(request: Request, limit: int, schema: type[Body]) -> Bod
 
     A body that takes over ``BODY_TIMEOUT_S`` to arrive is a 408: while it is read the request
     holds one of the few turns to be parsed (``app.shedding.take_turn``), which a handful of
-    slow uploads must not keep from everyone else."""
+    slow uploads must not keep from everyone else.
+
+    Parsing costs time linear in the body (up to ~0.25 us a byte: a 1 MiB form of 500,000 ``q``
+    fields takes ~0.25 s), so a body over ``INLINE_BYTES`` is parsed on a thread, in an event loop
+    of its own (Starlette's multipart parser is a coroutine), and the service's loop answers
+    everyone else meanwhile; a smaller one is parsed here, where a thread hop would cost more than
+    the parsing."""
     body = await read_within(request, limit)
-    text = decode_utf8(body)
+    if len(body) > INLINE_BYTES:
+        return await asyncio.to_thread(parse_body_blocking, request, body, limit, schema)
+    return await parse_body(request, body, limit, schema)
+
+
+def parse_body_blocking(request: Request, body: bytes, limit: int, schema: type[Body]) -> Body:
+    """``parse_body`` on a thread that runs no event loop (a loop of its own, for as long as it takes)."""
+    return asyncio.run(parse_body(request, body, limit, schema))
+
+
+async def parse_body(request: Request, body: bytes, limit: int, schema: type[Body]) -> Body:
+    """``body``, read already, decoded and validated (``parse_request``)."""
     kind = media_type(request)
-    if not body:  # no parameters at all, whatever the type says: "missing q", as LibreTranslate has it
-        data: Any = {}
-    elif kind == URLENCODED:
-        data = parse_urlencoded(text)
-    elif kind == MULTIPART:
+    if body and kind == MULTIPART:
+        decode_utf8(body)  # (400 unless UTF-8: every field then decodes as such)
         data = await parse_multipart(request, body, limit)
-    else:  # JSON, also when the client forgot the Content-Type header
-        data = parse_json(text)
+    else:
+        data = parse_text(body, kind)
     return validate_request(data, schema)
+
+
+def parse_text(body: bytes, kind: str) -> Any:
+    """A body that is no multipart form, decoded and parsed as ``kind`` says: urlencoded, or JSON
+    (also when the client forgot the Content-Type header); ``{}`` for no body at all, whatever the
+    type says ("missing q", as LibreTranslate has it). 400 or 422 for a body that is neither."""
+    text = decode_utf8(body)
+    if not body:
+        return {}
+    return parse_urlencoded(text) if kind == URLENCODED else parse_json(text)
+
+
+async def parse_text_body(body: bytes, kind: str) -> Any:
+    """``parse_text``, on a thread for a body over ``INLINE_BYTES`` (as ``parse_request``)."""
+    if len(body) > INLINE_BYTES:
+        return await asyncio.to_thread(parse_text, body, kind)
+    return parse_text(body, kind)

@@ -129,9 +129,24 @@ class Settings(BaseSettings):
     key_chars_per_day: NonNegativeInt = 0
     key_max_concurrent: NonNegativeInt = 0
     key_char_limit: NonNegativeInt = 0
+    # Per-key metrics (nmt_key_*, labelled with each key's name) on /metrics, which needs no key:
+    # off by default, so that strangers cannot read the keys' names and usage there.
+    key_metrics: bool = False
     # Where the keys' usage is counted (usage.sqlite3): shared by the front end's processes that
     # use the same directory, and kept across restarts. Touched only when a key has a counted limit.
     data_dir: Path = Path.home() / ".local" / "share" / "nmt-service"
+    # What document jobs may keep in NMT_DATA_DIR/jobs (uploads, progress, results), in MiB, all
+    # keys together; a job that would pass it is refused (507, Retry-After) until others expire or
+    # are deleted. New jobs are refused too while the disk under NMT_DATA_DIR has less free space
+    # than data_reserve_mb, so that the stores beside them (usage, glossaries, memory) keep working.
+    data_quota_mb: PositiveInt = 8 * 1024
+    data_reserve_mb: NonNegativeInt = 256
+    # Without API keys: whether the stores that would be shared by every client of the service are
+    # on: stored glossaries (/glossaries), the translation memory (/memories) and the list of jobs
+    # (GET /jobs). Off by default: a stranger's glossary or memory would change what everyone else
+    # is answered, and a list of jobs would show everyone's documents. A job stays reachable by its
+    # unguessable id either way. With keys, each key has its own stores and this is ignored.
+    shared_stores: bool = False
     # Glossaries (/glossaries) and translation memories (/memories), each API key's own (the
     # service's, without keys), kept in NMT_DATA_DIR (glossaries.sqlite3, memory.sqlite3, made when
     # the first one is stored) across restarts. Past a limit a request gets 413 (409 for one
@@ -280,8 +295,13 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _check_key_limits(self) -> Settings:
-        # Limits with no key to carry them would silently limit nothing.
-        given = [name for name in type(self).model_fields if name.startswith("key_") and getattr(self, name)]
+        # Limits with no key to carry them would silently limit nothing. (key_metrics is no limit:
+        # with no key it shows nothing, harmlessly.)
+        given = [
+            name
+            for name in type(self).model_fields
+            if name.startswith("key_") and name != "key_metrics" and getattr(self, name)
+        ]
         if given and not self.keys_required:
             names = ", ".join(f"{ENV_PREFIX}{name.upper()}" for name in given)
             raise ValueError(

@@ -1,6 +1,15 @@
-"""API keys and their limits, enforced in one place for /translate, /detect and /translate_file.
+"""API keys and their limits, enforced in one place for every route that takes a key.
 
-A route calls ``admit_key`` once it has read the api_key and the texts: 403 for a missing or
+The key may come before the body: in a header (``Authorization: Bearer KEY``, as DeepL takes it,
+or ``X-API-Key: KEY``) or the ``api_key`` query parameter. ``admit_given_key`` checks it then,
+before a byte of the body is read (the routes call it first thing, ``app.routes.access``): 403
+for an unknown key, 429 for one over a limit, so that a stranger cannot hold an upload's place or
+memory with a key that would be refused anyway. The request counts as one request then; once the
+body is read ``admit_key`` counts the rest (the texts of a list ``q`` beyond the first, the
+characters) and answers 400 when the body's ``api_key`` field names another key.
+
+Otherwise the key is the body's ``api_key`` field (LibreTranslate's clients send it there), and a
+route calls ``admit_key`` once it has read the api_key and the texts: 403 for a missing or
 unknown key, 400 for a text longer than the key's ``char_limit`` (LibreTranslate's answer, in its
 words), 413 for a request that the key's budget could never hold (a list of more texts than its
 requests per minute: waiting would not help), 429 with ``Retry-After`` and
@@ -11,6 +20,13 @@ error, a client gone or a cancellation alike. /translate_file learns its charact
 file is read: ``charge_key`` spends them then (429 if they do not fit).
 
 Without keys configured nothing here runs; a key without counted limits never touches the store.
+Metrics per key (``nmt_key_*``, labelled with the keys' names) are recorded only with
+``NMT_KEY_METRICS=true``: /metrics needs no key, and would otherwise tell anyone the keys' names
+and how much each one uses.
+
+Without keys, the stores that every client would share (stored glossaries, the translation
+memory, the list of jobs) are off unless ``NMT_SHARED_STORES`` is true: ``stores_on`` says which,
+``store_owner`` answers 403 for them.
 """
 
 from __future__ import annotations
@@ -19,9 +35,9 @@ import logging
 import sqlite3
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from fastapi import HTTPException, Request
-from prometheus_client import Counter, Gauge
 from starlette.types import Scope
 
 from app.config import Settings
@@ -34,29 +50,62 @@ logger = logging.getLogger("uvicorn.error").getChild("nmt")
 
 LEASE_KEY = "nmt.key"  # in the scope: the admitted request's ``Lease``, until ``release_key``
 STORE_BUSY_RETRY_S = "1"
+STORES_OFF = (
+    "stored glossaries, translation memories and the list of jobs need an API key; this server has "
+    "none (its operator may share one set among all clients with NMT_SHARED_STORES=true)"
+)
+KEY_HEADER = "X-API-Key"
+BEARER = "bearer"
+
+
+class Count(Protocol):
+    """A counter's child (prometheus_client's), or ``Uncounted``."""
+
+    def inc(self, amount: float = 1) -> None: ...
+
+
+class Level(Count, Protocol):
+    """A gauge's child, or ``Uncounted``."""
+
+    def dec(self, amount: float = 1) -> None: ...
+
+
+class Uncounted:
+    """What a key records when per-key metrics are off: nothing."""
+
+    def inc(self, amount: float = 1) -> None:
+        pass
+
+    def dec(self, amount: float = 1) -> None:
+        pass
 
 
 @dataclass(frozen=True)
 class KeyMetrics:
     """One key's metric children, made once: a request records without looking labels up."""
 
-    admitted: Counter
-    characters: Counter
-    in_flight: Gauge
+    admitted: Count
+    characters: Count
+    in_flight: Level
+
+
+UNCOUNTED = KeyMetrics(Uncounted(), Uncounted(), Uncounted())
 
 
 class KeyLimiter:
     """The accepted keys, the store that counts their usage (None when no key has a counted limit)
-    and their metrics."""
+    and their metrics (``per_key``: recorded; else none, not even a series at 0)."""
 
-    def __init__(self, keys: Keys, store: UsageStore | None, metrics: Metrics) -> None:
-        self.keys, self.store, self.metrics = keys, store, metrics
+    def __init__(self, keys: Keys, store: UsageStore | None, metrics: Metrics, per_key: bool = False) -> None:
+        self.keys, self.store, self.metrics, self.per_key = keys, store, metrics, per_key
         self._of = {
             key.name: KeyMetrics(
                 metrics.key_requests.labels(key.name),
                 metrics.key_characters.labels(key.name),
                 metrics.key_in_flight.labels(key.name),
             )
+            if per_key
+            else UNCOUNTED
             for key in keys
         }
 
@@ -97,7 +146,8 @@ class KeyLimiter:
             raise refusal_error(refusal)
 
     def limited(self, key: ApiKey, limit: str) -> None:
-        self.metrics.key_limited.labels(key.name, limit).inc()
+        if self.per_key:
+            self.metrics.key_limited.labels(key.name, limit).inc()
 
     def of(self, key: ApiKey) -> KeyMetrics:
         return self._of[key.name]
@@ -105,11 +155,39 @@ class KeyLimiter:
 
 @dataclass(frozen=True)
 class Lease:
-    """An admitted request's key, and whether it holds one of the key's concurrency slots."""
+    """An admitted request's key, and whether it holds one of the key's concurrency slots;
+    ``given``: where the key came from when it was admitted before the body (a header, the query),
+    else None."""
 
     limiter: KeyLimiter
     key: ApiKey
     slot: bool
+    given: str | None = None
+
+
+@dataclass(frozen=True)
+class GivenKey:
+    key: str
+    where: str  # "the X-API-Key header", for messages
+
+
+def given_key(request: Request) -> GivenKey | None:
+    """The key the request gives before its body: ``Authorization: Bearer KEY``, ``X-API-Key: KEY``
+    or ``?api_key=KEY`` (400 if they name different keys; an empty one is none)."""
+    found: list[GivenKey] = []
+    scheme, _, credentials = request.headers.get("authorization", "").strip().partition(" ")
+    if scheme.lower() == BEARER and credentials.strip():  # another scheme is some proxy's: not ours
+        found.append(GivenKey(credentials.strip(), "the Authorization header"))
+    for value in request.headers.getlist(KEY_HEADER):
+        if value.strip():
+            found.append(GivenKey(value.strip(), f"the {KEY_HEADER} header"))
+    for value in request.query_params.getlist("api_key"):
+        if value.strip():
+            found.append(GivenKey(value.strip(), "the api_key query parameter"))
+    for other in found[1:]:
+        if other.key != found[0].key:
+            raise HTTPException(400, f"{found[0].where} and {other.where} give different API keys")
+    return found[0] if found else None
 
 
 def refusal_error(refusal: Refusal) -> HTTPException:
@@ -139,7 +217,7 @@ def open_key_limiter(settings: Settings, metrics: Metrics) -> KeyLimiter:
             raise KeysError(
                 f"NMT_DATA_DIR ({settings.data_dir}): cannot keep the keys' usage there: {reason}"
             ) from e
-    return KeyLimiter(keys, store, metrics)
+    return KeyLimiter(keys, store, metrics, per_key=settings.key_metrics)
 
 
 def limiter_of(request: Request) -> KeyLimiter:
@@ -149,17 +227,47 @@ def limiter_of(request: Request) -> KeyLimiter:
     return limiter
 
 
+def admit_given_key(request: Request) -> None:
+    """Admit the request under the key of its headers or query (``given_key``), before its body is
+    read: 403 for an unknown key, 429 (``Retry-After``) over a limit; it counts as one request and
+    takes the key's concurrency slot. Nothing without keys configured, without such a key, or
+    once admitted."""
+    limiter = limiter_of(request)
+    if not limiter.keys or LEASE_KEY in request.scope:
+        return
+    given = given_key(request)
+    if given is None:
+        return
+    key = limiter.authenticate(given.key)
+    slot = key.limits.max_concurrent > 0
+    limiter.spend(key, 1, 0, slot)
+    request.scope[LEASE_KEY] = Lease(limiter, key, slot, given.where)
+    metrics = limiter.of(key)
+    metrics.in_flight.inc()
+    metrics.admitted.inc()
+
+
 def admit_key(request: Request, api_key: str | None, *, requests: int, text_lengths: Sequence[int]) -> None:
     """Let the request in under ``api_key``'s limits, or raise the answer that says why not.
 
     ``requests``: what the request counts as (LibreTranslate's cost: one per text of a list q);
-    ``text_lengths``: the characters of each of its texts (none yet for a file: ``charge_key``)."""
+    ``text_lengths``: the characters of each of its texts (none yet for a file: ``charge_key``).
+    A request ``admit_given_key`` admitted spends the rest here (its first request was spent
+    then); its body's ``api_key``, if any, must be the same key (else 400)."""
     limiter = limiter_of(request)
     if not limiter.keys:
         return
+    chars = sum(text_lengths)
+    lease: Lease | None = request.scope.get(LEASE_KEY)
+    if lease is not None and lease.given is not None:
+        if api_key and limiter.keys.find(api_key) != lease.key:
+            raise HTTPException(400, f"the api_key field is not the key given in {lease.given}: send one key")
+        limiter.check_texts(lease.key, text_lengths)
+        limiter.spend(lease.key, max(0, requests - 1), chars, slot=False)
+        limiter.of(lease.key).characters.inc(chars)
+        return
     key = limiter.authenticate(api_key)
     limiter.check_texts(key, text_lengths)
-    chars = sum(text_lengths)
     slot = key.limits.max_concurrent > 0
     limiter.spend(key, requests, chars, slot)
     request.scope[LEASE_KEY] = Lease(limiter, key, slot)
@@ -191,10 +299,49 @@ def release_key(scope: Scope) -> None:
 
 
 def key_owner(request: Request) -> str:
-    """Whose stored glossaries and memory the admitted request may use: its API key's name, or ""
-    without keys configured (``admit_key`` has run)."""
+    """Whose jobs, stored glossaries and memory the admitted request's are: its API key's name, or
+    "" without keys configured (``admit_key`` has run)."""
     lease: Lease | None = request.scope.get(LEASE_KEY)
     return "" if lease is None else lease.key.name
+
+
+def client_identity(request: Request) -> str:
+    """Whose share of what the front end keeps for a while (translated files waiting for their
+    download, recent translations in the segment cache) the request uses: its API key's
+    (``key_owner``), or without keys its client's address. Without keys nothing else tells
+    strangers apart, and one shared cache would let each learn from the time of an answer what
+    another translated recently."""
+    owner = key_owner(request)
+    if owner:
+        return key_identity(owner)
+    return f"address {request.client.host if request.client else ''}"
+
+
+def key_identity(owner: str) -> str:
+    """``client_identity`` of what is done for the key named ``owner`` (a request, a job)."""
+    return f"key {owner}"
+
+
+def stores_on(settings: Settings, owner: str) -> bool:
+    """Whether ``owner`` (``key_owner``'s) may use stored glossaries, memories and the list of jobs:
+    a key's own always; without keys ("") only where the operator shares them
+    (``NMT_SHARED_STORES``): one store for every stranger would let each change what the others
+    are answered, and see their documents."""
+    return bool(owner) or settings.shared_stores
+
+
+def check_stores(request: Request, settings: Settings) -> None:
+    """403 before anything is read when the service has no keys and does not share its stores."""
+    if not limiter_of(request).keys and not settings.shared_stores:
+        raise HTTPException(403, STORES_OFF)
+
+
+def store_owner(request: Request, settings: Settings) -> str:
+    """``key_owner``, for a use of the stores: 403 where ``stores_on`` says they are off."""
+    owner = key_owner(request)
+    if not stores_on(settings, owner):
+        raise HTTPException(403, STORES_OFF)
+    return owner
 
 
 def charge_owner(limiter: KeyLimiter, owner: str, chars: int) -> None:

@@ -1,8 +1,8 @@
 """The API keys the service accepts, each with a name and its limits.
 
-Keys come from ``NMT_API_KEYS`` (named ``key1``, ``key2``, ... in their order; limits from the
-``NMT_KEY_*`` settings) and from the TOML file ``NMT_API_KEYS_FILE``, where each key has a name of
-its own and may set any of its limits (those it leaves out are the ``NMT_KEY_*`` ones)::
+Keys come from ``NMT_API_KEYS`` (limits from the ``NMT_KEY_*`` settings) and from the TOML file
+``NMT_API_KEYS_FILE``, where each key has a name of its own and may set any of its limits (those it
+leaves out are the ``NMT_KEY_*`` ones)::
 
     [[keys]]
     name = "acme"                  # in metrics and logs; the key itself never is
@@ -13,6 +13,14 @@ its own and may set any of its limits (those it leaves out are the ``NMT_KEY_*``
 The file is read once, at start; anything wrong in it stops the service with one line naming the
 entry and the field (never a key).
 
+A key's name is its identity: the owner of its stored glossaries, memory and jobs, the row of its
+usage counts, its metrics' label. A key of the file is named by its ``name``; one of
+``NMT_API_KEYS`` by its own digest, ``sha256-`` and the first 16 hex digits of the key's SHA-256
+(``owner_name``; ``python -m app.keys owner`` prints it for a key read on stdin). Never by its
+position in a list: removing one key must not hand its data to the key after it. So a key of the
+file keeps its data when its ``key`` or ``sha256`` changes (rotation) as long as its ``name``
+stays, and a key of ``NMT_API_KEYS`` moved into the file keeps its data when named as it was.
+
 Keys are looked up by their SHA-256: a dictionary lookup, not a comparison of the key itself, so
 the time an answer takes says nothing about how much of a key a guess got right.
 """
@@ -20,6 +28,7 @@ the time an answer takes says nothing about how much of a key a guess got right.
 from __future__ import annotations
 
 import hashlib
+import sys
 import tomllib
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -32,6 +41,8 @@ from app.config import Settings
 from app.usage import KeyLimits
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
+OWNER_PREFIX = "sha256-"
+OWNER_HEX_DIGITS = 16  # 64 bits: no two keys of one service share it by chance
 Limit = Annotated[int, Field(ge=0)]
 
 
@@ -41,7 +52,7 @@ class KeysError(ValueError):
 
 @dataclass(frozen=True)
 class ApiKey:
-    name: str
+    name: str  # its identity: owner of its stored data, its usage, its metrics' label
     limits: KeyLimits
 
 
@@ -82,6 +93,13 @@ class KeysFile(BaseModel):
 
 def sha256(key: str) -> bytes:
     return hashlib.sha256(key.encode("utf-8", "surrogatepass")).digest()
+
+
+def owner_name(key: str) -> str:
+    """The name of a key of ``NMT_API_KEYS``, derived from the key alone: ``sha256-`` and the first
+    16 hex digits of its SHA-256: it names the key without showing it (a long random key cannot be
+    found from it; a short guessable one could be, by trying guesses against it)."""
+    return OWNER_PREFIX + sha256(key).hex()[:OWNER_HEX_DIGITS]
 
 
 class Keys:
@@ -140,8 +158,8 @@ def load_keys(settings: Settings) -> Keys:
     read, an entry that is wrong, or a key or name given twice)."""
     defaults = default_limits(settings)
     keys: dict[bytes, ApiKey] = {}
-    for i, key in enumerate(dict.fromkeys(settings.api_keys), start=1):  # a key listed twice is one key
-        keys[sha256(key)] = ApiKey(f"key{i}", defaults)
+    for key in dict.fromkeys(settings.api_keys):  # a key listed twice is one key
+        keys[sha256(key)] = ApiKey(owner_name(key), defaults)
     env_names = {key.name for key in keys.values()}
     if settings.api_keys_file is None:
         return Keys(keys)
@@ -165,3 +183,21 @@ def load_keys(settings: Settings) -> Keys:
             raise KeysError(f"{where}: keys[{i}] ({entry.name!r}) is the same key as {other!r}")
         keys[digest] = ApiKey(entry.name, entry.limits(defaults))
     return Keys(keys)
+
+
+def main(argv: list[str]) -> int:
+    """``python -m app.keys owner``: the name a key of ``NMT_API_KEYS`` has (its data's owner), for
+    the key read on stdin (one line): what to name it in the keys file to keep its data."""
+    if argv != ["owner"]:
+        print("usage: python -m app.keys owner < file-holding-the-key", file=sys.stderr)
+        return 2
+    key = sys.stdin.readline().strip()  # as NMT_API_KEYS is read: surrounding whitespace dropped
+    if not key:
+        print("no key on stdin", file=sys.stderr)
+        return 1
+    print(owner_name(key))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

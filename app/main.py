@@ -31,6 +31,7 @@ from starlette.types import Receive, Scope, Send
 from app.config import Settings, describe_settings_error, service_version
 from app.direct import DirectRoute
 from app.errors import install_error_handlers
+from app.jobs.disk import MIB
 from app.jobs.runner import JobRunner, Services
 from app.jobs.store import JobStore
 from app.key_limits import open_key_limiter, release_key
@@ -283,7 +284,12 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         app.state.file_requests = files.FileRequests(settings.max_file_requests)
         app.state.readers = await asyncio.to_thread(files.new_readers, settings)
         app.state.jobs = JobStore(
-            settings.data_dir / "jobs", settings.max_jobs_per_key, settings.max_jobs, settings.job_ttl_s
+            settings.data_dir / "jobs",
+            settings.max_jobs_per_key,
+            settings.max_jobs,
+            settings.job_ttl_s,
+            quota_bytes=settings.data_quota_mb * MIB,
+            reserve_bytes=settings.data_reserve_mb * MIB,
         )
         job_services = Services(
             settings,

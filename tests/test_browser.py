@@ -52,6 +52,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
         log,
         NMT_MODEL_DIR=str(REPO / "artifacts" / "multi30k-de-en"),
         NMT_DATA_DIR=str(tmp_path_factory.mktemp("browser-data")),  # its stored glossaries
+        NMT_SHARED_STORES="true",  # without keys: the glossaries and the memory of the tests below
         NMT_MAX_CHARS=str(MAX_CHARS),
         NMT_MAX_FILE_BYTES=str(MAX_FILE_BYTES),
         NMT_JOB_MAX_BYTES=str(MAX_FILE_BYTES),  # POST /jobs: the file tab's 413
@@ -657,20 +658,47 @@ def keyed_server(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> I
         stop(srv)
 
 
-def test_the_page_asks_for_the_api_key_and_sends_it(browser: Browser, keyed_server: Server) -> None:
+def test_the_page_asks_for_the_api_key_and_sends_it_in_a_header_never_a_url(
+    browser: Browser, keyed_server: Server
+) -> None:
     context = browser.new_context(base_url=keyed_server.url)
     page: Any = context.new_page()
     page.set_default_timeout(WAIT_MS)
+    sent: list[Any] = []
+    page.on("request", lambda request: sent.append(request))
     try:
         page.goto("/")
         expect(page.get_by_role("heading", name="API key required")).to_be_visible()
         page.get_by_label("Text to translate").fill("Ein Hund.")
         expect(page.get_by_role("alert")).to_contain_text("API key")  # 403 without one
         page.get_by_label("API key", exact=True).fill("secret-1")
-        with page.expect_response(lambda r: "/glossaries?" in r.url) as listed:
+        with page.expect_response(lambda r: r.url.endswith("/glossaries")) as listed:
             page.get_by_role("button", name="Save key").click()
-        assert listed.value.url.endswith("/glossaries?api_key=secret-1") and listed.value.ok
+        assert listed.value.ok and listed.value.request.all_headers().get("x-api-key") == "secret-1"
         expect(page.get_by_label("Translation", exact=True)).not_to_be_empty()
         expect(page.locator("#message")).to_be_hidden()
+
+        # A document job: made, polled and downloaded with the key in the header.
+        drop_file(page, "brief.txt", "Ein Hund.")
+        with page.expect_response(lambda r: r.url == f"{keyed_server.url}/jobs") as posted:
+            page.get_by_role("button", name="Translate file").click()
+        assert posted.value.status == 202, posted.value.text()
+        job_id = posted.value.json()["id"]
+        item = job_item(page, "brief.txt")
+        expect(item.locator(".job-state")).to_have_text("Done", timeout=2 * WAIT_MS)
+        with page.expect_download() as info:
+            item.get_by_role("link", name="Download brief_en.txt").click()
+        assert info.value.suggested_filename == "brief_en.txt"
+        result = httpx.get(
+            f"{keyed_server.url}/jobs/{job_id}/result", headers={"X-API-Key": "secret-1"}, timeout=10
+        )
+        assert result.status_code == 200 and Path(info.value.path()).read_bytes() == result.content
+
+        assert not [r.url for r in sent if "secret-1" in r.url or "api_key" in r.url]
+        # After the key was saved, every request to the API carried it.
+        after = sent[sent.index(listed.value.request) :]
+        api = [r for r in after if r.url.startswith(keyed_server.url) and "/static/" not in r.url]
+        assert len(api) >= 4  # glossaries, translate, the job, its polls, its result
+        assert all(r.all_headers().get("x-api-key") == "secret-1" for r in api), [r.url for r in api]
     finally:
         context.close()

@@ -46,7 +46,9 @@ def api(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[O
     }
     data_dir = tmp_path_factory.mktemp("data")  # where generated glossaries and memories are stored
     # A key holds 3 jobs at most: the generated uploads beyond are refused (429), not read.
-    app = create_app(make_settings(model_dir, data_dir=data_dir, max_jobs_per_key=3, **limits))
+    # shared_stores: without keys, /glossaries, /memories and GET /jobs would all be 403s.
+    settings = make_settings(model_dir, data_dir=data_dir, max_jobs_per_key=3, shared_stores=True, **limits)
+    app = create_app(settings)
     # Starts the app's lifespan. A schema-valid request may still be too large (413): the limits
     # summed over a list of texts have no JSON Schema keyword. And 413 is a rejection too.
     accepted = [*POSITIVE_DATA_ACCEPTANCE_EXPECTED_STATUSES, "413"]

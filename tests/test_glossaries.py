@@ -275,7 +275,7 @@ def test_glossary_limits_and_bad_requests(keyed: TestClient) -> None:
 
 
 def test_glossaries_survive_a_restart(model_dir: Path, tmp_path: Path) -> None:
-    settings = make_settings(model_dir, warmup=False, data_dir=tmp_path)
+    settings = make_settings(model_dir, warmup=False, data_dir=tmp_path, shared_stores=True)
     with serve(settings) as client:
         made = create(client, key="", entries=[{"source": "Haus", "target": "house"}])
     with serve(settings) as client:

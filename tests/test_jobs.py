@@ -63,7 +63,10 @@ def wait(
 
 @pytest.fixture(scope="module")
 def client(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[TestClient]:
-    settings = make_settings(model_dir, data_dir=tmp_path_factory.mktemp("data"), max_jobs_per_key=50)
+    # (shared_stores: the list of jobs, without keys)
+    settings = make_settings(
+        model_dir, data_dir=tmp_path_factory.mktemp("data"), max_jobs_per_key=50, shared_stores=True
+    )
     with serve(settings) as c:
         yield c
 

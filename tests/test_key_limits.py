@@ -116,7 +116,12 @@ def client(
     free = hashlib.sha256(b"free-secret").hexdigest()
     keys = write_keys(tmp_path_factory.mktemp("keys"), KEYS_FILE.format(free_sha256=free))
     settings = make_settings(
-        model_dir, api_keys="env-secret", api_keys_file=keys, data_dir=data_dir, warmup=False
+        model_dir,
+        api_keys="env-secret",
+        api_keys_file=keys,
+        data_dir=data_dir,
+        warmup=False,
+        key_metrics=True,  # the tests below read the per-key series
     )
     with serve(settings) as c:
         store(c).clock = clock
@@ -274,3 +279,20 @@ def test_keys_without_counted_limits_never_open_the_store(model_dir: Path, tmp_p
         assert_error(translate(keyed, "k1", q="x" * 101), 400, "exceeds text limit (100)")
         assert keyed.get("/frontend/settings").json()["keyRequired"] is True
     assert not data_dir.exists()
+
+
+def test_without_key_metrics_no_series_names_a_key(model_dir: Path, tmp_path: Path) -> None:
+    keys = write_keys(
+        tmp_path,
+        '[[keys]]\nname = "unmetered-team"\nkey = "unmetered-secret"\nrequests_per_minute = 1\n',
+    )
+    settings = make_settings(model_dir, api_keys_file=keys, data_dir=tmp_path / "data", warmup=False)
+    assert settings.key_metrics is False  # the default
+    with serve(settings) as quiet:
+        assert translate(quiet, "unmetered-secret").status_code == 200
+        assert translate(quiet, "unmetered-secret").status_code == 429  # limited: no series either
+        assert translate(quiet, "nope-secret").status_code == 403
+        text = quiet.get("/metrics").text
+    assert text.count("nmt_requests_total") > 0  # the service's own metrics are there
+    # (This process's other apps, with NMT_KEY_METRICS on, add series of their own keys' names.)
+    assert "unmetered" not in text

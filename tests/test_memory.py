@@ -12,11 +12,19 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
+from app.keys import owner_name
 from app.metrics import process_metrics
 from app.terminology import precedence
 from app.terminology.cache import ENTRY_OVERHEAD_BYTES, SegmentCache, approximate_size
 from app.terminology.database import StoreUnavailable
-from app.terminology.memory import MemoryImportError, PairCount, TranslationMemory, normalise
+from app.terminology.memory import (
+    MAX_UNIT_LANGUAGES,
+    MemoryImportError,
+    PairCount,
+    TmxReader,
+    TranslationMemory,
+    normalise,
+)
 from tests.test_api import assert_error, make_settings, serve
 
 TMX = """<?xml version="1.0" encoding="UTF-8"?>
@@ -136,6 +144,44 @@ def test_memory_limits_leave_nothing_half_imported(tmp_path: Path) -> None:
     assert memory.stats("") == [PairCount("de", "en", 2)]
 
 
+def unit_in(codes: list[str]) -> str:
+    return "<tu>" + "".join(f'<tuv xml:lang="{code}"><seg>s {code}</seg></tuv>' for code in codes) + "</tu>"
+
+
+def test_a_unit_in_more_languages_than_allowed_is_too_large(tmp_path: Path) -> None:
+    """Its n languages would be n * (n - 1) segments: refused at the language past the limit."""
+    memory = TranslationMemory(tmp_path)
+    codes = [a + b + c for a in "abc" for b in "abcdefghijklmnopqrstuvwxyz" for c in "abcdefghij"]
+    assert memory.import_tmx("", tmx(unit_in(codes[:MAX_UNIT_LANGUAGES]))) == 100 * 99
+    with pytest.raises(MemoryImportError, match="a translation unit in more than 100 languages") as raised:
+        memory.import_tmx("", tmx(unit_in(codes[: MAX_UNIT_LANGUAGES + 1])))
+    assert raised.value.too_large
+    repeated = unit_in(codes[:MAX_UNIT_LANGUAGES] + codes[:5])  # a language again is no new one
+    assert memory.import_tmx("", tmx(repeated)) == 100 * 99
+
+
+def test_a_units_pairs_are_counted_before_they_are_built(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past the file's limit, the unit's pairs are never made (a unit of 100 languages: 9,900)."""
+    reader = TmxReader(max_rows=10, max_chars=100)
+    appended: list[object] = []
+    monkeypatch.setattr(reader, "rows", CountingList(appended))
+    with pytest.raises(MemoryImportError, match="more than 10 segments in the file"):
+        reader.read(tmx(unit_in(["de", "en", "fr"]) + unit_in(["de", "en", "fr", "it"])))
+    assert len(appended) == 6  # the first unit's; none of the second's 12
+
+
+class CountingList(list[object]):
+    """A list that records what is appended to it, in ``seen``."""
+
+    def __init__(self, seen: list[object]) -> None:
+        super().__init__()
+        self.seen = seen
+
+    def append(self, item: object) -> None:
+        self.seen.append(item)
+        super().append(item)
+
+
 def test_reads_never_wait_for_a_write_and_a_locked_store_is_unavailable(tmp_path: Path) -> None:
     memory = TranslationMemory(tmp_path)
     memory.import_tsv("", "de", "en", b"a\tb\n")
@@ -219,7 +265,8 @@ def test_memories_through_the_api(keyed: TestClient) -> None:
     assert stats["segments"] == 9
     assert {"source_lang": "de", "target_lang": "en", "segments": 3} in stats["pairs"]
     assert keyed.get("/memories", params={"api_key": "k2"}).json() == {"segments": 0, "pairs": []}
-    assert keyed.app.state.memory.lookup("key1", "de", "en", "Danke.") == "Thanks."  # type: ignore[attr-defined]
+    memory = keyed.app.state.memory  # type: ignore[attr-defined]
+    assert memory.lookup(owner_name("k1"), "de", "en", "Danke.") == "Thanks."
     assert (
         keyed.post("/memories", data=k1, files={"file": ("m.tmx", TMX)}).json()["segments"] == 9
     )  # the same
@@ -247,7 +294,7 @@ def test_memory_uploads_that_are_refused(keyed: TestClient) -> None:
 
 
 def test_memories_survive_a_restart(model_dir: Path, tmp_path: Path) -> None:
-    settings = make_settings(model_dir, warmup=False, data_dir=tmp_path)
+    settings = make_settings(model_dir, warmup=False, data_dir=tmp_path, shared_stores=True)
     with serve(settings) as client:
         assert client.post("/memories", files={"file": ("m.tmx", TMX)}).status_code == 200
     with serve(settings) as client:

@@ -5,6 +5,7 @@ sentence, memory > glossary > model, the cache invisible but for its metrics
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -185,18 +186,23 @@ def test_the_cache_keeps_within_its_bytes(client: TestClient, jobs: list[Sentenc
         cache.max_bytes = limit
 
 
-def test_an_unreadable_memory_is_503_not_the_models_answer(
-    client: TestClient, monkeypatch: pytest.MonkeyPatch
+def test_an_unreadable_memory_is_503_not_the_models_answer_and_names_no_path(
+    client: TestClient, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
+    detail = "cannot read /srv/nmt-data/memory.sqlite3: disk I/O error"
+
     def broken(*args: Any) -> Any:
-        raise StoreUnavailable("cannot read memory.sqlite3: disk I/O error")
+        raise StoreUnavailable(detail)
 
     monkeypatch.setattr(client.app.state.memory, "lookup_many", broken)  # type: ignore[attr-defined]
-    response = client.post(
-        "/translate", json={"q": IN_MEMORY, "source": "de", "target": "en", "api_key": "k1"}
-    )
-    assert_error(response, 503, "translation memory is unavailable", "disk I/O error")
+    with caplog.at_level(logging.ERROR):
+        response = client.post(
+            "/translate", json={"q": IN_MEMORY, "source": "de", "target": "en", "api_key": "k1"}
+        )
+    assert_error(response, 503, "translation memory is unavailable")
+    assert "/srv" not in response.text and "sqlite3" not in response.text  # the client gets no path
     assert response.headers["Retry-After"] == "1"
+    assert detail in caplog.text  # the operator does
 
 
 def test_answer_leaves_blanks_to_the_decoder_and_returns_none_when_the_client_went() -> None:
@@ -226,7 +232,7 @@ def test_answer_leaves_blanks_to_the_decoder_and_returns_none_when_the_client_we
 
 
 def test_the_memory_persists_across_a_restart(model_dir: Path, tmp_path: Path) -> None:
-    settings = make_settings(model_dir, warmup=False, data_dir=tmp_path)
+    settings = make_settings(model_dir, warmup=False, data_dir=tmp_path, shared_stores=True)
     with serve(settings) as c:
         fields = {"source_lang": "de", "target_lang": "en"}
         tsv = f"{IN_MEMORY}\t{REMEMBERED}\n".encode()

@@ -29,7 +29,7 @@ import asyncio
 import contextlib
 import logging
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -40,8 +40,8 @@ from app.config import Settings
 from app.formats.documents import MEDIA_TYPES, download_name, extension
 from app.formats.limits import DocumentError
 from app.formats.sandbox import Busy, DocumentReaders
-from app.jobs.store import FINAL, LEASE_S, Job, JobStore, State
-from app.key_limits import KeyLimiter, charge_owner
+from app.jobs.store import FINAL, LEASE_S, ClaimedJob, Job, JobOptions, JobStore, State, StorageFull
+from app.key_limits import KeyLimiter, charge_owner, key_identity, stores_on
 from app.routes.sentences import SearchPlan, answer_with, decode_sentences
 from app.routes.translate import AUTO, check_languages, route_of, source_language
 from app.served import ServedModel
@@ -113,6 +113,10 @@ class JobRunner:
                 await asyncio.to_thread(self.store.release, job_id)
 
     async def _loop(self) -> None:
+        try:  # what a process killed mid-write left (another's upload in progress is spared)
+            await asyncio.to_thread(self.store.sweep)
+        except StoreUnavailable as e:
+            log.error("jobs: %s", e)
         expired_at = 0.0
         loop = asyncio.get_running_loop()
         while True:
@@ -142,7 +146,7 @@ class JobRunner:
         self.owners.pop(job_id, None)
         self.wake.set()
 
-    async def _run(self, job: Job) -> None:
+    async def _run(self, job: ClaimedJob) -> None:
         heartbeat = asyncio.create_task(self._heartbeat(job.id, asyncio.current_task()))
         try:
             await self._translate(job)
@@ -150,6 +154,8 @@ class JobRunner:
             pass
         except HTTPException as e:  # a refusal the request would have had: the job's answer
             await self._fail(job, e.status_code, str(e.detail))
+        except StorageFull as e:  # its result (or progress) would pass NMT_DATA_QUOTA_MB or fill the disk
+            await self._fail(job, 507, str(e))
         except DocumentError as e:
             await self._fail(job, e.status, str(e))
         except asyncio.CancelledError:
@@ -180,7 +186,7 @@ class JobRunner:
         if not await asyncio.to_thread(self.store.advance, job.id, state, **values):
             raise Stopped
 
-    async def _translate(self, job: Job) -> None:
+    async def _translate(self, job: ClaimedJob) -> None:
         s = self.services
         await self._advance(job, "reading")
         data = await asyncio.to_thread(self.store.upload, job.id)
@@ -195,13 +201,10 @@ class JobRunner:
         if not job.total:  # charged once, not again when a restart reads it again
             charge_owner(s.keys, job.owner, document.chars)
         route = route_of(s.router, document.language, job.target)
-        glossary = (
-            Glossary([GlossaryEntry(a, b) for a, b in job.options.glossary]) if job.options.glossary else None
-        )
+        # Up to NMT_JOB_MAX_CHARS of text, and a glossary of thousands of entries: on a thread, so
+        # that the front end's event loop answers its requests meanwhile.
         limit = s.settings.max_terms_per_sentence
-        terms = sentence_terms(
-            document.sentences, glossary, protect=job.options.protect_placeholders, limit=limit
-        )
+        terms = await asyncio.to_thread(job_terms, document.sentences, job.options, limit)
         total = len(document.sentences)
         done = await asyncio.to_thread(self.store.saved_translations, job.id)
         await self._advance(
@@ -230,7 +233,7 @@ class JobRunner:
         """The translations of ``sentences`` after the ``done`` ones, chunk by chunk, each saved."""
         s = self.services
         lookup = None
-        if s.memory is not None:
+        if s.memory is not None and stores_on(s.settings, job.owner):  # (no memory to use without keys)
             lookup = owner_lookup(s.memory, job.owner, [route.source] * len(sentences), job.target)
 
         def decode(
@@ -240,12 +243,16 @@ class JobRunner:
                 part, own, s.scheduler, plan, CHUNK_TIMEOUT_S, constraints, background=True
             )
 
+        # The segment cache's owner, as ``client_identity`` names a request's: the key's, or
+        # without keys the job's own (its client's address is not kept).
+        cached_as = key_identity(job.owner) if job.owner else f"job {job.id}"
+
         async def chunk(start: int) -> list[str]:
             part = sentences[start : start + CHUNK_SENTENCES]
             own = SentenceTerms(terms.terms[start : start + CHUNK_SENTENCES])
             # The memory's lookups index the whole document's languages: one language here.
             results = await retrying(
-                lambda: answer_with(part, [route] * len(part), plan, own, decode, job.owner, lookup, s.cache)
+                lambda: answer_with(part, [route] * len(part), plan, own, decode, cached_as, lookup, s.cache)
             )
             assert results is not None  # no client to go away: cancelling raises instead
             return [result.hypotheses[0] for result in results]
@@ -270,6 +277,12 @@ class JobRunner:
             for task in pending:
                 task.cancel()
         return out
+
+
+def job_terms(sentences: Sequence[str], options: JobOptions, limit: int) -> SentenceTerms:
+    """Each sentence's terms, with the job's glossary (``sentence_terms``: 413 past ``limit``)."""
+    glossary = Glossary([GlossaryEntry(a, b) for a, b in options.glossary]) if options.glossary else None
+    return sentence_terms(sentences, glossary, protect=options.protect_placeholders, limit=limit)
 
 
 RETRIED_STATUSES = (503,)  # the queue full, the engine restarting, a store busy: of the moment

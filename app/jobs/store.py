@@ -1,17 +1,29 @@
 """Document jobs on disk: one SQLite row per job, and a directory of its files, under
 ``NMT_DATA_DIR/jobs``.
 
-A job's row says what was asked (the upload's name, languages, terminology), where it stands
-(its state and sentences done of total) and who may see it (``owner``: the API key's name). Its
-directory holds the upload as received, the translations finished so far (one JSON line per
-chunk, appended and flushed as each chunk finishes) and, once written, the translated file. So a
-front end that stops loses nothing accepted: the next one to start takes the job up again, reads
-the upload again (reading is deterministic) and goes on after the last chunk saved.
+A job's row says what was asked (the upload's name, languages), where it stands (its state and
+sentences done of total), who may see it (``owner``: the API key's name) and how many bytes its
+files take or may take (``bytes``). Its directory holds the upload as received, its options
+(terminology, in ``options.json``: a resolved glossary can be megabytes, so that only the runner
+that claims the job reads them, never a listing or a poll), the translations finished so far (one
+JSON line per chunk, appended and flushed as each chunk finishes) and, once written, the translated
+file. So a front end that stops loses nothing accepted: the next one to start takes the job up
+again, reads the upload again (reading is deterministic) and goes on after the last chunk saved.
 
 Several front-end processes may share the directory (``uvicorn --workers N``, replicas on one
 volume): a process *claims* a job by writing a lease (a time a few seconds ahead) in the same
 transaction that checks nobody holds one, and renews it while it works. A job whose lease ran out
 (its process died) is claimable again; one cancelled is seen by its runner at its next chunk.
+
+The disk is bounded: the jobs' ``bytes`` together stay within ``quota_bytes``
+(``NMT_DATA_QUOTA_MB``). A new job counts its upload and options and reserves room for its
+progress and result (``RESERVE_FACTOR`` times the upload); it is refused (``StorageFull``: 507)
+past the quota, or when it would leave less than ``reserve_bytes`` free on the disk, which the
+stores beside it (key usage, glossaries, memories) need to keep working. A result is checked the
+same way when it is written (its job fails with 507 rather than fill the disk); a finished job
+counts the files it keeps. Expired rows take their directories with them, and files no row
+accounts for (a process killed between writing an upload and committing its row, or in the middle
+of a write) are swept when the runner starts (``sweep``).
 """
 
 from __future__ import annotations
@@ -22,17 +34,37 @@ import secrets
 import shutil
 import sqlite3
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal
 
+from app.jobs.disk import (
+    MIB,
+    StorageFull,
+    disk_refusal,
+    file_size,
+    folder_size,
+    storage_error,
+    sweep,
+    write_file,
+)
 from app.terminology.database import Database, StoreUnavailable
 
 State = Literal["queued", "reading", "translating", "writing", "done", "failed", "cancelled"]
 RUNNING: tuple[State, ...] = ("reading", "translating", "writing")
 FINAL: tuple[State, ...] = ("done", "failed", "cancelled")
 LEASE_S = 30.0  # a claim lasts this long unless renewed (a runner renews it every LEASE_S / 3)
+# Reserved for a new job's progress and result, in times its upload: its translations (as JSON
+# lines) and the translated file are each about the size of a text upload. A result larger than
+# its reservation is checked against the quota when it is written.
+RESERVE_FACTOR = 2
+# Files no row accounts for are swept at start only once older than this (by mtime): a younger
+# directory may be another process's upload whose row is about to commit (``create`` writes the
+# files first, then waits up to the database's time-out for the write lock), a younger ``.partial``
+# a file another process is writing.
+ORPHAN_GRACE_S = 300.0
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
@@ -41,7 +73,7 @@ CREATE TABLE IF NOT EXISTS jobs (
     name TEXT NOT NULL,
     source TEXT NOT NULL,
     target TEXT NOT NULL,
-    options TEXT NOT NULL,          -- JSON: JobOptions
+    options TEXT NOT NULL DEFAULT '', -- '': in the job's OPTIONS file (moved there by _migrate)
     state TEXT NOT NULL,
     language TEXT,                  -- the language it is translated from, once read
     done INTEGER NOT NULL DEFAULT 0,
@@ -53,13 +85,14 @@ CREATE TABLE IF NOT EXISTS jobs (
     finished REAL,
     expires REAL,
     lease REAL NOT NULL DEFAULT 0,
-    result_name TEXT
+    result_name TEXT,
+    bytes INTEGER NOT NULL DEFAULT 0 -- its files on disk, or reserved for them (counted in the quota)
 );
 CREATE INDEX IF NOT EXISTS jobs_owner ON jobs (owner, created);
 CREATE INDEX IF NOT EXISTS jobs_state ON jobs (state, created);
 """
 
-UPLOAD, PROGRESS, RESULT = "upload", "progress.jsonl", "result"
+UPLOAD, OPTIONS, PROGRESS, RESULT = "upload", "options.json", "progress.jsonl", "result"
 
 
 class JobsFull(Exception):
@@ -78,15 +111,31 @@ class JobOptions:
     protect_placeholders: bool = True
     beam_size: int = 5
 
+    def encoded(self) -> bytes:
+        options = {
+            "glossary": self.glossary,
+            "protect_placeholders": self.protect_placeholders,
+            "beam_size": self.beam_size,
+        }
+        return json.dumps(options, ensure_ascii=False).encode()
+
+    @classmethod
+    def decoded(cls, text: str | bytes) -> JobOptions:
+        options = json.loads(text)
+        return cls(
+            [(s, t) for s, t in options["glossary"]], options["protect_placeholders"], options["beam_size"]
+        )
+
 
 @dataclass(frozen=True)
 class Job:
+    """A job as listed and polled (without its options: ``ClaimedJob``)."""
+
     id: str
     owner: str
     name: str
     source: str
     target: str
-    options: JobOptions
     state: State
     language: str | None
     done: int
@@ -102,29 +151,49 @@ class Job:
     @classmethod
     def of(cls, row: sqlite3.Row | tuple[Any, ...]) -> Job:
         values = list(row)
-        options = json.loads(values[5])
-        values[5] = JobOptions(
-            [(s, t) for s, t in options["glossary"]], options["protect_placeholders"], options["beam_size"]
-        )
-        values[12] = tuple(json.loads(values[12]))
+        values[11] = tuple(json.loads(values[11]))
         return cls(*values)
 
 
-COLUMNS = (
-    "id, owner, name, source, target, options, state, language, done, total, error_status, error, "
+@dataclass(frozen=True)
+class ClaimedJob(Job):
+    """A job as the runner that claimed it has it: with its options."""
+
+    options: JobOptions
+
+    @classmethod
+    def with_options(cls, job: Job, options: JobOptions) -> ClaimedJob:
+        return cls(**{f.name: getattr(job, f.name) for f in fields(Job)}, options=options)
+
+
+COLUMNS = (  # a Job's: never ``options``, whose value may be megabytes (a job made before OPTIONS)
+    "id, owner, name, source, target, state, language, done, total, error_status, error, "
     "notes, created, finished, expires, result_name"
 )
 
 
 class JobStore:
-    """The jobs of every key, under ``directory`` (``NMT_DATA_DIR/jobs``; made on first use)."""
+    """The jobs of every key, under ``directory`` (``NMT_DATA_DIR/jobs``; made on first use), whose
+    files take at most ``quota_bytes`` and leave ``reserve_bytes`` free on the disk."""
 
-    def __init__(self, directory: Path, max_per_key: int, max_jobs: int, ttl_s: float) -> None:
+    def __init__(
+        self,
+        directory: Path,
+        max_per_key: int,
+        max_jobs: int,
+        ttl_s: float,
+        *,
+        quota_bytes: int,
+        reserve_bytes: int,
+    ) -> None:
         self.directory = directory
         self.max_per_key = max_per_key
         self.max_jobs = max_jobs
         self.ttl_s = ttl_s
+        self.quota_bytes = quota_bytes
+        self.reserve_bytes = reserve_bytes
         self.db = Database(directory / "jobs.sqlite3", SCHEMA)
+        self._migrated = False  # _migrate ran in this process (in a transaction that committed)
 
     def close(self) -> None:
         self.db.close()
@@ -132,44 +201,68 @@ class JobStore:
     def path(self, job_id: str, name: str) -> Path:
         return self.directory / job_id / name
 
+    @contextmanager
+    def _writing(self) -> Iterator[sqlite3.Connection]:
+        """``self.db.writing()``, the database brought up to date first (once per process)."""
+        migrated = self._migrated
+        with self.db.writing() as db:
+            if not migrated:
+                self._migrate(db)
+            yield db
+        self._migrated = True
+
+    def _migrate(self, db: sqlite3.Connection) -> None:
+        """A database made before the quota has no ``bytes``: added, each job counting the files it
+        holds now; and its options, in the rows then, are moved to each job's OPTIONS file."""
+        if "bytes" in {row[1] for row in db.execute("PRAGMA table_info(jobs)")}:
+            return
+        db.execute("ALTER TABLE jobs ADD COLUMN bytes INTEGER NOT NULL DEFAULT 0")
+        for job_id, options in db.execute("SELECT id, options FROM jobs").fetchall():
+            folder = self.directory / job_id
+            if options and folder.is_dir():
+                try:
+                    write_file(folder / OPTIONS, JobOptions.decoded(options).encoded())
+                except OSError as e:  # not StorageFull: nothing here is a request's to refuse
+                    raise StoreUnavailable(f"cannot move a job's options: {e.strerror or e}") from e
+            db.execute("UPDATE jobs SET options = '', bytes = ? WHERE id = ?", (folder_size(folder), job_id))
+
     # --- Made and seen by the routes -----------------------------------------------------------
 
     def create(
         self, owner: str, name: str, source: str, target: str, options: JobOptions, data: bytes
     ) -> Job:
-        """A new queued job holding ``data`` (``JobsFull`` past the limits). Its upload is on disk
-        before its row commits: a row always has its file."""
+        """A new queued job holding ``data`` (``JobsFull`` past the limits, ``StorageFull`` past
+        the quota or the disk's reserve). Its files are on disk before its row commits: a row always
+        has its files."""
+        encoded = options.encoded()
+        need = len(data) * (1 + RESERVE_FACTOR) + len(encoded)
+        # Refused before the upload is written when it can be (expired rows removed either way),
+        # and checked again with the row's insert: another process may have taken the room.
+        with self._writing() as db:
+            expired = self._expire(db)
+            refusal = self._refusal(db, owner, need, need)
+        self._remove(expired)
+        if refusal is not None:
+            raise refusal
         job_id = secrets.token_urlsafe(16)
         folder = self.directory / job_id
         try:
             folder.mkdir(parents=True)
+            write_file(folder / OPTIONS, encoded)
             write_file(folder / UPLOAD, data)
         except OSError as e:
             shutil.rmtree(folder, ignore_errors=True)
-            raise StoreUnavailable(f"cannot store the upload: {e.strerror or e}") from e
-        encoded = json.dumps(
-            {
-                "glossary": options.glossary,
-                "protect_placeholders": options.protect_placeholders,
-                "beam_size": options.beam_size,
-            }
-        )
+            raise storage_error("cannot store the upload", e) from e
         try:
-            with self.db.writing() as db:
-                self._expire(db)
-                (mine,) = db.execute("SELECT COUNT(*) FROM jobs WHERE owner = ?", (owner,)).fetchone()
-                if mine >= self.max_per_key:
-                    raise JobsFull(
-                        f"this key holds {mine} jobs (at most {self.max_per_key}): delete finished ones",
-                        per_key=True,
-                    )
-                (everyone,) = db.execute("SELECT COUNT(*) FROM jobs").fetchone()
-                if everyone >= self.max_jobs:
-                    raise JobsFull(f"the service holds {everyone} jobs; retry later", per_key=False)
+            with self._writing() as db:
+                written = len(encoded) + len(data)
+                refusal = self._refusal(db, owner, need, need - written)
+                if refusal is not None:
+                    raise refusal
                 db.execute(
-                    "INSERT INTO jobs (id, owner, name, source, target, options, state, created) "
-                    "VALUES (?, ?, ?, ?, ?, ?, 'queued', ?)",
-                    (job_id, owner, name, source, target, encoded, time.time()),
+                    "INSERT INTO jobs (id, owner, name, source, target, options, state, created, bytes) "
+                    "VALUES (?, ?, ?, ?, ?, '', 'queued', ?, ?)",
+                    (job_id, owner, name, source, target, time.time(), need),
                 )
         except BaseException:
             shutil.rmtree(folder, ignore_errors=True)
@@ -177,6 +270,23 @@ class JobStore:
         job = self.get(owner, job_id)
         assert job is not None
         return job
+
+    def _refusal(self, db: sqlite3.Connection, owner: str, need: int, unwritten: int) -> Exception | None:
+        """Why a new job of ``owner`` counting ``need`` bytes, ``unwritten`` of them not on the
+        disk yet, is refused now (None: it is not)."""
+        (mine,) = db.execute("SELECT COUNT(*) FROM jobs WHERE owner = ?", (owner,)).fetchone()
+        if mine >= self.max_per_key:
+            message = f"this key holds {mine} jobs (at most {self.max_per_key}): delete finished ones"
+            return JobsFull(message, per_key=True)
+        everyone, used = db.execute("SELECT COUNT(*), COALESCE(SUM(bytes), 0) FROM jobs").fetchone()
+        if everyone >= self.max_jobs:
+            return JobsFull(f"the service holds {everyone} jobs; retry later", per_key=False)
+        if used + need > self.quota_bytes:
+            return StorageFull(
+                f"the jobs' storage is full ({used / MIB:.0f} of {self.quota_bytes / MIB:.0f} MiB used; "
+                f"this job needs {need / MIB:.1f} MiB): retry once jobs expire or are deleted"
+            )
+        return disk_refusal(self.directory, unwritten, self.reserve_bytes)
 
     def get(self, owner: str, job_id: str) -> Job | None:
         """``owner``'s job ``job_id`` (None if it has none of that id, or it expired)."""
@@ -204,7 +314,7 @@ class JobStore:
     def cancel(self, owner: str, job_id: str) -> Job | None:
         """Mark the job cancelled if it is not finished (its runner stops at its next chunk)."""
         now = time.time()
-        with self.db.writing() as db:
+        with self._writing() as db:
             db.execute(
                 "UPDATE jobs SET state = 'cancelled', finished = ?, expires = ? "
                 "WHERE id = ? AND owner = ? AND state NOT IN ('done', 'failed', 'cancelled')",
@@ -214,22 +324,23 @@ class JobStore:
 
     def delete(self, owner: str, job_id: str) -> bool:
         """Remove the job and its files (a runner working on it stops at its next chunk)."""
-        with self.db.writing() as db:
+        with self._writing() as db:
             deleted = db.execute("DELETE FROM jobs WHERE id = ? AND owner = ?", (job_id, owner)).rowcount
         if deleted:
-            shutil.rmtree(self.directory / job_id, ignore_errors=True)
+            self._remove([job_id])
         return bool(deleted)
 
     # --- Claimed and advanced by a runner ---------------------------------------------------------
 
-    def claim(self, running: dict[str, int]) -> Job | None:
+    def claim(self, running: dict[str, int]) -> ClaimedJob | None:
         """The next job to run, leased to the caller: the oldest queued one (or one whose runner
         stopped renewing its lease) among the owners with the fewest of ``running`` (owner -> jobs
-        this runner is running), so that one key's many jobs do not hold every place."""
+        this runner is running), so that one key's many jobs do not hold every place. Its options
+        are read once it is leased, outside the transaction."""
         if not self.db.path.exists():  # no job was ever made: the data directory stays untouched
             return None
         now = time.time()
-        with self.db.writing() as db:
+        with self._writing() as db:
             rows = db.execute(
                 f"SELECT {COLUMNS} FROM jobs WHERE (state = 'queued' OR state IN {RUNNING!r}) AND lease < ? "
                 "ORDER BY created LIMIT 256",
@@ -240,18 +351,25 @@ class JobStore:
             jobs = [Job.of(row) for row in rows]
             job = min(jobs, key=lambda j: (running.get(j.owner, 0), j.created))
             db.execute("UPDATE jobs SET lease = ? WHERE id = ?", (now + LEASE_S, job.id))
-        return job
+        try:
+            options = JobOptions.decoded(self.path(job.id, OPTIONS).read_bytes())
+        except (FileNotFoundError, ValueError):  # deleted meanwhile (no row to fail then), or lost
+            self.finish(job.id, "failed", error_status=500, error="the job's files are lost")
+            return None
+        except OSError as e:
+            raise StoreUnavailable(f"cannot read a job's options: {e.strerror or e}") from e
+        return ClaimedJob.with_options(job, options)
 
     def renew(self, job_id: str) -> State | None:
         """Extend the lease; the job's state now (None: deleted), so a runner learns of a cancel."""
-        with self.db.writing() as db:
+        with self._writing() as db:
             db.execute("UPDATE jobs SET lease = ? WHERE id = ?", (time.time() + LEASE_S, job_id))
             row = db.execute("SELECT state FROM jobs WHERE id = ?", (job_id,)).fetchone()
         return None if row is None else row[0]
 
     def release(self, job_id: str) -> None:
         """Give the lease back (a runner stopping: the next process takes the job up at once)."""
-        with self.db.writing() as db:
+        with self._writing() as db:
             db.execute("UPDATE jobs SET lease = 0 WHERE id = ?", (job_id,))
 
     def advance(self, job_id: str, state: State, **values: Any) -> bool:
@@ -260,7 +378,7 @@ class JobStore:
         if "notes" in values:
             values["notes"] = json.dumps(list(values["notes"]))
         sets = ", ".join(f"{name} = ?" for name in ["state", *values])
-        with self.db.writing() as db:
+        with self._writing() as db:
             changed = db.execute(
                 f"UPDATE jobs SET {sets} WHERE id = ? AND state NOT IN ('done', 'failed', 'cancelled')",
                 (state, *values.values(), job_id),
@@ -276,30 +394,53 @@ class JobStore:
         error: str | None = None,
         result_name: str | None = None,
     ) -> bool:
-        """End the job: done (its result written), failed (why), never over a cancel."""
+        """End the job: done (its result written), failed (why), never over a cancel. Its progress
+        is removed (a finished job is never taken up again), and it counts the files it keeps."""
         now = time.time()
-        with self.db.writing() as db:
+        kept = sum(file_size(self.path(job_id, name)) for name in (UPLOAD, OPTIONS, RESULT))
+        with self._writing() as db:
             changed = db.execute(
                 "UPDATE jobs SET state = ?, error_status = ?, error = ?, result_name = ?, finished = ?, "
-                "expires = ?, lease = 0 WHERE id = ? AND state NOT IN ('done', 'failed', 'cancelled')",
-                (state, error_status, error, result_name, now, now + self.ttl_s, job_id),
+                "expires = ?, lease = 0, bytes = ? "
+                "WHERE id = ? AND state NOT IN ('done', 'failed', 'cancelled')",
+                (state, error_status, error, result_name, now, now + self.ttl_s, kept, job_id),
             ).rowcount
+        if changed:
+            self.path(job_id, PROGRESS).unlink(missing_ok=True)
         return bool(changed)
 
     def remove_expired(self) -> int:
         """Delete expired jobs and their files; how many."""
         if not self.db.path.exists():
             return 0
-        with self.db.writing() as db:
+        with self._writing() as db:
             ids = self._expire(db)
-        for job_id in ids:
-            shutil.rmtree(self.directory / job_id, ignore_errors=True)
+        self._remove(ids)
         return len(ids)
 
     def _expire(self, db: sqlite3.Connection) -> list[str]:
+        """Delete the expired rows; their ids, whose directories the caller removes once the
+        transaction commits (``_remove``)."""
         ids = [r[0] for r in db.execute("SELECT id FROM jobs WHERE expires <= ?", (time.time(),))]
         db.executemany("DELETE FROM jobs WHERE id = ?", [(i,) for i in ids])
         return ids
+
+    def _remove(self, ids: Iterable[str]) -> None:
+        for job_id in ids:
+            shutil.rmtree(self.directory / job_id, ignore_errors=True)
+
+    def sweep(self, grace_s: float = ORPHAN_GRACE_S) -> int:
+        """Remove the files no row accounts for, once older than ``grace_s`` (by mtime): a job
+        directory without a row (its process killed between writing the upload and committing the
+        row) and a ``.partial`` file (a write cut short); how many."""
+        if not self.directory.is_dir():
+            return 0
+        with self.db.reading() as db:  # before the directory is listed: a row made since is young
+            ids = set() if db is None else {row[0] for row in db.execute("SELECT id FROM jobs")}
+        try:
+            return sweep(self.directory, ids, time.time() - grace_s)
+        except OSError as e:
+            raise StoreUnavailable(f"cannot sweep the jobs' directory: {e.strerror or e}") from e
 
     # --- Files ---------------------------------------------------------------------------------
 
@@ -324,23 +465,36 @@ class JobStore:
 
     def save_translations(self, job_id: str, translations: Sequence[str]) -> None:
         """Append one finished chunk's translations (flushed to disk before this returns)."""
-        with open(self.path(job_id, PROGRESS), "a", encoding="utf-8") as f:
-            f.write(json.dumps(list(translations), ensure_ascii=False) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
+        try:
+            with open(self.path(job_id, PROGRESS), "a", encoding="utf-8") as f:
+                f.write(json.dumps(list(translations), ensure_ascii=False) + "\n")
+                f.flush()
+                os.fsync(f.fileno())
+        except OSError as e:
+            raise storage_error("cannot save the translations", e) from e
 
     def save_result(self, job_id: str, data: bytes) -> None:
-        write_file(self.path(job_id, RESULT), data)
+        """Write the job's result, unless its files would then pass the quota or leave less than
+        the reserve free on the disk (``StorageFull``: the job fails with 507)."""
+        mine = len(data) + sum(file_size(self.path(job_id, name)) for name in (UPLOAD, OPTIONS, PROGRESS))
+        with self._writing() as db:
+            (others,) = db.execute(
+                "SELECT COALESCE(SUM(bytes), 0) FROM jobs WHERE id != ?", (job_id,)
+            ).fetchone()
+            refusal = disk_refusal(self.directory, len(data), self.reserve_bytes)
+            if refusal is None and others + mine > self.quota_bytes:
+                refusal = StorageFull(
+                    f"the translated file ({len(data) / MIB:.1f} MiB) would pass the jobs' storage quota "
+                    f"({self.quota_bytes / MIB:.0f} MiB, {others / MIB:.0f} MiB used by other jobs)"
+                )
+            if refusal is None:  # counted before it is written: no other job can take its room
+                db.execute("UPDATE jobs SET bytes = MAX(bytes, ?) WHERE id = ?", (mine, job_id))
+        if refusal is not None:
+            raise refusal
+        try:
+            write_file(self.path(job_id, RESULT), data)
+        except OSError as e:
+            raise storage_error("cannot save the translated file", e) from e
 
     def result(self, job_id: str) -> bytes:
         return self.path(job_id, RESULT).read_bytes()
-
-
-def write_file(path: Path, data: bytes) -> None:
-    """``data`` at ``path``, whole or not at all (written beside it, synced, then renamed)."""
-    partial = path.with_name(path.name + ".partial")
-    with open(partial, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(partial, path)

@@ -1,6 +1,7 @@
 """POST /translate_file and GET /download_file/{filename}, LibreTranslate-compatible.
 
-The upload (multipart: ``file``, ``source``, ``target``, ``api_key``) is translated while the
+The upload (multipart: ``file``, ``source``, ``target``, ``api_key``; the key may be in a header
+or the query instead, checked before the upload is read: ``app.key_limits``) is translated while the
 request waits, and the answer is ``{"translatedFileUrl": ...}``; a GET of that URL returns the
 translated file once (``app.filestore``). Formats: ``app.formats.documents``.
 
@@ -29,11 +30,11 @@ from app.body import MULTIPART, media_type, read_within, replayed, validate_requ
 from app.config import Settings
 from app.deps import RouterDep, SchedulerDep, SettingsDep
 from app.errors import missing_parameter
-from app.filestore import FileStore
+from app.filestore import FileStore, NoRoom
 from app.formats.documents import MEDIA_TYPES, SUPPORTED, download_name, extension
 from app.formats.limits import DocumentError
 from app.formats.sandbox import Busy, DocumentReaders
-from app.key_limits import admit_key, charge_key
+from app.key_limits import admit_given_key, admit_key, charge_key, client_identity
 from app.routes.sentences import SearchPlan, answer_sentences
 from app.routes.translate import (
     AUTO,
@@ -54,7 +55,7 @@ from app.schemas import (
 from app.served import ServedModel
 from app.serving.router import Route, Router
 from app.serving.scheduler import Scheduler
-from app.terminology.service import SentenceTerms, request_glossary, sentence_terms
+from app.terminology.service import SentenceTerms, find_sentence_terms, request_glossary
 
 router = APIRouter(tags=["files"])
 
@@ -259,6 +260,7 @@ async def translate_file(
     store: FileStoreDep,
     readers: ReadersDep,
 ) -> Response:
+    admit_given_key(request)  # a key in a header or the query: refused before the upload is read
     places: FileRequests = request.app.state.file_requests
     async with places.place():
         return await translate_upload(request, settings, router, scheduler, store, readers)
@@ -288,7 +290,7 @@ async def translate_upload(
     admit_key(request, form.api_key, requests=1, text_lengths=[])  # its characters once it is read
     check_format(name)
     candidates = check_languages(form.source, form.target, router)
-    glossary = request_glossary(request, form, settings)
+    glossary = await request_glossary(request, form, settings)
 
     def language(sample: str) -> str:
         if form.source.lower() == AUTO:
@@ -302,7 +304,9 @@ async def translate_upload(
     charge_key(request, document.chars)
     route = route_of(router, document.language, form.target)
     limit = settings.max_terms_per_sentence
-    terms = sentence_terms(document.sentences, glossary, protect=form.protect_placeholders, limit=limit)
+    terms = await find_sentence_terms(
+        document.sentences, glossary, protect=form.protect_placeholders, limit=limit
+    )
     translations = await translate_document(request, document.sentences, route, scheduler, settings, terms)
     if translations is None:
         return Response(status_code=CLIENT_CLOSED_REQUEST)
@@ -312,11 +316,10 @@ async def translate_upload(
     except (DocumentError, Busy) as e:
         raise document_error(e) from e
     saved = download_name(name, form.target)
-    token = store.put(output, saved, MEDIA_TYPES[extension(name)])
-    if token is None:
-        raise HTTPException(
-            503, "too many translated files are waiting to be downloaded; retry later", {"Retry-After": "10"}
-        )
+    try:
+        token = store.put(output, saved, MEDIA_TYPES[extension(name)], client_identity(request))
+    except NoRoom as e:
+        raise HTTPException(503, str(e), {"Retry-After": "10"}) from e
     url = str(request.url_for("download_file", filename=f"{token}.{saved}"))
     body = TranslateFileResponse(translatedFileUrl=url).model_dump_json()
     return Response(body, media_type="application/json")

@@ -8,8 +8,15 @@ progress, and downloads the result until it expires. The form is /translate_file
 ``source``, ``target``, ``api_key``, terminology); the file may be larger (``NMT_JOB_MAX_BYTES``).
 
 Each API key sees its own jobs only (a job of another key is a 404, as one that does not exist).
-Making a job counts as one request under the key's limits, and its characters are charged once it
-is read; looking at jobs counts as none (a client polls).
+The key is in a header (``Authorization: Bearer KEY``, ``X-API-Key``) or the ``api_key`` query
+parameter, checked before the upload is read or takes a place (``app.routes.access``), or else the
+upload's ``api_key`` field. Making a job counts as one request under the key's limits, and its
+characters are charged once it is read; looking at jobs (GET /jobs, a job, its result) counts as
+one request each too, so that polling is bounded by the key's limits as any other request.
+
+Without keys, a job is reachable by its id alone (unguessable: 128 random bits), and the list of
+jobs, which would show every client's documents, is 403 unless the operator shares the stores
+(``NMT_SHARED_STORES``). A POST or DELETE a page of another site sent is refused.
 """
 
 from __future__ import annotations
@@ -18,7 +25,7 @@ import asyncio
 from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Depends, HTTPException, Query, Request, Response
+from fastapi import APIRouter, Depends, HTTPException, Request, Response
 from fastapi.responses import FileResponse
 from pydantic import BaseModel, Field
 
@@ -26,19 +33,21 @@ from app.config import Settings
 from app.deps import RouterDep, SettingsDep
 from app.formats.documents import MEDIA_TYPES, extension
 from app.jobs.runner import JobRunner
-from app.jobs.store import RESULT, Job, JobOptions, JobsFull, JobStore
-from app.key_limits import admit_key, key_owner
+from app.jobs.store import RESULT, Job, JobOptions, JobsFull, JobStore, StorageFull
+from app.key_limits import admit_key, key_owner, store_owner
+from app.routes.access import JOBS, ApiKeyQuery
 from app.routes.files import FILE_FORM_BODY, FileRequests, check_format, read_form
 from app.routes.translate import check_languages
 from app.schemas import ErrorResponse
 from app.served import ServedModel
 from app.serving.router import Router
-from app.terminology.database import StoreUnavailable
+from app.terminology.database import StoreUnavailable, unavailable
 from app.terminology.service import request_glossary
 
-router = APIRouter(tags=["jobs"])
+router = APIRouter(tags=["jobs"], dependencies=JOBS)
 
 STORE_RETRY_AFTER_S = "2"
+STORAGE_RETRY_AFTER_S = "60"  # room is made as jobs expire or are deleted
 
 
 class Progress(BaseModel):
@@ -102,7 +111,6 @@ async def get_jobs(request: Request) -> JobStore:
 
 
 JobStoreDep = Annotated[JobStore, Depends(get_jobs)]
-ApiKeyQuery = Annotated[str | None, Query(description="Your API key (when the server requires keys)")]
 
 
 def errors(**codes: str) -> dict[int | str, dict[str, Any]]:
@@ -111,18 +119,17 @@ def errors(**codes: str) -> dict[int | str, dict[str, Any]]:
 
 async def stored(call: Any, *args: Any) -> Any:
     """``call(*args)`` on a thread: SQLite and the disk never hold the event loop (503 if the
-    store cannot be used)."""
+    store cannot be used: its detail is logged, not answered)."""
     try:
         return await asyncio.to_thread(call, *args)
     except StoreUnavailable as e:
-        raise HTTPException(
-            503, f"the job store is unavailable: {e}", {"Retry-After": STORE_RETRY_AFTER_S}
-        ) from e
+        raise unavailable(e, "the job store", STORE_RETRY_AFTER_S) from e
 
 
 async def owned_job(request: Request, store: JobStore, job_id: str, api_key: str | None) -> Job:
-    """The job ``job_id`` of the request's key (404 if it has none of that id)."""
-    admit_key(request, api_key, requests=0, text_lengths=[])
+    """The job ``job_id`` of the request's key (404 if it has none of that id); one request under
+    the key's limits."""
+    admit_key(request, api_key, requests=1, text_lengths=[])
     job: Job | None = await stored(store.get, key_owner(request), job_id)
     if job is None:
         raise HTTPException(404, "no such job: it expired, was deleted, or is another key's")
@@ -136,12 +143,16 @@ async def owned_job(request: Request, store: JobStore, job_id: str, api_key: str
     openapi_extra=FILE_FORM_BODY,
     summary="Translate a document in the background: the job is answered at once",
     responses=errors(
-        _400="file or target missing, an unsupported format, language or pair",
-        _403="Missing or invalid api_key",
+        _400="file or target missing, an unsupported format, language or pair; an api_key field other "
+        "than the key of the header or query",
+        _403="Missing or invalid api_key; a glossary_id without keys and NMT_SHARED_STORES; a cross-site "
+        "request",
         _404="glossary_id names no glossary of this API key",
         _413="A file over NMT_JOB_MAX_BYTES",
         _422="A field of the wrong type",
         _429="The key holds NMT_MAX_JOBS_PER_KEY jobs, or is over one of its limits",
+        _507="The jobs' files would pass NMT_DATA_QUOTA_MB, or leave less than NMT_DATA_RESERVE_MB free "
+        "on the disk (see Retry-After)",
         _503="The service holds NMT_MAX_JOBS jobs, NMT_MAX_FILE_REQUESTS uploads are being received, "
         "or a job cannot be stored now (see Retry-After)",
     ),
@@ -167,7 +178,7 @@ async def store_upload(
     admit_key(request, form.api_key, requests=1, text_lengths=[])  # its characters once it is read
     check_format(name)
     check_languages(form.source, form.target, router)
-    glossary = request_glossary(request, form, settings)
+    glossary = await request_glossary(request, form, settings)
     options = JobOptions(
         [(e.source, e.target) for e in glossary.entries] if glossary is not None else [],
         form.protect_placeholders,
@@ -178,15 +189,22 @@ async def store_upload(
         job: Job = await stored(store.create, owner, name, form.source, form.target, options, data)
     except JobsFull as e:
         raise HTTPException(429 if e.per_key else 503, str(e), {"Retry-After": "60"}) from e
+    except StorageFull as e:  # past NMT_DATA_QUOTA_MB, or the disk's reserve: until jobs expire
+        raise HTTPException(507, str(e), {"Retry-After": STORAGE_RETRY_AFTER_S}) from e
     return job
 
 
 @router.get(
-    "/jobs", response_model=JobList, summary="Your jobs, newest first", responses=errors(_403="api_key")
+    "/jobs",
+    response_model=JobList,
+    summary="Your jobs, newest first",
+    responses=errors(_403="Missing or invalid api_key; without keys, unless NMT_SHARED_STORES is on"),
 )
-async def list_jobs(request: Request, store: JobStoreDep, api_key: ApiKeyQuery = None) -> JobList:
-    admit_key(request, api_key, requests=0, text_lengths=[])
-    jobs: list[Job] = await stored(store.jobs_of, key_owner(request))
+async def list_jobs(
+    request: Request, settings: SettingsDep, store: JobStoreDep, api_key: ApiKeyQuery = None
+) -> JobList:
+    admit_key(request, api_key, requests=1, text_lengths=[])
+    jobs: list[Job] = await stored(store.jobs_of, store_owner(request, settings))
     return JobList(jobs=[JobInfo.of(job, request) for job in jobs])
 
 
@@ -222,7 +240,9 @@ async def job_result(
     "/jobs/{job_id}/cancel",
     response_model=JobInfo,
     summary="Stop a job (it is kept, cancelled, until it expires)",
-    responses=errors(_404="No such job of this key", _409="The job had finished already"),
+    responses=errors(
+        _403="A cross-site request", _404="No such job of this key", _409="The job had finished already"
+    ),
 )
 async def cancel_job(
     request: Request, store: JobStoreDep, job_id: str, api_key: ApiKeyQuery = None
@@ -241,7 +261,7 @@ async def cancel_job(
     "/jobs/{job_id}",
     status_code=204,
     summary="Delete a job and its files (stopping it if it runs)",
-    responses=errors(_404="No such job of this key"),
+    responses=errors(_403="A cross-site request", _404="No such job of this key"),
 )
 async def delete_job(
     request: Request, store: JobStoreDep, job_id: str, api_key: ApiKeyQuery = None

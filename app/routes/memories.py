@@ -6,6 +6,9 @@ does not say); its segments are added to what the key's memory holds (a segment 
 gets the new translation). GET counts the segments per language pair; DELETE empties the memory.
 A sentence of a /translate request found in the memory (exactly, whitespace aside) is answered from
 it without decoding (``app.terminology.memory``).
+
+The key and the checks before the body are the glossaries' (``app.routes.access``): without keys,
+403 unless ``NMT_SHARED_STORES`` shares one memory among all clients.
 """
 
 from __future__ import annotations
@@ -19,15 +22,20 @@ from pydantic import BaseModel, ConfigDict, Field
 from app.body import MULTIPART, media_type, validate_request
 from app.deps import SettingsDep
 from app.errors import missing_parameter
-from app.routes.glossaries import ERRORS, FORM_OVERHEAD_BYTES, ApiKeyQuery, owner_of, read_fields, store_error
+from app.routes.access import STORES, ApiKeyQuery
+from app.routes.glossaries import ERRORS, FORM_OVERHEAD_BYTES, owner_of, read_fields, store_error
 from app.terminology.database import StoreUnavailable
 from app.terminology.memory import MemoryImportError, TranslationMemory
 
-router = APIRouter(tags=["memories"])
+router = APIRouter(tags=["memories"], dependencies=STORES)
 
 MEMORY_ERRORS: dict[int | str, dict[str, Any]] = {
     **{code: ERRORS[code] for code in (403, 429, 503)},
-    400: {**ERRORS[400], "description": "Not a multipart upload, the file or a language missing"},
+    400: {
+        **ERRORS[400],
+        "description": "Not a multipart upload, the file or a language missing; a key in the body "
+        "other than the header's",
+    },
     413: {
         **ERRORS[413],
         "description": "Over a limit: the file's bytes, a segment's length, the key's segments",

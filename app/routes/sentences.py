@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 from fastapi import HTTPException, Request
 from starlette.types import Receive
 
-from app.key_limits import key_owner
+from app.key_limits import client_identity
 from app.served import Rendered, ServedModel
 from app.serving.errors import DeadlineExceeded, EngineError, EngineStopped, QueueFull, TooLarge
 from app.serving.pipeline import Translation
@@ -170,7 +170,7 @@ async def answer_sentences(
         return translate_sentences(request, part, own, scheduler, plan, timeout_s, constraints)
 
     lookup = memory_lookup(request, languages, target)
-    owner, cache = key_owner(request), segment_cache(request)
+    owner, cache = client_identity(request), segment_cache(request)
     return await answer_with(sentences, routes, plan, terms, decode, owner, lookup, cache)
 
 

@@ -10,8 +10,11 @@ are given to the decoder as constraints, and the response says where they are.
 
 from __future__ import annotations
 
+import asyncio
 import copy
 from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import partial
 from typing import Any, TypeVar
 
 from fastapi import APIRouter, HTTPException, Request, Response
@@ -22,7 +25,7 @@ from app.deps import RouterDep, SchedulerDep, SettingsDep
 from app.errors import ApiError, missing_parameter
 from app.formats import Layout, PlainText, parse
 from app.formats.html import HtmlDocument, HtmlError
-from app.key_limits import admit_key
+from app.key_limits import admit_given_key, admit_key
 from app.langid import detect
 from app.languages import language_name, served_pairs, source_languages, supported_pairs, target_languages
 from app.routes.openapi import openapi_body
@@ -42,7 +45,14 @@ from app.schemas import (
 )
 from app.served import ServedModel
 from app.serving.router import Route, Router
-from app.terminology.service import SentenceTerms, request_glossary, sentence_terms, text_terminology
+from app.terminology.service import (
+    INLINE_CHARS,
+    SentenceTerms,
+    request_glossary,
+    sentence_terms,
+    text_terminology,
+)
+from model.decoding.terms import Glossary
 
 T = TypeVar("T")
 
@@ -284,6 +294,47 @@ def marks(
     return text_terminology(layouts, terms, best, placed, [texts[0] for texts in outputs], memory)
 
 
+@dataclass(frozen=True)
+class Prepared:
+    """A request's texts made ready to be decoded (``prepare``)."""
+
+    detected: list[DetectedLanguage] | None  # each text's language, when the source is "auto"
+    layouts: list[Layout]  # each text's
+    sentences: list[str]  # of all the texts, in order
+    routes: list[Route[ServedModel]]  # each sentence's
+    sources: list[str]  # each sentence's language
+    terms: SentenceTerms  # each sentence's
+
+
+def prepare(
+    req: TranslateRequest,
+    candidates: Sequence[str],
+    glossary: Glossary | None,
+    router: Router[ServedModel],
+    max_terms: int,
+) -> Prepared:
+    """Each text parsed (``format``), its language detected (a source of "auto"), split into
+    sentences, each sentence routed and its terms found. Work that grows with the text: the
+    route runs it on a thread unless the request is small (``INLINE_CHARS``, no glossary)."""
+    documents = parse_texts(req.texts, req.format)
+    detected = None
+    if req.source.lower() == AUTO:
+        detected = [source_language(document.text, candidates) for document in documents]
+    languages = [d.language for d in detected] if detected else list(candidates) * len(documents)
+    layouts = [document.split(language) for document, language in zip(documents, languages, strict=True)]
+    sentences = [s for layout in layouts for s in layout.sentences]
+    routes = [
+        route_of(router, language, req.target)
+        for layout, language in zip(layouts, languages, strict=True)
+        for _ in layout.sentences
+    ]
+    terms = sentence_terms(sentences, glossary, protect=req.protect_placeholders, limit=max_terms)
+    sources = [
+        language for layout, language in zip(layouts, languages, strict=True) for _ in layout.sentences
+    ]
+    return Prepared(detected, layouts, sentences, routes, sources, terms)
+
+
 @router.post(
     "/translate",
     response_model=TranslateResponse,
@@ -295,6 +346,7 @@ def marks(
 async def translate(
     request: Request, settings: SettingsDep, router: RouterDep, scheduler: SchedulerDep
 ) -> Response:
+    admit_given_key(request)  # a key in a header or the query: refused before the body is read
     req = await parse_translate_request(request, settings.max_body_bytes)
     texts = req.texts
     check_limits(texts, settings)
@@ -308,33 +360,21 @@ async def translate(
     )
     candidates = check_languages(req.source, req.target, router)
     plan = search_plan(req, settings)
-    glossary = request_glossary(request, req, settings)
-
-    documents = parse_texts(texts, req.format)
-    detected = None
-    if req.source.lower() == AUTO:
-        detected = [source_language(document.text, candidates) for document in documents]
-    languages = [d.language for d in detected] if detected else candidates * len(documents)
-    layouts = [document.split(language) for document, language in zip(documents, languages, strict=True)]
-    sentences = [s for layout in layouts for s in layout.sentences]
-    routes = [
-        route_of(router, language, req.target)
-        for layout, language in zip(layouts, languages, strict=True)
-        for _ in layout.sentences
-    ]
-    limit = settings.max_terms_per_sentence
-    terms = sentence_terms(sentences, glossary, protect=req.protect_placeholders, limit=limit)
-    sources = [
-        language for layout, language in zip(layouts, languages, strict=True) for _ in layout.sentences
-    ]
+    glossary = await request_glossary(request, req, settings)
+    work = partial(prepare, req, candidates, glossary, router, settings.max_terms_per_sentence)
+    if glossary is None and sum(map(len, texts)) <= INLINE_CHARS:
+        prepared = work()
+    else:  # (parsing, splitting and terms grow with the text: the event loop answers others meanwhile)
+        prepared = await asyncio.to_thread(work)
     timeout_s = settings.request_timeout_s
+    sentences, terms, layouts = prepared.sentences, prepared.terms, prepared.layouts
     results = await answer_sentences(
-        request, sentences, routes, sources, req.target, scheduler, plan, timeout_s, terms
+        request, sentences, prepared.routes, prepared.sources, req.target, scheduler, plan, timeout_s, terms
     )
     if results is None:
         return Response(status_code=CLIENT_CLOSED_REQUEST)
     outputs = assemble(layouts, results, plan.n_best)
-    body = build_response(req, outputs, detected, marks(layouts, terms, results, outputs))
+    body = build_response(req, outputs, prepared.detected, marks(layouts, terms, results, outputs))
     # The response as JSON here: FastAPI then skips validating it against the response model again
     # (the model still documents it in OpenAPI).
     return Response(body.model_dump_json(exclude_none=True), media_type="application/json")

@@ -24,12 +24,12 @@ import asyncio
 from collections.abc import Awaitable, Callable, Hashable, Sequence
 from typing import Any, TypeVar
 
-from fastapi import HTTPException, Request
+from fastapi import Request
 
-from app.key_limits import key_owner
+from app.key_limits import key_owner, stores_on
 from app.serving.router import Route
 from app.terminology.cache import SegmentCache
-from app.terminology.database import StoreUnavailable
+from app.terminology.database import StoreUnavailable, unavailable
 from app.terminology.memory import TranslationMemory
 from app.terminology.precedence import plan
 
@@ -47,18 +47,22 @@ def cache_key(
     """What decides the model's answer to ``sentence``: the models of each hop (by their unique
     served names) and the languages they translate between, the search, the terms' targets (in
     order: a term's index is in the answer's marks) and the sentence exactly as sent (the
-    tokenizer, not this cache, decides what whitespace means); and whose it is (``key_owner``):
-    shared, a key could tell from the time of its answer that another key translated that
-    sentence recently."""
+    tokenizer, not this cache, decides what whitespace means); and whose it is
+    (``app.key_limits.client_identity``: a key's, or without keys a client address's): shared, a
+    client could tell from the time of its answer that another translated that sentence recently."""
     hops = tuple((hop.model.name, hop.source, hop.target) for hop in route.hops)
     return (owner, hops, beam_size, n_best, tuple(targets), sentence)
 
 
 def memory_lookup(request: Request, languages: Sequence[str], target: str) -> MemoryLookup | None:
     """The request owner's memory for its sentences (``languages[i]``: sentence i's source
-    language); None without a memory (no store)."""
+    language); None without a memory (no store, or none to use: no keys, and the stores not
+    shared, ``stores_on``)."""
     memory: TranslationMemory | None = getattr(request.app.state, "memory", None)
-    return None if memory is None else owner_lookup(memory, key_owner(request), languages, target)
+    owner = key_owner(request)
+    if memory is None or not stores_on(request.app.state.settings, owner):
+        return None
+    return owner_lookup(memory, owner, languages, target)
 
 
 def owner_lookup(
@@ -79,9 +83,7 @@ def owner_lookup(
         except StoreUnavailable as e:
             # Not the model instead: the key's team expects their translation, and would get
             # another one silently.
-            raise HTTPException(
-                503, f"the translation memory is unavailable: {e}", {"Retry-After": STORE_RETRY_AFTER_S}
-            ) from None
+            raise unavailable(e, "the translation memory", STORE_RETRY_AFTER_S) from None
         return found
 
     return lookup

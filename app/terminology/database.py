@@ -15,10 +15,14 @@ first write is seen within that second.
 Reads and writes have a connection each, each behind its own lock: writes run on a thread
 (``asyncio.to_thread``) and may wait seconds for another process's write lock, while reads are
 made from the event loop too (a /translate request's memory lookup), and must never wait for them.
+
+``StoreUnavailable``'s message names the file, for the operator's log; a client is answered
+``unavailable``'s 503, which names no path.
 """
 
 from __future__ import annotations
 
+import logging
 import sqlite3
 import threading
 import time
@@ -26,11 +30,23 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from fastapi import HTTPException
+
 ABSENT_RECHECK_S = 1.0
+
+logger = logging.getLogger("uvicorn.error").getChild("nmt")
 
 
 class StoreUnavailable(RuntimeError):
-    """The database cannot be opened, read or written (HTTP 503): the message says why."""
+    """The database cannot be opened, read or written (HTTP 503): the message says why, naming the
+    file (for the log: ``unavailable`` answers the client)."""
+
+
+def unavailable(e: StoreUnavailable, what: str, retry_after_s: str) -> HTTPException:
+    """The 503 for a store that failed: ``what`` ("the job store") and Retry-After, never the file's
+    path or the database's words, which are logged for the operator instead."""
+    logger.error("%s is unavailable: %s", what, e)
+    return HTTPException(503, f"{what} is unavailable now; retry later", {"Retry-After": retry_after_s})
 
 
 class Database:

@@ -3,7 +3,7 @@
 Imported from TMX (the exchange format of translation tools, version 1.4: ``<tu>`` units of
 ``<tuv xml:lang="..."><seg>`` variants) or a two-column TSV, and kept per owner (the API key's
 name when keys are on, "" otherwise) in ``<NMT_DATA_DIR>/memory.sqlite3``. A unit with variants in
-several languages gives a segment for every ordered pair of them.
+several languages (at most ``MAX_UNIT_LANGUAGES``) gives a segment for every ordered pair of them.
 
 A lookup is exact after whitespace is normalised (runs of whitespace are one space; none at the
 ends): "one answer per input" makes a memory's answer as good as the model's for the service's
@@ -34,6 +34,10 @@ MAX_SEGMENTS = 100_000  # per owner (NMT_MEMORY_MAX_SEGMENTS)
 MAX_BYTES = 16 * 1024 * 1024  # of an upload (NMT_MEMORY_MAX_BYTES)
 MAX_SEGMENT_CHARS = 5_000  # a longer segment is no sentence (NMT_MAX_CHARS's default too)
 MAX_DEPTH = 32  # TMX nests 5 deep (tmx/body/tu/tuv/seg) plus inline markup
+# Languages of one <tu>. Its n languages give n * (n - 1) rows, one per ordered pair: real units hold
+# a few (the EU's DGT-TM, 24), while a 251 KB unit of 6,000 made-up ones would give 36 million.
+# More is refused (413) as the language past it is read, before any pair is built.
+MAX_UNIT_LANGUAGES = 100
 XML_LANG = "{http://www.w3.org/XML/1998/namespace}lang"
 # Inline elements whose content is the native code of the original's markup (an RTF or HTML tag),
 # not text: left out of the segment. <hi> and <sub>'s text is text.
@@ -143,7 +147,14 @@ class TmxReader:
                     too_large=True,
                 )
             if self.unit is not None and self.language is not None and segment:
-                self.unit.segments.setdefault(self.language, segment)  # the first one of its language
+                segments = self.unit.segments
+                if self.language not in segments and len(segments) == MAX_UNIT_LANGUAGES:
+                    raise MemoryImportError(
+                        f"line {self.unit.line}: a translation unit in more than "
+                        f"{MAX_UNIT_LANGUAGES} languages",
+                        too_large=True,
+                    )
+                segments.setdefault(self.language, segment)  # the first one of its language
         elif tag == "tuv":
             self.language = None
         elif tag == "tu" and self.unit is not None:
@@ -153,14 +164,15 @@ class TmxReader:
     def _add(self, unit: _Unit) -> None:
         self.units += 1
         segments = unit.segments
+        # Counted before they are built: the rows past the limit are never made.
+        if len(self.rows) + len(segments) * (len(segments) - 1) > self.max_rows:
+            raise MemoryImportError(
+                f"line {unit.line}: more than {self.max_rows} segments in the file", too_large=True
+            )
         for source_lang, source in segments.items():
             for target_lang, target in segments.items():
                 if source_lang != target_lang:
                     self.rows.append((source_lang, target_lang, source, target))
-        if len(self.rows) > self.max_rows:
-            raise MemoryImportError(
-                f"line {unit.line}: more than {self.max_rows} segments in the file", too_large=True
-            )
 
     def close(self) -> None:
         return None

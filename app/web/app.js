@@ -33,10 +33,18 @@ class ApiError extends Error {
 
 // --- talking to the server ---------------------------------------------------------------------
 
+// Every request carries the key (where the page has one) in the X-API-Key header: checked before
+// the server reads the body, and never in a URL, where it would reach logs and the history.
 async function call(path, options = {}) {
+  const headers = new Headers(options.headers || {});
+  try {
+    if (state.key) headers.set("X-API-Key", state.key);
+  } catch (_) {
+    throw new ApiError(403, "the key holds characters that cannot be sent (a header takes Latin-1 only)");
+  }
   let response;
   try {
-    response = await fetch(path, options);
+    response = await fetch(path, { ...options, headers });
   } catch (err) {
     if (err.name === "AbortError") throw err;
     throw new ApiError(0, "Cannot reach the server. Check the connection, then retry.");
@@ -55,11 +63,6 @@ async function call(path, options = {}) {
 
 async function getJson(path) {
   return (await call(path)).json();
-}
-
-function withKey(body) {
-  if (state.key) body.api_key = state.key;
-  return body;
 }
 
 // --- messages ----------------------------------------------------------------------------------
@@ -90,6 +93,8 @@ function explain(err, what) {
     case 0:
       return err.message;
     case 403:
+      // Without keys, a 403 is another refusal (stored glossaries not shared): no key would help.
+      if (!state.settings.keyRequired && !state.key) return err.message;
       showKeyPanel(state.key ? "The API key was not accepted. Check it and save it again." : null);
       return `This server needs a valid API key: ${err.message}`;
     case 408:
@@ -247,14 +252,14 @@ async function translateNow(attempt = 0, alternatives = 0) {
   const controller = new AbortController();
   state.controller = controller;
   const sequence = ++state.sequence;
-  const body = withKey({
+  const body = {
     q: text,
     source: $("source").value,
     target: $("target").value,
     format: "text",
     alternatives,
     ...glossaryFields(),
-  });
+  };
   $("output").setAttribute("aria-busy", "true");
   try {
     const response = await call("/translate", {
@@ -392,9 +397,8 @@ function fillGlossaries(wanted = $("glossary-id").value) {
 }
 
 async function loadGlossaries(wanted) {
-  const query = state.key ? `?api_key=${encodeURIComponent(state.key)}` : "";
   try {
-    state.glossaries = (await getJson(`/glossaries${query}`)).glossaries;
+    state.glossaries = (await getJson("/glossaries")).glossaries;
   } catch (_) {
     state.glossaries = []; // no key yet, or no store: typed terms still work
   }
@@ -416,7 +420,6 @@ async function uploadGlossary(attempt = 0) {
   form.append("source_lang", source);
   form.append("target_lang", $("target").value);
   form.append("file", file);
-  if (state.key) form.append("api_key", state.key);
   const button = $("glossary-upload");
   button.disabled = true;
   status.textContent = `Uploading ${file.name}…`;
@@ -491,15 +494,12 @@ function translatedName(job) {
   return `${ext ? job.name.slice(0, -ext.length) : job.name}_${job.target}${ext}`;
 }
 
-function keyQuery() {
-  return state.key ? `?api_key=${encodeURIComponent(state.key)}` : "";
-}
-
 function jobPath(id, tail = "") {
-  return `/jobs/${encodeURIComponent(id)}${tail}${keyQuery()}`;
+  return `/jobs/${encodeURIComponent(id)}${tail}`;
 }
 
-// The result's address, with the key where the page has one; none unless it is http(s).
+// The result's address, as the server gave it (no key: a link cannot carry a header); none
+// unless it is http(s). A click downloads it with the key (downloadResult).
 function resultHref(job) {
   let url;
   try {
@@ -508,8 +508,30 @@ function resultHref(job) {
     return null;
   }
   if (url.protocol !== "http:" && url.protocol !== "https:") return null;
-  if (state.key) url.searchParams.set("api_key", state.key);
   return url.href;
+}
+
+// The job's result fetched with the key's header (a link would have to put the key in its URL),
+// then saved under the translation's name from an object URL.
+async function downloadResult(id, event) {
+  event.preventDefault();
+  const entry = state.jobs.get(id);
+  if (!entry) return;
+  try {
+    const blob = await (await call(jobPath(id, "/result"))).blob();
+    const url = URL.createObjectURL(blob);
+    const save = document.createElement("a");
+    save.href = url;
+    save.download = translatedName(entry.job);
+    save.hidden = true;
+    document.body.append(save);
+    save.click();
+    save.remove();
+    setTimeout(() => URL.revokeObjectURL(url), 60_000); // after the browser has taken it
+  } catch (err) {
+    if (err.status === 404) jobGone(id);
+    else showMessage(explain(err, "file"));
+  }
 }
 
 // The drop zone holds the file input itself (labelled, reached with Tab, opened with Enter or
@@ -574,7 +596,6 @@ async function submitJob(attempt = 0) {
   form.append("file", file);
   form.append("source", $("source").value);
   form.append("target", $("target").value);
-  if (state.key) form.append("api_key", state.key);
   for (const [name, value] of Object.entries(glossaryFields())) {
     form.append(name, typeof value === "string" ? value : JSON.stringify(value));
   }
@@ -624,6 +645,7 @@ function jobView(id) {
   view.cancel.type = "button";
   view.cancel.textContent = "Cancel";
   view.cancel.addEventListener("click", () => cancelJob(id));
+  view.download.addEventListener("click", (event) => downloadResult(id, event));
   const head = make("div", "job-head");
   head.append(view.name, " ", view.target, " ", view.state);
   const bar = make("div", "job-progress");
@@ -749,10 +771,6 @@ async function cancelJob(id, attempt = 0) {
   const entry = state.jobs.get(id);
   if (!entry) return;
   const options = { method: "POST" };
-  if (state.key) {
-    options.body = new FormData();
-    options.body.append("api_key", state.key);
-  }
   if (entry.cancelling) return;
   entry.cancelling = true; // (aria-disabled: a disabled button would lose the focus)
   entry.view.cancel.setAttribute("aria-disabled", "true");
