@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> None:
     if not args.no_pin:
         os.sched_setaffinity(0, {1})  # this script and the wrk it starts: beside the workers
     texts = read_lines(DATA / "test_2016_flickr.de.gz")
-    env = {"NMT_MODEL_DIR": str(args.model.resolve()), "NMT_SEGMENT_CACHE_MB": "0"}
+    env = {"NMT_MODEL_DIR": str(args.model.resolve())}  # (serve turns the segment cache off)
     results: dict[str, list[tuple[float, float]]] = {"before": [], "after": []}
     with ExitStack() as stack, tempfile.TemporaryDirectory() as tmp:
         bodies = write_bodies(texts, Path(tmp) / "bodies.jsonl", beam=args.beam)

@@ -39,6 +39,8 @@ START_TIMEOUT_S = 180.0
 STOP_TIMEOUT_S = 60.0
 # The server as the Dockerfile and `make serve` start it.
 UVICORN = ["-m", "uvicorn", "app.main:app", "--no-access-log", "--loop", "asyncio"]
+CACHE_SETTING = "NMT_SEGMENT_CACHE_MB"
+CACHE_HITS = "nmt_segment_cache_hits_total"
 
 
 # -- the server -------------------------------------------------------------------------------------
@@ -75,7 +77,14 @@ def serve(
     env: dict[str, str], log: Path, *, repo: Path = REPO, uvicorn: Sequence[str] = UVICORN
 ) -> Iterator[Server]:
     """``uvicorn app.main:app`` from ``repo`` with only the given ``NMT_*`` variables, until ready;
-    stopped with SIGTERM (a drain) on exit."""
+    stopped with SIGTERM (a drain) on exit.
+
+    The segment cache is off (``NMT_SEGMENT_CACHE_MB=0``) unless ``env`` sets it, and a server that
+    answered any sentence from it fails the benchmark when its block ends (``CacheHit``): wrk
+    cycles over a few hundred sentences, and a cached answer costs no decoding (one benchmark
+    reported 94x CTranslate2 that way). A benchmark that turns the cache on must send distinct
+    sentences."""
+    env = {CACHE_SETTING: "0", **env}
     port = free_port()
     clean = {k: v for k, v in os.environ.items() if not k.startswith("NMT_")}
     with log.open("wb") as out:  # a file, not a pipe: a full pipe would block the server
@@ -101,6 +110,7 @@ def serve(
                 raise RuntimeError(f"server not ready after {START_TIMEOUT_S:.0f} s:\n{server.log_tail()}")
             time.sleep(0.2)
         yield server
+        check_no_cache_hit(server)
     finally:
         if process.poll() is None:
             process.send_signal(signal.SIGTERM)
@@ -109,6 +119,20 @@ def serve(
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
+
+
+class CacheHit(AssertionError):
+    """A benchmark's server answered sentences from its segment cache: its figures are not decoding's."""
+
+
+def check_no_cache_hit(server: Server) -> None:
+    """``CacheHit`` unless the server answered no sentence from its segment cache."""
+    hits = metric(server, CACHE_HITS)
+    if hits:
+        raise CacheHit(
+            f"the server answered {hits:.0f} sentences from its segment cache: leave {CACHE_SETTING} "
+            "at 0 (serve's default) or send distinct sentences"
+        )
 
 
 def metric(server: Server, name: str) -> float:

@@ -16,9 +16,10 @@ script starts the server as it is deployed (``benchmarks.load.serve``: uvicorn, 
    front end (the uvicorn process: HTTP, parsing, the scheduler, pipes) and of its model workers
    (its child processes), each divided by the requests answered: CPU-us per request.
 
-The server runs with ``NMT_SEGMENT_CACHE_MB=0`` unless a configuration sets it: wrk cycles over
-the same 1,000 sentences, which the segment cache would answer from memory after the first pass
-(CTranslate2 decodes every one).
+The server runs with ``NMT_SEGMENT_CACHE_MB=0`` unless a configuration sets it (``load.serve``, which
+also fails the run if any sentence was answered from the cache): wrk cycles over the same 1,000
+sentences, which the segment cache would answer from memory after the first pass (CTranslate2
+decodes every one).
 
 Then, once per configuration, single-request latency: one wrk connection (each request waits for
 the previous answer) for ``--latency-duration`` seconds, against CTranslate2 translating the same
@@ -164,7 +165,7 @@ def main(argv: list[str] | None = None) -> None:
         try:
             for spec in args.configs:
                 name, env = parse_config(spec)
-                env = {"NMT_MODEL_DIR": str(args.model), "NMT_SEGMENT_CACHE_MB": "0", **env}
+                env = {"NMT_MODEL_DIR": str(args.model), **env}
                 started = time.perf_counter()
                 with serve(env, args.log_dir / f"{name}.log", repo=args.repo.resolve()) as server:
                     print(f"[{name}] ready in {time.perf_counter() - started:.1f} s", flush=True)
