@@ -53,8 +53,9 @@ class Settings(BaseSettings):
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     # int8: the linear layers run in int8 (CPU with float32 only; faster, BLEU as float32's on
     # Multi30k, each row quantized on its own so that answers never depend on the batch:
-    # python -m benchmarks.determinism); auto: int8 on CPU with float32 where the CPU has int8
-    # dot-product instructions (VNNI, AMX: model.runtime.prepack.int8_is_fast), none elsewhere.
+    # python -m benchmarks.determinism); auto: int8 on CPU with float32 where int8 layers are
+    # measured faster than float32's on this machine (model.runtime.precision.int8_pays, the
+    # verdict kept in NMT_COMPILE_CACHE_DIR so that every worker serves the same), none elsewhere.
     quantization: Literal["auto", "none", "int8"] = "auto"
 
     # Engine (batching) limits.

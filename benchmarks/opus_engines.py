@@ -13,9 +13,9 @@ settings: our outputs for a few sentences (their lengths and texts, which ``benc
 checks and compares with the server's), then where a decoding step's time goes, greedy and beam:
 the whole step (``step_ms``) and its pieces alone (``parts``: the output projection, the token
 choice, the other linear layers), for the server's compiled step at ``BATCH`` rows and an eager one
-at ``BATCH`` and ``4 * BATCH`` rows (where int8 is slow, the server's step only). ``fast_int8``
-tells whether the CPU has VNNI, ``estimated_server`` what the step's time implies for the server's
-sentences/s, ``breakdown_table`` writes the breakdown as a table.
+at ``BATCH`` and ``4 * BATCH`` rows (with ``slow``, the server's step only). ``estimated_server``
+what the step's time implies for the server's sentences/s,
+``breakdown_table`` writes the breakdown as a table.
 """
 
 from __future__ import annotations
@@ -261,16 +261,6 @@ def run_ours(spec: dict[str, Any]) -> dict[str, Any]:
         raise RuntimeError("the profiling process died") from None
     process.join(timeout=30)
     return result
-
-
-def fast_int8() -> bool:
-    """Whether the CPU has VNNI (int8 dot products): without it torch's int8 matrix products
-    (``torch._int_mm``) took ~50x float32's time here (64 x 512 x 2048: 94 ms against 2 ms)."""
-    try:
-        flags = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
-    return "avx512_vnni" in flags or "avx_vnni" in flags or "amx_int8" in flags
 
 
 def estimated_server(result: dict[str, Any], args: argparse.Namespace) -> dict[str, float]:

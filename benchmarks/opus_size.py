@@ -40,10 +40,9 @@ This module runs the server (start-up, ``wrk``, memory), drives the engines' pro
     .venv/bin/python -m benchmarks.opus_size --precisions float32 --profile-steps 0 --runs 3
 
 The first took 20 min on a busy 2-vCPU AVX2 EPYC, two cold compiles of the step included (the
-server's, ~70 s; the int8 step's for the profile); a second run, caches warm, takes less. On a CPU
-without VNNI our server is not run in int8 (``--server-precisions``): its rate is estimated from the
-step's time (``benchmarks.opus_engines.estimated_server``), and the int8 profile times the server's
-step only, once.
+server's, ~70 s; the int8 step's for the profile); a second run, caches warm, takes less. A
+precision left out of ``--server-precisions`` gets a rate estimated from the step's time
+(``benchmarks.opus_engines.estimated_server``).
 """
 
 from __future__ import annotations
@@ -80,7 +79,6 @@ from benchmarks.opus_engines import (
     CT2Worker,
     breakdown_table,
     estimated_server,
-    fast_int8,
     run_ours,
     status_mib,
 )
@@ -289,7 +287,6 @@ def measure_precision(
     report.memory[precision] = memory
     if args.profile:
         print(f"[{precision}] profiling a decoding step (one thread)...", flush=True)
-        slow = precision == "int8" and not fast_int8()
         result = run_ours(
             {
                 "model": str(dirs["ours"]),
@@ -301,9 +298,9 @@ def measure_precision(
                 "check_texts": texts[:CHECK_SENTENCES],
                 "texts": texts[: 4 * BATCH],
                 "history": 12,
-                "slow": slow,
-                "steps": 1 if slow else args.profile_steps,
-                "repeats": 1 if slow else 5,
+                "slow": False,
+                "steps": args.profile_steps,
+                "repeats": 5,
             }
         )
         for beam, got in result["check"].items():
@@ -377,9 +374,8 @@ def main(argv: list[str] | None = None) -> None:
         "--server-precisions",
         nargs="+",
         choices=list(PRECISIONS),
-        help="precisions at which our server is measured with wrk (default: all, but not int8 on a "
-        "CPU without VNNI, where it decodes ~50x slower than float32: its rate is then estimated "
-        "from the step's time)",
+        help="precisions at which our server is measured with wrk (default: all; the others' rates "
+        "are estimated from the step's time)",
     )
     p.add_argument("--beams", type=int, nargs="+", default=[1, 4])
     p.add_argument("--runs", type=int, default=1)
@@ -396,7 +392,7 @@ def main(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv)
     args.profile = args.profile_steps > 0
     if args.server_precisions is None:
-        args.server_precisions = [x for x in args.precisions if x != "int8" or fast_int8()]
+        args.server_precisions = list(args.precisions)
     args.work.mkdir(parents=True, exist_ok=True)
     args.log_dir.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()

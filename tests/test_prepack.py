@@ -142,7 +142,7 @@ def test_int8_model_keeps_its_state_dict_and_close_logits(
 def test_translator_quantization_options(model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     assert Translator.load(model_dir, device="cpu").quantization == "none"
     for fast, expected in ((True, "int8"), (False, "none")):  # auto: int8 where the CPU makes it pay
-        monkeypatch.setattr(model.decoding.translator, "int8_is_fast", lambda fast=fast: fast)
+        monkeypatch.setattr(model.decoding.translator, "int8_pays", lambda cache_dir, fast=fast: fast)
         auto = Translator.load(model_dir, device="cpu", quantization="auto")
         assert auto.quantization == expected
         assert isinstance(auto.model.decoder[0].ff.fc1, Int8Linear) == (expected == "int8")

@@ -20,7 +20,7 @@ from model.decoding.constraints import beam_for
 from model.decoding.options import MAX_BEAM_SIZE, DecodeOptions
 from model.decoding.search import Hypothesis
 from model.runtime.allocator import keep_freed_memory
-from model.runtime.prepack import int8_is_fast
+from model.runtime.precision import int8_pays
 from model.runtime.prepack import prepack as prepack_linears
 from model.runtime.runners import Runner, load_runner
 from model.tokenizer import Tokenizer
@@ -113,8 +113,9 @@ class Translator:
         ``prepack``: on CPU in float32, pre-pack the linear layers' weights for oneDNN
         (``model.runtime.prepack``; faster decoding, same results up to float rounding).
         ``quantization``: ``"int8"`` runs the linear layers in int8 instead (CPU and float32 only;
-        faster, each row quantized on its own); ``"auto"`` is int8 where that applies, this
-        torch build supports it and the CPU has int8 dot-product instructions (VNNI, AMX), else none.
+        faster, each row quantized on its own); ``"auto"`` is int8 where that applies and int8
+        layers were measured faster than float32's on this machine
+        (``model.runtime.precision.int8_pays``, kept in ``cache_dir``), else none.
         ``options``: the default decoding (``DecodeOptions``); ``capacity``: rows decoded together;
         ``max_beam_size``: the largest beam a call may ask for (the step keeps 2x that many
         candidates per row; default ``MAX_BEAM_SIZE`` within ``capacity``, as the service);
@@ -133,9 +134,8 @@ class Translator:
         model = strip_dropout(load_model(model_dir, info, device=dev, dtype=resolve_dtype(dtype)))
         if dev.type == "cpu":
             keep_freed_memory()  # CPU decoding allocates and frees large buffers at every step
-        # prepack_linears checks that this build runs int8 at all; "auto" falls back to float32
-        # there, and on CPUs without int8 dot-product instructions, where int8 is the slower.
-        if quantization == "auto" and not int8_is_fast():
+        # "auto" falls back to float32 where this build cannot run int8 or int8 is measured slower.
+        if quantization == "auto" and not (cpu_float32 and int8_pays(cache_dir)):
             quantization = "none"
         if quantization != "none" and cpu_float32 and prepack_linears(model, int8=True):
             quantization = "int8"

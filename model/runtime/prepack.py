@@ -8,18 +8,23 @@ reason on AMD CPUs.
 
 With ``int8=True`` those layers, and the encoder's, run in int8 instead (``Int8Linear``): weights
 quantized once per output feature, each row of the activations quantized at every call from its
-own range, the product accumulated exactly in int32 (``torch._int_mm``). Per row, not per batch:
+own range (7 bits: ``ACT_LEVELS``), the product accumulated exactly in int32 by oneDNN's u8s8 GEMM
+(``torch.ops.onednn.qlinear_pointwise``, the kernel TorchInductor's x86 quantization emits). Per
+row, not per batch:
 with one scale for the whole batch (torch's dynamic quantization), a
 sentence's translation depended on which other sentences shared its batch (137 of 1,000 test_2016
 sentences came out differently alone than in a batch of 64); with a scale per row and exact integer
-sums, a row's result does not depend on the other rows at all. On this CPU it is 1.45x float32's
-sentences/s at batch 64 greedy (the per-batch scheme was 1.83x), BLEU as float32's
-(``python -m benchmarks.determinism``).
+sums, a row's result does not depend on the other rows at all, nor on the machine kind. On our
+AVX-512 VNNI EPYC a 64-row 512 -> 2,048 layer takes 0.20 ms in int8 against 0.54 in float32 (one
+thread); with oneDNN's AVX2 kernels (``ONEDNN_MAX_CPU_ISA=AVX2``) 0.65 against 1.04 at 64 rows but
+0.17 against 0.06 at one row, so whether int8 is served is measured (``model.runtime.precision``).
+On the shipped model 914 (greedy) and 925 (beam 5) of 1,000 test_2016 sentences come out as in
+float32, BLEU within 0.1 of float32's.
 
 The ops (``torch.ops.mkldnn._linear_pointwise``, the one ``torch.compile`` emits for frozen linear
-layers on CPU, and ``torch._int_mm``, int8 x int8 -> int32 matrix products) are not public API, so
-``prepack`` checks that they work and returns ``False`` (the model left as it was) when they do
-not. Inference only: packed weights get no gradients, and the ``state_dict`` keeps the float
+layers on CPU, and ``torch.ops.onednn.qlinear_pointwise``, u8 x s8 -> int32 -> float32) are not
+public API, so ``prepack`` checks that they work and returns ``False`` (the model left as it was)
+when they do not. Inference only: packed weights get no gradients, and the ``state_dict`` keeps the float
 weights under their usual names.
 """
 
@@ -76,9 +81,22 @@ class PackedLinear(PreparedLinear):
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
 
 
+# Activations are quantized to 7 bits (-63..63, stored as unsigned 1..127 around a zero point of
+# 64), weights to 8 (-127..127). CPUs without int8 dot-product instructions (AVX2 only) multiply u8
+# by s8 with ``vpmaddubsw``, which adds two products in a saturating int16: 8-bit activations
+# (up to 255 x 127 x 2 = 64,770) overflowed it, and oneDNN's sums came out wrong by up to 32,188
+# (64 x 512 x 58,101, ONEDNN_MAX_CPU_ISA=AVX2); 7 bits stay below 32,767 (127 x 127 x 2 = 32,258),
+# so the int32 sums are exact on every x86-64 CPU and a row's result is the same bits on both kinds.
+ACT_LEVELS = 63
+ACT_ZERO = 64
+WEIGHT_LEVELS = 127
+
+
 class Int8Linear(PreparedLinear):
-    """The weight in int8, one symmetric scale per output feature; each input row quantized to int8
-    with a symmetric scale of its own at every call, the product accumulated in int32 and rescaled.
+    """The weight in int8, one symmetric scale per output feature, laid out once for oneDNN's u8s8
+    GEMM; each input row quantized with a symmetric scale of its own at every call (``ACT_LEVELS``),
+    the product accumulated exactly in int32, times the weight's scale (in oneDNN, whose own
+    activation scale is 1), then times the row's scale.
 
     Every row is computed from its own values only, so a row's output is bit for bit the same
     whatever the other rows of the batch are (integer sums are exact in any order)."""
@@ -86,18 +104,34 @@ class Int8Linear(PreparedLinear):
     def __init__(self, weight: Tensor, bias: Tensor | None, *, keep: bool = True) -> None:
         super().__init__(weight, bias, keep=keep)
         w = weight.detach().float()
-        self.weight_scale = (w.abs().amax(dim=1) / 127).clamp(min=1e-12)  # (out,)
-        self.qweight_t = (
-            torch.round(w / self.weight_scale[:, None]).to(torch.int8).t().contiguous()
-        )  # (in, out)
+        self.weight_scale = (w.abs().amax(dim=1) / WEIGHT_LEVELS).clamp(min=1e-12)  # (out,)
+        qweight = torch.round(w / self.weight_scale[:, None]).to(torch.int8)  # (out, in)
+        # oneDNN's blocked layout (an opaque tensor: the only copy of the int8 weight kept)
+        self.packed = torch.ops.onednn.qlinear_prepack(qweight, None)
+        self.zero_points = torch.zeros(self.out_features, dtype=torch.long)  # weights: symmetric
         self.fbias = None if bias is None else bias.detach().float()
 
     def forward(self, x: Tensor) -> Tensor:
         rows = x.reshape(-1, self.in_features)  # (N, in)
         # (N, 1) max |x| per row (torch.linalg.vector_norm(ord=inf) computes the same 17x slower)
-        scale = rows.abs().amax(dim=1, keepdim=True).clamp_(min=1e-12).div_(127)
-        q = rows.div(scale).round_().to(torch.int8)
-        y = torch.mul(torch._int_mm(q, self.qweight_t), self.weight_scale).mul_(scale)  # (N, out)
+        scale = rows.abs().amax(dim=1, keepdim=True).clamp_(min=1e-12).div_(ACT_LEVELS)
+        q = rows.div(scale).round_().add_(ACT_ZERO).to(torch.uint8)  # 1..127
+        y = torch.ops.onednn.qlinear_pointwise(
+            q,
+            1.0,
+            ACT_ZERO,
+            self.packed,
+            self.weight_scale,
+            self.zero_points,
+            None,
+            1.0,
+            0,
+            torch.float32,
+            "none",
+            [],
+            "",
+        )  # (N, out): int32 sums x weight scales
+        y = y.mul_(scale)
         if self.fbias is not None:
             y.add_(self.fbias)
         return y.view(*x.shape[:-1], self.out_features)
@@ -115,29 +149,6 @@ def available(int8: bool = False) -> bool:
             return bool(torch.allclose(kind(ref.weight, ref.bias)(x), ref(x), atol=atol))
     except (RuntimeError, AttributeError, NotImplementedError):  # op missing or refusing this build
         return False
-
-
-# CPU features with int8 dot-product instructions: torch's int8 products (``torch._int_mm``) are
-# fast with them. Without (AVX2 only), they ran ~50x slower than the float32 oneDNN product on our
-# AMD EPYC (512 -> 2048 at 64 rows: 94 ms vs 2 ms; a 74M-parameter model's decoding step 7-9 s vs
-# 155 ms; BENCHMARKS.md, "Real size"), so "auto" quantization keeps float32 there.
-INT8_DOT_PRODUCT_FLAGS = frozenset({"avx512_vnni", "avx_vnni", "amx_int8"})
-
-
-def _cpu_flags(cpuinfo: str = "/proc/cpuinfo") -> set[str]:
-    try:
-        with open(cpuinfo) as f:
-            for line in f:
-                if line.startswith("flags"):
-                    return set(line.partition(":")[2].split())
-    except OSError:
-        pass
-    return set()
-
-
-def int8_is_fast(cpuinfo: str = "/proc/cpuinfo") -> bool:
-    """Whether this CPU has int8 dot-product instructions (VNNI, AMX): where int8 pays."""
-    return bool(_cpu_flags(cpuinfo) & INT8_DOT_PRODUCT_FLAGS)
 
 
 def _intel_cpu() -> bool:
