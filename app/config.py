@@ -207,8 +207,9 @@ class Settings(BaseSettings):
     # compiling fails, and with false, the eager step (/info says which). On float32 the compiled
     # step's translations are the eager ones for all 1,000 test_2016 sentences.
     compile: bool = True
-    # Where compiled steps are kept between starts (one .pt2 file per model and settings; TorchInductor
-    # builds in its inductor/ folder): a volume in Docker keeps them across containers.
+    # Where compiled steps are kept between starts (one .pt2 file per architecture and settings, shared
+    # by models of the same shape; TorchInductor builds in its inductor/ folder): a volume in Docker
+    # keeps them across containers.
     compile_cache_dir: Path = DEFAULT_CACHE_DIR
 
     def decode_options(self) -> DecodeOptions:

@@ -64,9 +64,18 @@ def save_model_dir(
     """Write ``model`` as a model directory; ``dtype`` float16 halves the size on disk.
     ``tokenizer``: the joint SentencePiece model, or a model directory whose tokenization files
     (``TOKENIZER_FILES``) are copied: a fine-tuned model keeps its original's."""
+    state = {k: v.detach().to("cpu", dtype).contiguous() for k, v in model.state_dict().items()}
+    with torch.device("meta"):  # the names a whole model has, at no cost
+        missing = Transformer(model.cfg).state_dict().keys() - state.keys()
+    if missing:
+        # A model loaded to translate (``Translator.load``) keeps its linear layers' prepared
+        # weights only (``model.runtime.prepack``): writing it would lose them.
+        raise ValueError(
+            f"this model lacks {len(missing)} weights ({sorted(missing)[0]}, ...): it was prepared to "
+            "translate; load it with Translator.load(..., prepack=False) or load_model to save it"
+        )
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
-    state = {k: v.detach().to("cpu", dtype).contiguous() for k, v in model.state_dict().items()}
     save_file(state, str(path / WEIGHTS_FILE), metadata={"format": "pt"})
     files = tokenizer_files(tokenizer) if Path(tokenizer).is_dir() else [Path(tokenizer)]
     for file in files:

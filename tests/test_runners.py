@@ -179,13 +179,51 @@ def test_the_package_name_changes_with_what_the_graph_depends_on(translator: Tra
         assert PackagedRunner(step, capacity=CAPACITY, positions=at).key() != key  # loops sized when compiled
     finally:
         torch.set_num_threads(threads)
-    with torch.no_grad():
+    with torch.no_grad():  # the weights are the package's inputs, not part of it
         weight = translator.model.embed.weight
         weight[5, 0] += 1.0
         try:
-            assert PackagedRunner(step, capacity=CAPACITY, positions=at).key() != key
+            assert PackagedRunner(step, capacity=CAPACITY, positions=at).key() == key
         finally:
             weight[5, 0] -= 1.0
+
+
+@torch.inference_mode()
+def test_a_second_model_of_the_same_architecture_compiles_nothing_and_decodes_with_its_own_weights(
+    compiled: Runner, eager: Runner, translator: Translator, model_dir: Path
+) -> None:
+    """Another model of the same shape (its embedding perturbed): its step is the first
+    model's package, loaded, not compiled, handed the second model's weights, and it chooses as the
+    second model's eager step (not as the first model's), while the first model's package still
+    chooses with the first model's weights."""
+    assert isinstance(compiled, PackagedRunner)
+    other = Translator.load(model_dir, device="cpu")
+    with torch.no_grad():
+        g = torch.Generator().manual_seed(5)
+        other.model.embed.weight.add_(torch.randn(other.model.embed.weight.shape, generator=g) * 0.5)
+    packages = set(compile_cache_dir().glob("step-*.pt2"))
+    second = load_runner(
+        other.model,
+        top=TOP,
+        capacity=CAPACITY,
+        positions=positions(other),
+        compile=True,
+        cache_dir=compile_cache_dir(),
+    )
+    assert isinstance(second, PackagedRunner) and second.cached and second.key() == compiled.key()
+    assert set(compile_cache_dir().glob("step-*.pt2")) == packages  # nothing new compiled
+    second_eager = load_runner(
+        other.model, top=TOP, capacity=CAPACITY, positions=positions(other), compile=False
+    )
+    sources = source_ids(translator, 4, seed=21)
+
+    def choices(runner: Runner, which: Translator) -> torch.Tensor:
+        return torch.stack([s.choice for s in decode(runner, which, sources, 10, [0, 1])])
+
+    mine, first = choices(second, other), choices(compiled, translator)
+    assert torch.equal(mine, choices(second_eager, other))
+    assert torch.equal(first, choices(eager, translator))
+    assert not torch.equal(mine, first)  # the weights differ, and so do the choices
 
 
 def test_the_package_name_ignores_the_search_code() -> None:

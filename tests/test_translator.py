@@ -106,10 +106,13 @@ def state_dicts_equal(a: torch.nn.Module, b: torch.nn.Module) -> bool:
     return sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
 
 
-def test_save_load_round_trip(sentences: list[str], translator: Translator, tmp_path: Path) -> None:
-    out = save_model_dir(tmp_path / "copy", translator.model, translator.info, translator.tokenizer.path)
+def test_save_load_round_trip(
+    sentences: list[str], translator: Translator, model_dir: Path, tmp_path: Path
+) -> None:
+    whole = Translator.load(model_dir, device="cpu", prepack=False)  # every weight as trained
+    out = save_model_dir(tmp_path / "copy", whole.model, whole.info, whole.tokenizer.path)
     loaded = Translator.load(out, device="cpu")
-    assert state_dicts_equal(loaded.model, translator.model)
+    assert state_dicts_equal(Translator.load(out, device="cpu", prepack=False).model, whole.model)
     assert not any(isinstance(m, torch.nn.Dropout) for m in loaded.model.modules())  # inference only
     assert read_info(out) == translator.info
     for beam_size in (1, 3):
@@ -119,11 +122,19 @@ def test_save_load_round_trip(sentences: list[str], translator: Translator, tmp_
         )
 
 
+def test_a_model_loaded_to_translate_refuses_to_be_saved(translator: Translator, tmp_path: Path) -> None:
+    """Its linear layers keep their prepared weights only: saving it would write a partial model."""
+    with pytest.raises(ValueError, match="prepared to translate"):
+        save_model_dir(tmp_path / "partial", translator.model, translator.info, translator.tokenizer.path)
+    assert not (tmp_path / "partial").exists()
+
+
 def test_float16_weights_load_as_float32(
     sentences: list[str], translator: Translator, model_dir: Path, tmp_path: Path
 ) -> None:
+    whole = Translator.load(model_dir, device="cpu", prepack=False)
     out = save_model_dir(
-        tmp_path / "half", translator.model, translator.info, translator.tokenizer.path, dtype=torch.float16
+        tmp_path / "half", whole.model, whole.info, whole.tokenizer.path, dtype=torch.float16
     )
     with safe_open(str(out / WEIGHTS_FILE), framework="pt") as f:
         assert {f.get_tensor(k).dtype for k in f.keys()} == {torch.float16}  # noqa: SIM118 - not a dict
@@ -132,8 +143,8 @@ def test_float16_weights_load_as_float32(
     loaded = Translator.load(out, device="cpu")
     assert loaded.dtype == torch.float32
     assert {p.dtype for p in loaded.model.parameters()} == {torch.float32}
-    original = translator.model.state_dict()
-    for name, value in loaded.model.state_dict().items():
+    original = whole.model.state_dict()
+    for name, value in Translator.load(out, device="cpu", prepack=False).model.state_dict().items():
         assert torch.equal(value, original[name].half().float()), name
     assert len(loaded.translate_batch(sentences, beam_size=2)) == len(sentences)
 

@@ -133,7 +133,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--no-compile",
         action="store_true",
-        help="decode with the eager step instead of the compiled one (compiled once per model and "
+        help="decode with the eager step instead of the compiled one (compiled once per architecture and "
         "settings, then kept in --compile-cache-dir)",
     )
     parser.add_argument(

@@ -137,14 +137,16 @@ class Translator:
         # "auto" falls back to float32 where this build cannot run int8 or int8 is measured slower.
         if quantization == "auto" and not (cpu_float32 and int8_pays(cache_dir)):
             quantization = "none"
-        if quantization != "none" and cpu_float32 and prepack_linears(model, int8=True):
+        # A loaded model translates, it is never saved: its linear layers keep only the weights
+        # they compute with (no float copy beside an int8 or a oneDNN-packed one).
+        if quantization != "none" and cpu_float32 and prepack_linears(model, int8=True, keep_float=False):
             quantization = "int8"
         elif quantization == "int8":
             raise ValueError("int8 quantization is not supported by this torch build")
         else:
             quantization = "none"
             if prepack:
-                prepack_linears(model)
+                prepack_linears(model, keep_float=False)
         return cls(
             model,
             tokenizer,

@@ -31,9 +31,9 @@ weights under their usual names.
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from model.transformer import Transformer, replace_modules
@@ -45,19 +45,39 @@ class PreparedLinear(nn.Module):
     """``nn.Linear``'s forward from a weight prepared once (CPU, float32 in, float32 out, inference).
 
     ``keep``: also keep ``weight`` and ``bias`` as parameters under nn.Linear's names, so that the
-    model's ``state_dict`` (what ``save_model_dir`` writes) is unchanged by packing. The tied output
-    projection passes ``keep=False``: its weight is the embedding's, already in the state_dict.
+    model's ``state_dict`` (what ``save_model_dir`` writes) is unchanged by packing. A model loaded
+    to translate passes ``keep=False`` (``prepack(keep_float=False)``): no float weight is then kept
+    beside its int8 or packed copy. The tied output projection passes ``keep=False`` too: its weight
+    is the embedding's, already in the state_dict.
+
+    What a layer computes with is registered as parameters (``prepared``): named, so that a compiled
+    step (``model.runtime.runners``) is handed them by name and computes with them where they lie
+    (TorchInductor copies buffers, and cannot copy oneDNN's opaque tensors), and left out of the
+    ``state_dict``.
     """
 
     def __init__(self, weight: Tensor, bias: Tensor | None, *, keep: bool = True) -> None:
         super().__init__()
         self.out_features, self.in_features = weight.shape
+        self.prepared: list[str] = []  # names of the parameters left out of the state_dict
         self.bias: Tensor | None
         if keep:
             self.weight = nn.Parameter(weight.detach(), requires_grad=False)
             self.bias = None if bias is None else nn.Parameter(bias.detach(), requires_grad=False)
         else:
-            self.bias = None if bias is None else bias.detach()
+            self.prepare("bias", bias)
+
+    def prepare(self, name: str, tensor: Tensor | None) -> None:
+        """Hold ``tensor`` as ``self.<name>``, a parameter outside the ``state_dict``."""
+        self.register_parameter(
+            name, None if tensor is None else nn.Parameter(tensor.detach(), requires_grad=False)
+        )
+        self.prepared.append(name)
+
+    def _save_to_state_dict(self, destination: dict[str, Any], prefix: str, keep_vars: bool) -> None:
+        super()._save_to_state_dict(destination, prefix, keep_vars)
+        for name in self.prepared:
+            destination.pop(prefix + name, None)
 
     def extra_repr(self) -> str:
         return (
@@ -66,18 +86,14 @@ class PreparedLinear(nn.Module):
 
 
 class PackedLinear(PreparedLinear):
-    """The weight in oneDNN's blocked layout, float32."""
+    """The weight in oneDNN's blocked layout, float32 (the only copy kept when ``keep=False``)."""
 
     def __init__(self, weight: Tensor, bias: Tensor | None, *, keep: bool = True) -> None:
         super().__init__(weight, bias, keep=keep)
-        self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None)
-        self.plain = weight.detach()  # the same storage as ``weight`` (or the tied embedding)
+        self.packed: Tensor
+        self.prepare("packed", torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None))
 
     def forward(self, x: Tensor) -> Tensor:
-        if torch.compiler.is_compiling():
-            # In a compiled graph (model.runtime.runners) TorchInductor lowers a plain linear itself;
-            # it cannot take a packed weight that is not a constant of the graph.
-            return F.linear(x, self.plain, self.bias)
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
 
 
@@ -104,12 +120,19 @@ class Int8Linear(PreparedLinear):
     def __init__(self, weight: Tensor, bias: Tensor | None, *, keep: bool = True) -> None:
         super().__init__(weight, bias, keep=keep)
         w = weight.detach().float()
-        self.weight_scale = (w.abs().amax(dim=1) / WEIGHT_LEVELS).clamp(min=1e-12)  # (out,)
-        qweight = torch.round(w / self.weight_scale[:, None]).to(torch.int8)  # (out, in)
+        weight_scale = (w.abs().amax(dim=1) / WEIGHT_LEVELS).clamp(min=1e-12)  # (out,)
+        qweight = torch.round(w / weight_scale[:, None]).to(torch.int8)  # (out, in)
+        self.weight_scale: Tensor
+        self.packed: Tensor
+        self.zero_points: Tensor
+        self.fbias: Tensor | None
         # oneDNN's blocked layout (an opaque tensor: the only copy of the int8 weight kept)
-        self.packed = torch.ops.onednn.qlinear_prepack(qweight, None)
-        self.zero_points = torch.zeros(self.out_features, dtype=torch.long)  # weights: symmetric
-        self.fbias = None if bias is None else bias.detach().float()
+        self.prepare("packed", torch.ops.onednn.qlinear_prepack(qweight, None))
+        self.prepare("weight_scale", weight_scale)
+        # Weights are symmetric: zero points of 0, int32 as oneDNN takes them (a compiled step
+        # would otherwise hold an int32 copy of its own).
+        self.prepare("zero_points", torch.zeros(self.out_features, dtype=torch.int32))
+        self.prepare("fbias", None if bias is None else bias.detach().float())
 
     def forward(self, x: Tensor) -> Tensor:
         rows = x.reshape(-1, self.in_features)  # (N, in)
@@ -160,16 +183,22 @@ def _intel_cpu() -> bool:
         return False
 
 
-def _replace_linears(root: nn.Module, kind: type[PreparedLinear], skip: nn.Module | None = None) -> None:
+def _replace_linears(
+    root: nn.Module, kind: type[PreparedLinear], skip: nn.Module | None = None, *, keep: bool = True
+) -> None:
     replace_modules(
-        root, lambda m: kind(m.weight, m.bias) if isinstance(m, nn.Linear) and m is not skip else None
+        root,
+        lambda m: kind(m.weight, m.bias, keep=keep) if isinstance(m, nn.Linear) and m is not skip else None,
     )
 
 
-def prepack(model: Transformer, *, int8: bool = False) -> bool:
+def prepack(model: Transformer, *, int8: bool = False, keep_float: bool = True) -> bool:
     """Replace ``nn.Linear`` layers of an eval-mode float32 CPU ``model`` by ``PackedLinear`` (the
     decoder's per-token layers and the output projection) or ``Int8Linear`` (those, the encoder's
-    and the cross-attention K/V projection: every linear layer), in place. Returns whether it did."""
+    and the cross-attention K/V projection: every linear layer), in place. Returns whether it did.
+
+    ``keep_float=False``: the layers keep only what they compute with (their float weights leave
+    the ``state_dict``): for a model loaded to serve, not to save."""
     weight = model.embed.weight
     if model.training or weight.device.type != "cpu" or weight.dtype != torch.float32:
         return False
@@ -185,10 +214,10 @@ def prepack(model: Transformer, *, int8: bool = False) -> bool:
     # two (batches of 12 in arrival order); BLEU within 0.2 of float32.
     pack_inputs = int8 or not _intel_cpu()
     for layer in model.decoder:
-        _replace_linears(layer, kind, skip=None if pack_inputs else layer.cross_attn.kv)
+        _replace_linears(layer, kind, skip=None if pack_inputs else layer.cross_attn.kv, keep=keep_float)
     if pack_inputs:
         for enc_layer in model.encoder:
-            _replace_linears(enc_layer, kind)
+            _replace_linears(enc_layer, kind, keep=keep_float)
     # The output projection, the embedding's matrix when tied, with the output bias if any; its
     # parameters stay where they are (the state_dict unchanged).
     model.logits_proj = kind(model.output_weight, model.output_bias, keep=False)

@@ -6,23 +6,24 @@
   the fallback wherever compiling fails.
 - ``PackagedRunner`` (CPU): the step exported with ``torch.export``, the running batch's rows,
   cached positions, source positions and beam rows as symbolic sizes, compiled by AOTInductor into
-  a shared library whose C++ wrapper calls the kernels (no Python between them), packaged with the
-  weights as one ``.pt2`` file kept on disk between starts. The weights are constants of the graph
-  (``freezing``): TorchInductor then lays out every linear layer for oneDNN and fuses its bias,
-  ReLU or residual addition into it (without freezing, MKL's plain GEMM took twice as long on our
-  AMD EPYC). ``torch.compile`` with freezing cannot keep its graphs in TorchInductor's disk cache (it
-  refuses to pickle oneDNN's packed weights), so every start would recompile; a package is a file.
+  a shared library whose C++ wrapper calls the kernels (no Python between them), kept on disk
+  between starts as one ``.pt2`` file. The package holds no weights: once loaded, it is handed the
+  model's own tensors by name (``load_constants``, user-managed: not copied), so a worker keeps one
+  copy of each weight, and one package serves every model of the same architecture. The linear
+  layers call oneDNN on the weights ``model.runtime.prepack`` laid out (float32 or int8), as the
+  eager step does.
 - ``CompiledRunner`` (CUDA): ``torch.compile`` of the same module with dynamic shapes, compiled on
   its first calls (the warm-up). CUDA graphs are not used: rows and positions change at every step,
   and a graph per shape would have to be captured for each.
 
-A package's name is a digest of everything its graph depends on: the weights, the configuration
-and linear layers (float32 or int8), the cache's capacity and positions (the graph's code is
-written for the cache's strides), the number of threads (the kernels' parallel loops are sized
-when compiled), the CPU's instruction set (oneDNN's weight layout depends on it), torch's version
-and the source of the modules that make the graph (not the search's bookkeeping: editing it
-recompiles nothing). Workers starting together compile once: the first takes a lock, the others
-wait and load its file.
+A package's name is a digest of everything its graph depends on, the weights' values excepted: the
+configuration and linear layers (float32 or int8), the names, shapes and types of the tensors it
+is handed, the cache's capacity and positions (the graph's code is written for the cache's
+strides), the number of threads (the kernels' parallel loops are sized when compiled), the CPU's
+instruction set (oneDNN's weight layout depends on it), torch's version and the source of the
+modules that make the graph (not the search's bookkeeping: editing it recompiles nothing). A second
+model of the same architecture compiles nothing. Workers starting together compile once: the
+first takes a lock, the others wait and load its file.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ from torch import Tensor
 from model.cache import KVCache
 from model.layers import KEY_ALIGN
 from model.runtime import DEFAULT_CACHE_DIR
+from model.runtime.prepack import ACT_ZERO
 from model.runtime.step import DecodeStep, StepOutputs
 from model.transformer import Transformer
 
@@ -81,7 +83,8 @@ class EagerRunner:
 
 
 class PackagedRunner:
-    """The step as an AOTInductor package (CPU): compiled once per model and settings, or loaded."""
+    """The step as an AOTInductor package (CPU): compiled once per architecture and settings, or
+    loaded, then handed the model's weights."""
 
     kind = "compiled"
     align = 1  # the generated kernels sum in an order that does not depend on the keys read
@@ -105,7 +108,33 @@ class PackagedRunner:
         self.cached = path.exists()
         if not self.cached:
             self._compile(path)
-        self._loader = torch._inductor.aoti_load_package(str(path)).loader
+        loader = torch._inductor.aoti_load_package(str(path)).loader
+        # The model's own tensors, by the names the graph was exported with (user-managed: the
+        # package computes with them where they lie, nothing copied), and the scalars the lowering
+        # made constants of.
+        tensors = {**self.tensors(), **self._scalars}
+        wanted = loader.get_constant_fqns()  # the original name of each constant, repeats included
+        if lacking := set(wanted) - tensors.keys():
+            raise RuntimeError(f"the package wants tensors the model lacks: {sorted(lacking)}")
+        # Handed over by the constants' own names (the lowering's scalars share an original name,
+        # so that one name cannot reach them all); a full update, checked by the package.
+        loader.update_constant_buffer(
+            {name: tensors[fqn] for name, fqn in constant_names(wanted).items()}, False, True, True
+        )
+        self._loader = loader
+
+    # Scalars that TorchInductor's oneDNN lowering (torch/_inductor/mkldnn_lowerings.py) turns into
+    # constants of the graph, under these names: an int8 layer's activation scale (1: each row's
+    # own scale is applied after the product) and zero point.
+    _scalars = {"x_scale": torch.tensor(1.0), "x_zp": torch.tensor(ACT_ZERO, dtype=torch.int32)}
+
+    def tensors(self) -> dict[str, Tensor]:
+        """The step's parameters and buffers by name (tied ones under each name): what its package
+        computes with."""
+        return {
+            **dict(self.step.named_parameters(remove_duplicate=False)),
+            **dict(self.step.named_buffers(remove_duplicate=False)),
+        }
 
     def key(self) -> str:
         """The digest that names this step's package (see the module's docstring)."""
@@ -123,12 +152,13 @@ class PackagedRunner:
             "device": str(m.embed.weight.device),
             "modules": sorted({type(x).__name__ for x in m.modules()}),
         }
+        # What the graph is handed, not the values: a model of the same architecture shares it.
+        about["tensors"] = [
+            [name, list(t.shape), str(t.dtype), str(t.layout)] for name, t in sorted(self.tensors().items())
+        ]
         h = hashlib.sha256(json.dumps(about, sort_keys=True).encode())
         for path in _SOURCES:
             h.update(path.read_bytes())
-        for name, t in sorted(m.state_dict().items()):
-            h.update(name.encode())
-            h.update(t.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy().tobytes())
         return h.hexdigest()[:24]
 
     def _compile(self, path: Path) -> None:
@@ -140,15 +170,19 @@ class PackagedRunner:
                 self.cached = True
                 return
             started = time.perf_counter()
-            log.info("compiling the decoding step (once per model and settings; kept in %s)", path.parent)
+            log.info(
+                "compiling the decoding step (once per architecture and settings; kept in %s)", path.parent
+            )
             tmp = path.with_suffix(f".{os.getpid()}.tmp.pt2")  # (the name must end in .pt2)
             try:
-                # Not in inference mode (export takes no inference tensors); freezing (weights as
-                # constants) needs autograd off.
+                # Not in inference mode (export takes no inference tensors). No weights in the
+                # package: the model's own are handed to it when loaded (``prepare``).
                 with torch.inference_mode(False), torch.no_grad():
                     program = export(self.step, capacity=self.capacity, positions=self.positions)
                     torch._inductor.aoti_compile_and_package(
-                        program, package_path=str(tmp), inductor_configs={"freezing": True}
+                        program,
+                        package_path=str(tmp),
+                        inductor_configs={"aot_inductor.package_constants_in_so": False},
                     )
                 os.replace(tmp, path)  # whole or not at all: a reader never sees half a package
             finally:
@@ -274,6 +308,23 @@ def export(step: DecodeStep, *, capacity: int, positions: int) -> torch.export.E
     # Size-oblivious: a batch of one row is not a special case (else 1 would be specialized away).
     with torch.fx.experimental._config.patch(backed_size_oblivious=True):  # type: ignore[attr-defined]
         return torch.export.export(step, args, dynamic_shapes=shapes, strict=False)
+
+
+def constant_names(fqns: list[str]) -> dict[str, str]:
+    """Each constant's name in an AOTInductor package, from the original names (fully qualified,
+    one per constant) that ``get_constant_fqns`` lists: a parameter's is its dotted name with
+    underscores; the lowering's scalars (``PackagedRunner._scalars``), one per int8 layer, are named
+    ``x_scale``, ``x_scale_0``, ``x_scale_1``... (TorchInductor's ``add_tensor_constant``); they all
+    hold the same value, so which of them is which does not matter."""
+    names: dict[str, str] = {}
+    repeats: dict[str, int] = {}
+    for fqn in fqns:
+        if fqn in PackagedRunner._scalars:
+            k = repeats[fqn] = repeats.get(fqn, -1) + 1
+            names[fqn if k == 0 else f"{fqn}_{k - 1}"] = fqn
+        else:
+            names[fqn.replace(".", "_")] = fqn
+    return names
 
 
 def _example_cache(
