@@ -6,7 +6,8 @@ script starts the server as it is deployed (``benchmarks.load.serve``: uvicorn, 
 
 1. the reference: CTranslate2 ``translate_batch`` over the same sentences (test_2016_flickr, 1,000
    German sentences), text to text, ``max_batch_size=64``, float32 weights exported from our model
-   (``model.export_ctranslate2``), in each thread configuration of ``--ct2-threads``
+   (``model.export_ctranslate2``), run in float32 or int8 (``--ct2-compute-type``), in each thread
+   configuration of ``--ct2-threads``
    (inter × intra; ``2x1``: two batches at a time on one thread each, ``1x2``: one batch on two
    threads), each in its own process, while the server sits idle;
 2. the server: ``wrk`` (Debian package; ``benchmarks/wrk/translate.lua`` posts one sentence per
@@ -108,6 +109,7 @@ class Latency:
 class Report:
     points: list[Point] = field(default_factory=list)
     latencies: list[Latency] = field(default_factory=list)
+    ct2_compute_type: str = "float32"  # CTranslate2's precision in the throughput reference
 
 
 def parse_config(spec: str) -> tuple[str, dict[str, str]]:
@@ -150,6 +152,12 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--duration", type=float, default=20.0, help="measured seconds per wrk point")
     p.add_argument("--warmup", type=float, default=3.0, help="seconds of load before each point")
     p.add_argument("--ct2-threads", nargs="+", default=["2x1", "1x2"], help="inter x intra threads")
+    p.add_argument(
+        "--ct2-compute-type",
+        choices=["float32", "int8"],
+        default="float32",
+        help="CTranslate2's precision for the throughput reference (latency: both)",
+    )
     p.add_argument("--latency-sentences", type=int, default=200, help="0: no latency measurement")
     p.add_argument("--latency-duration", type=float, default=10.0)
     p.add_argument("--log-dir", type=Path, default=Path(tempfile.gettempdir()) / "nmt-throughput")
@@ -161,7 +169,10 @@ def main(argv: list[str] | None = None) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         ct2_dir = export(args.model, Path(tmp) / "ct2", quantization="float32")
         workers = ct2_workers(ct2_dir, args.ct2_threads)
-        int8_workers = ct2_workers(ct2_dir, args.ct2_threads, "int8") if args.latency_sentences else {}
+        wanted_int8 = args.latency_sentences or args.ct2_compute_type == "int8"
+        int8_workers = ct2_workers(ct2_dir, args.ct2_threads, "int8") if wanted_int8 else {}
+        reference = int8_workers if args.ct2_compute_type == "int8" else workers
+        report.ct2_compute_type = args.ct2_compute_type
         try:
             for spec in args.configs:
                 name, env = parse_config(spec)
@@ -171,10 +182,12 @@ def main(argv: list[str] | None = None) -> None:
                     print(f"[{name}] ready in {time.perf_counter() - started:.1f} s", flush=True)
                     for beam in args.beams:
                         bodies = write_bodies(texts, Path(tmp) / f"bodies-{beam}.jsonl", beam=beam)
-                        for w in workers.values():  # warm-up
+                        for w in reference.values():  # warm-up
                             w(texts[:BATCH], beam, BATCH)
                         for run in range(args.runs):
-                            ct2 = {t: len(texts) / w(texts, beam, BATCH).seconds for t, w in workers.items()}
+                            ct2 = {
+                                t: len(texts) / w(texts, beam, BATCH).seconds for t, w in reference.items()
+                            }
                             run_wrk(server.url, bodies, connections=args.connections, duration_s=args.warmup)
                             meter = CpuMeter(server.process.pid)
                             r = run_wrk(
@@ -215,6 +228,7 @@ def main(argv: list[str] | None = None) -> None:
         env_info = {**machine(), "torch": torch.__version__, "ctranslate2": ctranslate2.__version__}
         data = {
             "environment": env_info,
+            "ct2_compute_type": report.ct2_compute_type,
             "points": [asdict(x) | {"ratio": x.ratio} for x in report.points],
             "latencies": [
                 asdict(x) | {"ratio": x.ratio, "int8_ratio": x.int8_ratio} for x in report.latencies
@@ -250,8 +264,9 @@ def latency(
 
 def markdown(report: Report) -> str:
     lines = [
-        "| config | beam | server sentences/s (median, min–max) | CT2 best (median) | "
-        "server / CT2 per run | median ratio | CPU-us/request: front end, workers (median) |",
+        "| config | beam | server sentences/s (median, min–max) "
+        f"| CT2 {report.ct2_compute_type} best (median) | server / CT2 per run | median ratio "
+        "| CPU-us/request: front end, workers (median) |",
         "|---|---:|---:|---:|---|---:|---:|",
     ]
     keys = list(dict.fromkeys((p.config, p.beam) for p in report.points))
