@@ -24,3 +24,17 @@ def test_typed_and_document_sentences_wait_apart_and_are_taken_apart() -> None:
     assert [j.id for j in inbox.take(lambda j: True, MODEL)] == [10, 11]
     assert [j.id for j in inbox.take(lambda j: True, MODEL, background=True)] == [0, 1, 2]
     assert inbox.waiting == 0
+
+
+def test_quiet_is_true_only_when_nothing_arrives_in_time() -> None:
+    inbox = Inbox()
+    started = time.monotonic()
+    assert inbox.quiet(0.05)  # nothing came
+    assert time.monotonic() - started >= 0.05
+    inbox.add([job(1, 1)])
+    started = time.monotonic()
+    assert not inbox.quiet(5.0)  # a job waits: at once
+    assert time.monotonic() - started < 1.0
+    stopping = Inbox()
+    stopping.stop()
+    assert not stopping.quiet(5.0)  # stopping: not quiet, at once

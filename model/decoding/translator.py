@@ -19,7 +19,7 @@ from model.decoding.batch import decode, pad_batch
 from model.decoding.constraints import beam_for
 from model.decoding.options import MAX_BEAM_SIZE, DecodeOptions
 from model.decoding.search import Hypothesis
-from model.runtime.allocator import keep_freed_memory
+from model.runtime.allocator import keep_freed_memory, release_freed_memory
 from model.runtime.precision import int8_pays
 from model.runtime.prepack import prepack as prepack_linears
 from model.runtime.runners import Runner, load_runner
@@ -147,6 +147,8 @@ class Translator:
             quantization = "none"
             if prepack:
                 prepack_linears(model, keep_float=False)
+        if dev.type == "cpu":
+            release_freed_memory()  # the weights as read, and the float copies prepacking replaced
         return cls(
             model,
             tokenizer,
@@ -176,6 +178,8 @@ class Translator:
                 compile=self.compile,
                 cache_dir=self.cache_dir,
             )
+            if self.device.type == "cpu":
+                release_freed_memory()  # what compiling or loading the step took and dropped
         return self._runner
 
     @property

@@ -48,3 +48,20 @@ def keep_freed_memory() -> bool:
         log.info("malloc: large blocks from the heap, freed memory kept for reuse")
     _done = ok
     return ok
+
+
+def release_freed_memory() -> bool:
+    """Give the memory freed so far back to the OS (glibc's ``malloc_trim``): what loading a model
+    allocated and dropped (the weights as read, float copies replaced by packed ones) would
+    otherwise stay in the process, kept for reuse (``keep_freed_memory``) but more than decoding
+    reuses, and what a burst's peak left in the heap once the burst is over. Measured on an
+    OPUS-MT-sized int8 model (AVX-512 VNNI EPYC, one thread): 666 -> 439 MiB resident once loaded,
+    960 -> 603 MiB after translating 128 sentences. Returns whether it ran."""
+    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
+        return False
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        libc.malloc_trim(0)
+    except (OSError, AttributeError):
+        return False
+    return True

@@ -1,0 +1,57 @@
+"""``python -m app.precompile``: the steps a server would compile at start are compiled before it,
+into NMT_COMPILE_CACHE_DIR, and the server's workers then load them."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from unittest import mock
+
+from app.config import Settings
+from app.serving.worker import open_translator
+
+ROOT = Path(__file__).parent.parent
+
+
+def test_precompile_leaves_the_step_that_a_worker_then_loads(model_dir: Path, tmp_path: Path) -> None:
+    cache = tmp_path / "compiled"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NMT_")}
+    env |= {"NMT_MODEL_DIR": str(model_dir), "NMT_COMPILE_CACHE_DIR": str(cache), "NMT_DEVICE": "cpu"}
+    out = subprocess.run(
+        [sys.executable, "-m", "app.precompile"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=True,
+    )
+    assert ": compiled," in out.stdout, out.stdout + out.stderr
+    [package] = cache.glob("step-*.pt2")
+    assert list(cache.glob("int8-pays-*.json"))  # the auto precision, measured once here
+    again = subprocess.run(
+        [sys.executable, "-m", "app.precompile"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=True,
+    )
+    assert ": found in the cache," in again.stdout, again.stdout + again.stderr
+    with mock.patch.dict(os.environ, env, clear=True):
+        settings = Settings()
+    import torch
+
+    from app.main import worker_threads
+
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(worker_threads(settings))  # as a worker of that server would run
+        translator = open_translator(settings, model_dir)
+        assert translator.runner.kind == "compiled" and translator.runner.cached  # type: ignore[union-attr]
+    finally:
+        torch.set_num_threads(threads)
+    assert list(cache.glob("step-*.pt2")) == [package]
