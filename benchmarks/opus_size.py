@@ -62,6 +62,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from app.serving.worker import IDLE_RELEASE_S
 from benchmarks.common import DATA, cpu_busy_seconds
 from benchmarks.load import (
     Server,
@@ -101,10 +102,13 @@ def server_memory(pid: int) -> dict[str, Any]:
             )
         except OSError:
             continue
-        processes.append({"pid": p, "cmd": cmd[:100], "rss_mib": status_mib(p, "VmRSS")})
+        processes.append(
+            {"pid": p, "cmd": cmd[:100], "rss_mib": status_mib(p, "VmRSS"), "hwm_mib": status_mib(p, "VmHWM")}
+        )
     return {
         "processes": processes,
         "rss_mib_total": sum(p["rss_mib"] for p in processes),
+        "hwm_mib_total": sum(p["hwm_mib"] for p in processes),  # each process's peak, summed
         "pss_mib_total": pss_mib(pid),
     }
 
@@ -272,6 +276,10 @@ def measure_precision(
                     )
             if server is not None:
                 memory["server_after"] = server_memory(server.process.pid)
+                # Idle a while: the workers give back what the runs' peaks left in their heaps
+                # (app.serving.worker.IDLE_RELEASE_S).
+                time.sleep(IDLE_RELEASE_S + 2)
+                memory["server_idle"] = server_memory(server.process.pid)
         memory["ct2"] = {
             t: {
                 "rss_mib": w.last["rss_mib"],
@@ -353,6 +361,35 @@ def markdown(report: Report, length: int) -> str:
             f"| {precision} | {'greedy' if beam == 1 else f'beam {beam}'} "
             f"| {best:.1f} ({best * length:,.0f}) | " + " | ".join(cells) + " |"
         )
+    if report.memory:
+        lines += ["", memory_table(report.memory)]
+    return "\n".join(lines)
+
+
+def memory_table(memory: dict[str, Any]) -> str:
+    """Resident MiB: CTranslate2's process in each layout (loaded, after the runs, its peak) and our
+    server's processes summed (under the warm-up's load, right after the runs, idle 3 s later,
+    each process's peak summed, and PSS idle: shared pages counted once)."""
+    lines = [
+        "| precision | CT2 2x1 / 1x2: loaded, after runs, peak | ours: under load, after runs, idle, "
+        "peaks summed, PSS idle | ours idle / CT2 2x1 after runs |",
+        "|---|---|---|---:|",
+    ]
+    for precision, m in memory.items():
+        ct2 = m.get("ct2", {})
+        ct2_cells = " / ".join(
+            f"{c['rss_after_load_mib']:.0f}, {c['rss_mib']:.0f}, {c['hwm_mib']:.0f}" for c in ct2.values()
+        )
+        ours = [m.get(k) for k in ("server", "server_after", "server_idle")]
+        if any(x is None for x in ours):
+            continue
+        idle = m["server_idle"]
+        ours_cells = (
+            ", ".join(f"{x['rss_mib_total']:.0f}" for x in ours)
+            + f", {idle.get('hwm_mib_total', float('nan')):.0f}, {idle['pss_mib_total']:.0f}"
+        )
+        ratio = idle["rss_mib_total"] / ct2["2x1"]["rss_mib"] if "2x1" in ct2 else float("nan")
+        lines.append(f"| {precision} | {ct2_cells} | {ours_cells} | {ratio:.2f}× |")
     return "\n".join(lines)
 
 
