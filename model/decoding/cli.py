@@ -3,8 +3,8 @@
     python -m model.translate --model DIR [--input FILE] [--output FILE] [--beam-size 5] ...
     python -m model.translate --model MULTILINGUAL_DIR --target en ...   # a multilingual model needs --target
 
-Its defaults are the service's (``DecodeOptions``, int8 on CPUs with VNNI, the compiled step, 64 rows at a
-time), so a line translates here as the service translates it.
+Its defaults are the service's (``DecodeOptions``, int8 where it is measured faster, the compiled step, 64
+rows at a time), so a line translates here as the service translates it.
 
 Line *i* of the output is the translation of line *i* of the input, so the output can be paired
 with the input (or scored against a reference) by line number; blank lines stay blank. Input is
@@ -127,8 +127,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--quantization",
         choices=QUANTIZATIONS,
         default="auto",
-        help="int8: the linear layers in int8 (CPU, float32); auto: int8 on CPUs with int8 "
-        "dot-product instructions (VNNI, AMX), as the service (default auto)",
+        help="int8: the linear layers in int8 (CPU, float32); auto: int8 where int8 layers are "
+        "measured faster than float32's on this machine, as the service (default auto)",
     )
     parser.add_argument(
         "--no-compile",
