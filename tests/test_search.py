@@ -233,26 +233,38 @@ def test_greedy_equals_argmax_over_the_whole_prefix(make_model: Callable[..., Tr
     assert 0 < ended < len(sources)  # both ways of ending are covered: eos, and the length limit
 
 
-@pytest.mark.parametrize(("rows", "vocab"), [(1, 128), (8, 8000), (64, 8000), (64, 1024), (13, 100)])
+@pytest.mark.parametrize(
+    ("rows", "vocab"), [(1, 128), (8, 8000), (64, 8000), (64, 1024), (13, 100), (16, 58101), (9, 1000)]
+)
 def test_argmax_rows_is_torch_argmax_ties_included(rows: int, vocab: int) -> None:
+    """Vocabularies that are and are not a multiple of the block (58,101: OPUS-MT's), the max in the
+    last, partial block, ties across and inside blocks."""
     torch.manual_seed(rows + vocab)
     x = torch.randn(rows, vocab)
     x[0, vocab // 3] = x[0, vocab - 1] = 50.0  # a tie across blocks: the first index wins
     x[-1, 5] = x[-1, 6] = 50.0  # a tie inside a block
+    if rows > 2:
+        x[1, vocab - 1] = 60.0  # the max in the last column (the partial block, where there is one)
     x[rows // 2, :] = -1.0  # a constant row: index 0
     assert torch.equal(argmax_rows(x), x.argmax(-1))
     assert torch.equal(argmax_rows(x, min_rows=0), x.argmax(-1))  # as DecodeStep calls it
 
 
-@pytest.mark.parametrize(("rows", "vocab", "k"), [(1, 8000, 16), (7, 8000, 4), (33, 4096, 10), (3, 100, 8)])
+@pytest.mark.parametrize(
+    ("rows", "vocab", "k"),
+    [(1, 8000, 16), (7, 8000, 4), (33, 4096, 10), (3, 100, 8), (5, 58101, 16), (4, 3000, 8)],
+)
 def test_topk_rows_is_torch_topk(rows: int, vocab: int, k: int) -> None:
     """The k best of each row, best first, from the k best blocks only: the same as torch's topk,
-    also when the best values crowd into one block or spread one per block."""
+    also when the best values crowd into one block, spread one per block, or lie in the last,
+    partial block (vocabularies that are not a multiple of the block: 58,101 is OPUS-MT's)."""
     torch.manual_seed(rows)
     x = torch.randn(rows, vocab)
     x[0, 128 : 128 + k] += 50.0  # row 0: its best all in one block
     for i in range(1, rows):
         x[i, torch.arange(k) * 64 % vocab] += 30.0 + torch.arange(k)  # one per block, ordered
+    tail = vocab - vocab % 64 if vocab % 64 else vocab - 64
+    x[-1, tail : tail + min(k, vocab - tail)] += 80.0  # the last row's best in the last block
     values, indices = topk_rows(x, k)
     expected = x.topk(k, dim=-1)
     assert torch.equal(values, expected.values) and torch.equal(indices, expected.indices)

@@ -8,7 +8,7 @@
   cached positions, source positions and beam rows as symbolic sizes, compiled by AOTInductor into
   a shared library whose C++ wrapper calls the kernels (no Python between them), kept on disk
   between starts as one ``.pt2`` file. The package holds no weights: once loaded, it is handed the
-  model's own tensors by name (``load_constants``, user-managed: not copied), so a worker keeps one
+  model's own tensors by name (``update_constant_buffer``, user-managed: not copied), so a worker keeps one
   copy of each weight, and one package serves every model of the same architecture. The linear
   layers call oneDNN on the weights ``model.runtime.prepack`` laid out (float32 or int8), as the
   eager step does.
