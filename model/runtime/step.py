@@ -161,7 +161,7 @@ class DecodeStep(nn.Module):
         # and eos's, are normalized (as log_softmax does: x - max - log(sum(exp(x - max)))).
         rows = logits.index_select(0, beam_rows).float()  # (B, V)
         top_logits, indices = topk_rows(rows, self.top)  # (B, top), best first
-        most = rows.amax(-1, keepdim=True)  # (B, 1)
+        most = top_logits[:, :1]  # (B, 1) each row's max: its best, no pass over the row again
         log_sum = torch.log(torch.exp(rows - most).sum(-1, keepdim=True))  # (B, 1)
         values = top_logits - most - log_sum  # (B, top)
         eos = (rows[:, self.eos : self.eos + 1] - most - log_sum)[:, 0]  # (B,)
