@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import multiprocessing as mp
 import os
+import statistics
 import time
 from collections.abc import Callable
 from multiprocessing.connection import Connection
@@ -64,7 +65,22 @@ def ct2_process(conn: Connection, spec: dict[str, Any]) -> None:
     conn.send({"load_s": load_s, "rss_mib": status_mib(os.getpid(), "VmRSS")})
     length = spec["length"]
     while (job := conn.recv()) is not None:
-        texts, beam = job
+        texts, beam, alone = job
+        if alone:  # each sentence on its own, timed: batch-1 latency
+            times = []
+            for text in texts:
+                started = time.perf_counter()
+                [r] = translator.translate_batch(
+                    [source.encode(text, out_type=str) + ["</s>"]],
+                    beam_size=beam,
+                    max_input_length=spec["max_input_length"],
+                    max_decoding_length=length,
+                    min_decoding_length=length,
+                )
+                target.decode_pieces(r.hypotheses[0])
+                times.append(time.perf_counter() - started)
+            conn.send({"p50_ms": 1000 * statistics.median(times)})
+            continue
         started = time.perf_counter()
         pieces = [p + ["</s>"] for p in source.encode(texts, out_type=str)]  # as MarianTokenizer does
         results = translator.translate_batch(
@@ -101,12 +117,19 @@ class CT2Worker:
 
     def __call__(self, texts: list[str], beam: int) -> float:
         """Sentences per second over ``texts``; every output checked to be ``length`` tokens."""
-        self.conn.send((texts, beam))
+        self.conn.send((texts, beam, False))
         self.last = self.conn.recv()
         if self.last["lengths"] != [self.length]:
             raise AssertionError(f"CTranslate2 produced lengths {self.last['lengths']}, not {self.length}")
         time.sleep(SETTLE_S)
         return float(len(texts) / self.last["seconds"])
+
+    def latency_ms(self, texts: list[str], beam: int) -> float:
+        """p50 milliseconds of translating each of ``texts`` alone (a batch of one)."""
+        self.conn.send((texts, beam, True))
+        p50 = float(self.conn.recv()["p50_ms"])
+        time.sleep(SETTLE_S)
+        return p50
 
     def close(self) -> None:
         self.conn.send(None)

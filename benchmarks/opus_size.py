@@ -167,6 +167,9 @@ class Report:
     memory: dict[str, Any] = field(default_factory=dict)
     profile: dict[str, Any] = field(default_factory=dict)
     sizes: dict[str, Any] = field(default_factory=dict)
+    # (precision, beam) -> single-request p50 ms: ours (one wrk connection) and CTranslate2's best
+    # layout translating each sentence alone
+    latency: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 @contextmanager
@@ -274,6 +277,22 @@ def measure_precision(
                         + ", ".join(f"{k} {v:.0%}" for k, v in point.other_load.items() if v is not None),
                         flush=True,
                     )
+                if server is not None and args.latency_sentences:
+                    sample = texts[: args.latency_sentences]
+                    ct2_p50 = {t: w.latency_ms(sample, beam) for t, w in workers.items()}
+                    one = write_bodies(sample, args.log_dir / f"latency-{beam}.jsonl", beam=beam)
+                    r = run_wrk(server.url, one, connections=1, threads=1, duration_s=args.latency_duration)
+                    best = min(ct2_p50, key=lambda t: ct2_p50[t])
+                    report.latency[f"{precision}/{beam}"] = {
+                        "ours_p50_ms": r.latency_ms["p50"],
+                        "ct2_p50_ms": ct2_p50[best],
+                        "ct2_threads": best,
+                    }
+                    print(
+                        f"[{precision}] beam {beam}: one request at a time, p50 ours "
+                        f"{r.latency_ms['p50']:.1f} ms, CT2 {ct2_p50[best]:.1f} ms ({best})",
+                        flush=True,
+                    )
             if server is not None:
                 memory["server_after"] = server_memory(server.process.pid)
                 # Idle a while: the workers give back what the runs' peaks left in their heaps
@@ -361,6 +380,17 @@ def markdown(report: Report, length: int) -> str:
             f"| {precision} | {'greedy' if beam == 1 else f'beam {beam}'} "
             f"| {best:.1f} ({best * length:,.0f}) | " + " | ".join(cells) + " |"
         )
+    if report.latency:
+        lines += [
+            "",
+            "| precision / beam | ours p50 ms (one request at a time) | CT2 p50 ms (batch of one) | ratio |",
+            "|---|---:|---:|---:|",
+        ]
+        for key, lat in report.latency.items():
+            lines.append(
+                f"| {key} | {lat['ours_p50_ms']:.1f} | {lat['ct2_p50_ms']:.1f} ({lat['ct2_threads']}) "
+                f"| {lat['ours_p50_ms'] / lat['ct2_p50_ms']:.2f}× |"
+            )
     if report.memory:
         lines += ["", memory_table(report.memory)]
     return "\n".join(lines)
@@ -419,6 +449,10 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--connections", type=int, default=64)
     p.add_argument("--duration", type=float, default=20.0, help="measured seconds per wrk point")
     p.add_argument("--warmup", type=float, default=3.0, help="seconds of load before each point")
+    p.add_argument(
+        "--latency-sentences", type=int, default=32, help="single-request p50 over these (0: none)"
+    )
+    p.add_argument("--latency-duration", type=float, default=10.0, help="seconds of one wrk connection")
     p.add_argument("--ct2-threads", nargs="+", default=["2x1", "1x2"], help="inter x intra threads")
     p.add_argument(
         "--profile-steps", type=int, default=10, help="steps per timing in the breakdown (0: none)"
@@ -467,6 +501,7 @@ def main(argv: list[str] | None = None) -> None:
             "points": [asdict(x) | {"ratio": x.ratio} for x in report.points],
             "startup": report.startup,
             "memory": report.memory,
+            "latency": report.latency,
             "sizes_mib": report.sizes,
             "profile": report.profile,
             "wall_s": time.perf_counter() - started,
