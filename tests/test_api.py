@@ -563,6 +563,15 @@ def test_info(client: TestClient, translator: Translator) -> None:
     assert info["version"]
     assert model["quantization"] == "none"  # what the tests asked for
     assert (model["decoding"], model["compile_seconds"]) == ("eager", 0.0)
+    # Resident memory of the front end and of its one worker (which holds the model's weights),
+    # as the OS reports it (/proc, read here independently).
+    memory = info["memory"]
+    [worker_mb] = memory["workers_mb"]
+    [state] = client.app.state.scheduler.workers  # type: ignore[attr-defined]
+    with open(f"/proc/{state.worker.pid}/status") as f:
+        rss = next(int(line.split()[1]) / 1024 for line in f if line.startswith("VmRSS:"))
+    assert worker_mb == pytest.approx(rss, rel=0.2) and worker_mb > model["weight_mb"]
+    assert memory["total_mb"] == pytest.approx(memory["front_end_mb"] + worker_mb, abs=0.2)
 
 
 def test_defaults_on_cpu_are_int8_where_it_pays_and_a_compiled_step(model_dir: Path) -> None:

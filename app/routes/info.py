@@ -3,6 +3,7 @@ the API's description, where LibreTranslate serves its own."""
 
 from __future__ import annotations
 
+import os
 from dataclasses import asdict
 from typing import Any
 
@@ -10,7 +11,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
 from app.config import service_version
-from app.deps import RouterDep, SettingsDep
+from app.deps import RouterDep, SchedulerDep, SettingsDep
 from app.languages import languages
 from app.served import ServedModel
 
@@ -46,11 +47,35 @@ def describe_model(model: ServedModel) -> dict[str, Any]:
     }
 
 
+def resident_mb(pid: int | None) -> float | None:
+    """A process's resident memory in MiB (Linux: /proc/<pid>/status), None where unknown."""
+    if pid is None:
+        return None
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return round(int(line.split()[1]) / 1024, 1)
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
 @router.get("/info", summary="Models, routes, device, batching and limits")
-async def info(settings: SettingsDep, routes: RouterDep) -> dict[str, Any]:
+async def info(settings: SettingsDep, routes: RouterDep, scheduler: SchedulerDep) -> dict[str, Any]:
+    workers = [resident_mb(getattr(state.worker, "pid", None)) for state in scheduler.workers]
+    front_end = resident_mb(os.getpid())
+    known = [m for m in (front_end, *workers) if m is not None]
     return {
         "version": service_version(),
         "models": [describe_model(model) for model in routes.models],
+        # Resident memory now, in MiB: the front end's process and each worker's (a model's own
+        # share is its weight_mb in each worker that holds it). None where the OS does not say.
+        "memory": {
+            "front_end_mb": front_end,
+            "workers_mb": workers,
+            "total_mb": round(sum(known), 1) if known else None,
+        },
         "routes": {
             "direct": [
                 {"source": r.source, "target": r.target, "model": r.hops[0].model.name} for r in routes.direct
