@@ -118,7 +118,7 @@ class Settings(BaseSettings):
     frontend_timeout_ms: PositiveInt = 500
     # Comma-separated in the environment ("k1,k2"); empty means no authentication (unless a keys file).
     api_keys: Annotated[tuple[str, ...], NoDecode] = ()
-    # More keys, each with a name and limits of its own: a TOML file (app/keys.py, README "API keys
+    # More keys, each with a name and limits of its own: a TOML file (app/keys.py, docs/keys.md "API keys
     # and limits"), read at start.
     api_keys_file: Path | None = None
     # Each key's limits where the keys file sets none (0: no limit): requests as LibreTranslate's

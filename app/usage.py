@@ -5,7 +5,7 @@ and is restarted now and then; a key's limits must hold across all of them, so i
 ``<NMT_DATA_DIR>/usage.sqlite3`` (WAL mode), not in a process's memory. Each decision is one write
 transaction: ``BEGIN IMMEDIATE`` takes the database's write lock before anything is read, so
 checking a budget and spending it are one atomic step across processes (two processes never both
-take the last unit). A decision costs tens of microseconds (README, "API keys and limits").
+take the last unit). A decision costs tens of microseconds (docs/keys.md).
 
 Windows move, as LibreTranslate's (flask-limiter's "moving-window"): at most ``limit`` units in any
 ``period``, not per calendar minute or day. Units are kept in buckets (a second for a minute's

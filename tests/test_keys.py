@@ -22,7 +22,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def digest_name(key: str) -> str:
-    """What a key of NMT_API_KEYS is named (README "API keys and limits"), computed here anew."""
+    """What a key of NMT_API_KEYS is named (docs/keys.md), computed here anew."""
     return "sha256-" + hashlib.sha256(key.encode()).hexdigest()[:16]
 
 

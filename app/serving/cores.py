@@ -1,8 +1,9 @@
 """Cores that idle workers leave: a worker alone at work runs on them too.
 
 Each worker is single-threaded by default, one per core: under load that is the most sentences/s
-(README, "Why processes"). But a request that arrives alone, the web page's translate-as-you-type,
-then runs on one core while the others sleep. The ``CoreBoard`` tells each worker whether it is
+(docs/architecture.md, "Worker processes, one single-threaded worker per core"). But a request
+that arrives alone, the web page's translate-as-you-type, then runs on one core while the others
+sleep. The ``CoreBoard`` tells each worker whether it is
 alone: a small array in shared memory with one slot per worker process, holding
 ``inf`` while that worker has sentences in hand (running or waiting) and, while it sleeps, the
 ``time.monotonic()`` at which it went to sleep (one clock for every process of the machine). Before
