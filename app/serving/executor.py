@@ -37,8 +37,7 @@ from typing import Protocol
 from app.config import Settings
 from app.metrics import Metrics
 from app.serving.models import LoadedModel, ModelTable
-from app.serving.protocol import Spans
-from app.serving.scheduler import Hypotheses
+from app.serving.protocol import Hypotheses, Spans
 from model.decoding.batch import JOIN_RATIO, JOIN_WAIT_STEPS, RunningBatch, Source
 from model.decoding.search import Hypothesis
 
@@ -314,6 +313,6 @@ class Executor:
             lane.metrics.generated_tokens.inc(len(hyps[0].tokens) + 1 if hyps else 0)
             lane.metrics.sentences.labels("translated").inc()
         if job.constraints:
-            # (getattr: ``Hypothesis.spans`` comes with the constrained search; none before it.)
+            # Where each constraint landed in each hypothesis (the constrained search's spans).
             job.spans = tuple(h.spans for h in hyps)
         return [(h.tokens, h.score) for h in hyps]

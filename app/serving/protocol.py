@@ -1,9 +1,11 @@
 """What crosses the pipe between the front end and a model worker: one frozen class per message.
 
-Both sides import this module, and nothing else of each other: the front end (``handle``,
-``scheduler``) runs no torch, the worker (``worker``) runs nothing of HTTP. Messages are pickled by
-``multiprocessing.Connection``; each side dispatches on the class (``match``), so a message the
-other side cannot send does not type-check. Times are ``time.monotonic()``: one clock for every
+Both sides import this module and a few torch-free shared ones (``config``, ``metrics``,
+``cores``, ``fairqueue``); the front end (``handle``, ``scheduler``) runs no torch, the worker
+(``worker``) runs nothing of HTTP, and the front end reaches the worker's code only inside the child
+process (``handle._serve`` imports ``worker`` there). Messages are pickled with ``pickle`` itself
+(``send``) and read with ``Connection.recv``; each side dispatches on the class (``match``), so a
+message the other side cannot send does not type-check. Times are ``time.monotonic()``: one clock for every
 process of the machine.
 
 front end -> worker (``ToWorker``):
