@@ -22,6 +22,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from app.loop_monitor import (
+    HOLD_WARNING_S,
     INTERVAL_S,
     REQUEST,
     LoopMonitor,
@@ -126,20 +127,27 @@ def test_a_request_holding_the_loop_is_warned_about_by_method_route_template_and
     freed = captured.wait_freed()
     assert "held by GET /test/hold/{seconds}" in freed, freed
     held = float(freed.split("free again after ")[1].split(" s")[0])
-    assert HOLD_S - INTERVAL_S <= held <= response.json()["held"] + 1.0, freed
+    # Warned about, so held past the threshold; by how much more depends on when the watchdog's
+    # thread got to look (a loaded machine delays it), never more than the endpoint held.
+    assert HOLD_WARNING_S < held <= response.json()["held"] + 1.0, freed
 
 
 def test_a_hold_is_recorded_as_lag_in_the_histogram_and_the_gauge(
     client: TestClient, captured: Captured
 ) -> None:
     metrics: Metrics = client.app.state.metrics  # type: ignore[attr-defined]
-    before = lag_over(metrics, "0.25")
+    before = lag_over(metrics, "0.1")  # (HOLD_WARNING_S: a bucket's bound)
     captured.clear()
     assert client.get("/test/hold/0.3").status_code == 200
-    captured.wait_freed()  # logged once the lag is recorded
-    # A 0.3 s hold delays the beat posted at the first look after it began (at most 50 ms later).
-    assert lag_over(metrics, "0.25") >= before + 1
-    assert metrics.sample("nmt_event_loop_lag_max_seconds") >= HOLD_S - INTERVAL_S
+    # The hold was warned about, so the beat it delayed waited over the threshold (0.1 s): that lag
+    # is recorded when the loop runs the beat. Waited for by its value, not by a log line (a late
+    # line from an earlier hold would end the wait too soon); by how much more than 0.1 s depends on
+    # when the watchdog's thread got to look, which a loaded machine delays.
+    deadline = time.monotonic() + PATIENCE_S
+    while lag_over(metrics, "0.1") < before + 1 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert lag_over(metrics, "0.1") >= before + 1
+    assert metrics.sample("nmt_event_loop_lag_max_seconds") > HOLD_WARNING_S
 
 
 def test_a_hold_in_a_task_started_by_post_translate_names_post_translate(
