@@ -9,44 +9,40 @@ import sys
 from pathlib import Path
 from unittest import mock
 
+import torch
+
 from app.config import Settings
+from app.main import worker_threads
 from app.serving.worker import open_translator
 
 ROOT = Path(__file__).parent.parent
+
+
+def precompile(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """``python -m app.precompile`` run with ``env``, as an image build would run it."""
+    return subprocess.run(
+        [sys.executable, "-m", "app.precompile"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=True,
+    )
 
 
 def test_precompile_leaves_the_step_that_a_worker_then_loads(model_dir: Path, tmp_path: Path) -> None:
     cache = tmp_path / "compiled"
     env = {k: v for k, v in os.environ.items() if not k.startswith("NMT_")}
     env |= {"NMT_MODEL_DIR": str(model_dir), "NMT_COMPILE_CACHE_DIR": str(cache), "NMT_DEVICE": "cpu"}
-    out = subprocess.run(
-        [sys.executable, "-m", "app.precompile"],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=True,
-    )
+    out = precompile(env)
     assert ": compiled," in out.stdout, out.stdout + out.stderr
     [package] = cache.glob("step-*.pt2")
     assert list(cache.glob("int8-pays-*.json"))  # the auto precision, measured once here
-    again = subprocess.run(
-        [sys.executable, "-m", "app.precompile"],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=True,
-    )
+    again = precompile(env)
     assert ": found in the cache," in again.stdout, again.stdout + again.stderr
     with mock.patch.dict(os.environ, env, clear=True):
         settings = Settings()
-    import torch
-
-    from app.main import worker_threads
-
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(worker_threads(settings))  # as a worker of that server would run

@@ -27,25 +27,28 @@ def positions(translator: Translator) -> int:
     return DecodeOptions().positions(translator.model.cfg.max_positions)
 
 
-@pytest.fixture(scope="module")
-def compiled(translator: Translator) -> Runner:
-    runner = load_runner(
+def runner_of(translator: Translator, *, compile: bool) -> Runner:
+    """The step of ``translator``'s model as the tests' translators and executors make it."""
+    return load_runner(
         translator.model,
         top=TOP,
         capacity=CAPACITY,
         positions=positions(translator),
-        compile=True,
+        compile=compile,
         cache_dir=compile_cache_dir(),
     )
+
+
+@pytest.fixture(scope="module")
+def compiled(translator: Translator) -> Runner:
+    runner = runner_of(translator, compile=True)
     assert runner.kind == "compiled"
     return runner
 
 
 @pytest.fixture(scope="module")
 def eager(translator: Translator) -> Runner:
-    return load_runner(
-        translator.model, top=TOP, capacity=CAPACITY, positions=positions(translator), compile=False
-    )
+    return runner_of(translator, compile=False)
 
 
 def new_cache(translator: Translator, align: int = 1) -> KVCache:
@@ -202,19 +205,10 @@ def test_a_second_model_of_the_same_architecture_compiles_nothing_and_decodes_wi
         g = torch.Generator().manual_seed(5)
         other.model.embed.weight.add_(torch.randn(other.model.embed.weight.shape, generator=g) * 0.5)
     packages = set(compile_cache_dir().glob("step-*.pt2"))
-    second = load_runner(
-        other.model,
-        top=TOP,
-        capacity=CAPACITY,
-        positions=positions(other),
-        compile=True,
-        cache_dir=compile_cache_dir(),
-    )
+    second = runner_of(other, compile=True)
     assert isinstance(second, PackagedRunner) and second.cached and second.key() == compiled.key()
     assert set(compile_cache_dir().glob("step-*.pt2")) == packages  # nothing new compiled
-    second_eager = load_runner(
-        other.model, top=TOP, capacity=CAPACITY, positions=positions(other), compile=False
-    )
+    second_eager = runner_of(other, compile=False)
     sources = source_ids(translator, 4, seed=21)
 
     def choices(runner: Runner, which: Translator) -> torch.Tensor:

@@ -34,15 +34,15 @@ def keep_freed_memory() -> bool:
     global _done
     if _done:
         return True
-    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
+    libc = _glibc()
+    if libc is None:
         return False
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
         ok = (
             libc.mallopt(M_MMAP_THRESHOLD, KEEP_BYTES) == 1
             and libc.mallopt(M_TRIM_THRESHOLD, KEEP_BYTES) == 1
         )
-    except (OSError, AttributeError):
+    except AttributeError:
         return False
     if ok:
         log.info("malloc: large blocks from the heap, freed memory kept for reuse")
@@ -57,11 +57,21 @@ def release_freed_memory() -> bool:
     reuses, and what a burst's peak left in the heap once the burst is over. Measured on an
     OPUS-MT-sized int8 model (AVX-512 VNNI EPYC, one thread): 666 -> 439 MiB resident once loaded,
     960 -> 603 MiB after translating 128 sentences. Returns whether it ran."""
-    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
+    libc = _glibc()
+    if libc is None:
         return False
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
         libc.malloc_trim(0)
-    except (OSError, AttributeError):
+    except AttributeError:
         return False
     return True
+
+
+def _glibc() -> ctypes.CDLL | None:
+    """The C library, where it is glibc on Linux (whose malloc these functions tune); else None."""
+    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
+        return None
+    try:
+        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+    except OSError:
+        return None

@@ -31,6 +31,7 @@ from torch import nn
 
 from model.runtime import DEFAULT_CACHE_DIR
 from model.runtime.prepack import Int8Linear, PackedLinear, available
+from model.runtime.runners import cpu_digest
 
 log = logging.getLogger(__name__)
 
@@ -70,17 +71,13 @@ def int8_pays(cache_dir: Path | None = None, *, timer: Callable[[], dict[str, fl
     if not (available() and available(int8=True)):
         return False
     path = (cache_dir or DEFAULT_CACHE_DIR) / f"int8-pays-{machine_key()}.json"
-    try:
-        return bool(json.loads(path.read_text())["int8"])
-    except (OSError, ValueError, KeyError, TypeError):
-        pass
+    if (kept := _kept_verdict(path)) is not None:
+        return kept
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path.with_suffix(".lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # workers starting together measure once
-        try:
-            return bool(json.loads(path.read_text())["int8"])
-        except (OSError, ValueError, KeyError, TypeError):
-            pass
+        if (kept := _kept_verdict(path)) is not None:  # measured by whoever held the lock before
+            return kept
         seconds = timer()
         verdict = seconds["int8"] < seconds["float32"]
         record = {"int8": verdict, "seconds": seconds, "threads": torch.get_num_threads()}
@@ -96,12 +93,15 @@ def int8_pays(cache_dir: Path | None = None, *, timer: Callable[[], dict[str, fl
     return verdict
 
 
+def _kept_verdict(path: Path) -> bool | None:
+    """The verdict measured before and kept in ``path``; None if there is none (or not whole)."""
+    try:
+        return bool(json.loads(path.read_text())["int8"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
 def machine_key() -> str:
     """What the measurement depends on: the CPU (model and flags), torch, the threads."""
-    try:
-        lines = Path("/proc/cpuinfo").read_text().splitlines()
-    except OSError:
-        lines = []
-    cpu = [line for line in lines if line.startswith(("model name", "flags"))][:2]
-    about = [*cpu, torch.__version__, str(torch.get_num_threads())]
+    about = [cpu_digest(), torch.__version__, str(torch.get_num_threads())]
     return hashlib.sha256("\n".join(about).encode()).hexdigest()[:16]

@@ -142,7 +142,7 @@ class PackagedRunner:
         about = {
             "torch": torch.__version__,
             "isa": torch.backends.cpu.get_cpu_capability(),
-            "cpu": _cpu_flags(),
+            "cpu": cpu_digest(),
             "threads": torch.get_num_threads(),
             "top": self.step.top,
             "capacity": self.capacity,
@@ -347,7 +347,7 @@ def _example_cache(
     return cache
 
 
-def _cpu_flags() -> str:
+def cpu_digest() -> str:
     """The CPU's model and feature flags, as the kernel reports them (oneDNN picks its kernels and
     weight layouts by them)."""
     try:
