@@ -193,7 +193,7 @@ class Settings(BaseSettings):
     # packed copies included). 0: no limit, every model loaded when the workers start. Otherwise
     # the models that fit are loaded at start, the others when a sentence first needs them (that
     # sentence waits for the load, and so do the worker's other models' batches), the least
-    # recently used idle model evicted to make room (app/serving/models.py). Each worker holds its
+    # recently used idle model evicted to make room (app/serving/worker/models.py). Each worker holds its
     # own copy: the workers' weights take up to NMT_REPLICAS times this.
     worker_model_memory_mb: NonNegativeInt = 0
     # A worker that is the only one with work (every other idle for 50 ms) runs on the threads

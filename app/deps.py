@@ -18,8 +18,8 @@ from fastapi import Depends, HTTPException, Request
 from app.config import Settings
 from app.metrics import Metrics
 from app.served import ServedModel
-from app.serving.router import Router
-from app.serving.scheduler import Scheduler
+from app.serving.frontend.router import Router
+from app.serving.frontend.scheduler import Scheduler
 
 NOT_READY = "the models are not loaded yet (or the service is shutting down)"
 

@@ -1,10 +1,10 @@
-"""Language codes and names, and the languages served (the routes of ``app.serving.router``)."""
+"""Language codes and names, and the languages served (the routes of ``app.serving.frontend.router``)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from app.serving.router import Router
+from app.serving.frontend.router import Router
 
 # ISO 639-1 codes of the languages most often trained; anything else is shown by its code.
 LANGUAGE_NAMES = {

@@ -56,10 +56,10 @@ from app.routes import (
 )
 from app.served import ServedModel, find_model_dirs, model_names
 from app.serving.cores import CoreBoard
-from app.serving.handle import WorkerProcess
+from app.serving.frontend.handle import WorkerProcess
+from app.serving.frontend.router import Router
+from app.serving.frontend.scheduler import Scheduler
 from app.serving.protocol import ModelDescription, ModelSpec
-from app.serving.router import Router
-from app.serving.scheduler import Scheduler
 from app.shedding import TURNS, passed, refused, take_turn
 from app.terminology.cache import SegmentCache
 from app.terminology.glossaries import GlossaryStore

@@ -1,7 +1,7 @@
 """Every Prometheus metric of the service, in one place, for all of its processes.
 
 The service is several processes: the HTTP front end and its model workers
-(``app.serving.worker``). Each records its own metrics into a ``Metrics`` of its own, and
+(``app.serving.worker.process``). Each records its own metrics into a ``Metrics`` of its own, and
 ``/metrics`` shows them as one view through prometheus_client's multiprocess mode: every process
 writes its samples to memory-mapped files in one directory, and ``Metrics.collect`` merges them
 (counters and histograms summed over processes, exited ones included, so counts never go back;

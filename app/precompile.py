@@ -20,7 +20,7 @@ import torch
 
 from app.config import Settings
 from app.main import open_models, worker_threads
-from app.serving.worker import open_translator
+from app.serving.worker.models import open_translator
 
 
 def main() -> None:

@@ -26,10 +26,10 @@ from pathlib import Path
 import sacrebleu
 import torch
 
-from app.serving.executor import Executor
-from app.serving.models import ModelTable
 from app.serving.protocol import SentenceJob
-from app.serving.worker import Inbox
+from app.serving.worker.executor import Executor
+from app.serving.worker.inbox import Inbox
+from app.serving.worker.models import ModelTable
 from benchmarks.common import DATA, DEFAULT_MODEL
 from model.decoding.translator import Translator
 from training.data import read_lines

@@ -62,7 +62,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from app.serving.worker import IDLE_RELEASE_S
+from app.serving.worker.process import IDLE_RELEASE_S
 from benchmarks.common import DATA, cpu_busy_seconds
 from benchmarks.load import (
     Server,

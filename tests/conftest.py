@@ -82,7 +82,7 @@ SENTENCES = [
 @pytest.fixture
 def jobs(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
     """Every sentence (``SentenceJob``) the scheduler is given during the test, as the workers get it."""
-    from app.serving.scheduler import Scheduler
+    from app.serving.frontend.scheduler import Scheduler
 
     given: list[Any] = []
     submit = Scheduler.submit

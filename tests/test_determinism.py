@@ -25,10 +25,10 @@ import pytest
 import torch
 
 from app.config import Settings
-from app.serving.executor import Executor
-from app.serving.models import ModelTable
 from app.serving.protocol import SentenceJob
-from app.serving.worker import Inbox, open_translator
+from app.serving.worker.executor import Executor
+from app.serving.worker.inbox import Inbox
+from app.serving.worker.models import ModelTable, open_translator
 from benchmarks.common import DATA, DEFAULT_MODEL
 from model.decoding.batch import decode as decode_all
 from model.translator import Translator

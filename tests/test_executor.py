@@ -18,11 +18,11 @@ import torch
 from conftest import SENTENCES, compile_cache_dir, synthetic_sentences
 
 from app.metrics import Metrics, process_metrics
-from app.serving.executor import BACKGROUND_EVERY, JOIN_RATIO, JOIN_WAIT_STEPS, Executor, Job
-from app.serving.models import ModelTable
+from app.serving.frontend.scheduler import Hypotheses
 from app.serving.protocol import SentenceJob
-from app.serving.scheduler import Hypotheses
-from app.serving.worker import Inbox
+from app.serving.worker.executor import BACKGROUND_EVERY, JOIN_RATIO, JOIN_WAIT_STEPS, Executor, Job
+from app.serving.worker.inbox import Inbox
+from app.serving.worker.models import ModelTable
 from model.cache import KVCache
 from model.checkpoint import load_model, load_tokenizer, read_info
 from model.decoding.options import DecodeOptions

@@ -9,7 +9,7 @@ import pytest
 
 from app.serving.fairqueue import FairQueue
 from app.serving.protocol import SentenceJob
-from app.serving.worker import Inbox
+from app.serving.worker.inbox import Inbox
 
 
 def drain(queue: FairQueue[str]) -> list[str]:

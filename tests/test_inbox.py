@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 
 from app.serving.protocol import SentenceJob
-from app.serving.worker import Inbox
+from app.serving.worker.inbox import Inbox
 
 MODEL = "m"
 

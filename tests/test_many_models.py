@@ -18,10 +18,10 @@ from fastapi.testclient import TestClient
 from test_api import make_settings, serve
 
 from app.metrics import process_metrics
-from app.serving.executor import Executor
-from app.serving.models import ModelTable, weight_bytes
 from app.serving.protocol import ModelSpec, SentenceJob
-from app.serving.worker import Inbox
+from app.serving.worker.executor import Executor
+from app.serving.worker.inbox import Inbox
+from app.serving.worker.models import ModelTable, weight_bytes
 from model.checkpoint import ModelInfo, save_model_dir
 from model.tokenizer import Tokenizer
 from model.translator import Translator

@@ -13,7 +13,7 @@ import torch
 
 from app.config import Settings
 from app.main import worker_threads
-from app.serving.worker import open_translator
+from app.serving.worker.models import open_translator
 
 ROOT = Path(__file__).parent.parent
 

@@ -15,7 +15,7 @@ from pydantic import ValidationError
 from app.config import Settings
 from app.languages import languages, source_languages, supported_pairs, target_languages
 from app.served import find_model_dirs, model_names
-from app.serving.router import Router
+from app.serving.frontend.router import Router
 from model.checkpoint import ModelDirError, ModelInfo
 from tests.conftest import tiny_config
 

@@ -14,11 +14,11 @@ from typing import Any
 
 import pytest
 
-import app.serving.scheduler as scheduler_module
+import app.serving.frontend.scheduler as scheduler_module
 from app.metrics import process_metrics
 from app.serving.errors import DeadlineExceeded, EngineError, EngineStopped, QueueFull, TooLarge
+from app.serving.frontend.scheduler import MAX_ATTEMPTS, Hypotheses, Request, Scheduler
 from app.serving.protocol import Answers, Cancel, Done, Failed, Loaded, SentenceJob, ToWorker, Translate
-from app.serving.scheduler import MAX_ATTEMPTS, Hypotheses, Request, Scheduler
 
 EOS = 2
 MODEL = "m"  # the model served, unless a test says otherwise

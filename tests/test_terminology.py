@@ -22,12 +22,12 @@ from fastapi.testclient import TestClient
 
 from app.keys import owner_name
 from app.served import Rendered, ServedModel
-from app.serving.executor import Executor
-from app.serving.models import ModelTable
-from app.serving.pipeline import Translation
+from app.serving.frontend.pipeline import Translation
+from app.serving.frontend.router import Hop, Route
 from app.serving.protocol import Answers, Constraints, Done, Hypotheses, ModelDescription, SentenceJob, Spans
-from app.serving.router import Hop, Route
-from app.serving.worker import HeldJob, Inbox
+from app.serving.worker.executor import Executor
+from app.serving.worker.inbox import HeldJob, Inbox
+from app.serving.worker.models import ModelTable
 from model.decoding.batch import RunningBatch, Source
 from model.decoding.constraints import beam_for
 from model.decoding.terms import GlossaryEntry

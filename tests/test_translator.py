@@ -222,7 +222,7 @@ def constrained_lines() -> tuple[list[str], list[list[str]]]:
 
 def test_a_translator_made_for_beam_1_decodes_constrained_lines_as_the_service(model_dir: Path) -> None:
     """The CLI's translator for ``--beam-size 1`` and a worker's (``max_beam_size`` the service's
-    NMT_MAX_BEAM_SIZE, app/serving/worker.py) keep as many candidates per row in their steps:
+    NMT_MAX_BEAM_SIZE, app/serving/worker/process.py) keep as many candidates per row in their steps:
     greedy lines with placeholders (a beam of 2 each) come out the same. (With candidates for a
     beam of 1 only, the constrained search saw fewer and chose otherwise.)"""
     from model.decoding.options import DecodeOptions

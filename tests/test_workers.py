@@ -22,9 +22,9 @@ from test_api import assert_error, best, make_settings, serve
 from app.main import worker_count, worker_threads
 from app.metrics import Metrics
 from app.served import ServedModel
-from app.serving.handle import WorkerProcess
+from app.serving.frontend.handle import WorkerProcess
+from app.serving.frontend.scheduler import Scheduler
 from app.serving.protocol import ModelSpec, ToWorker, Translate
-from app.serving.scheduler import Scheduler
 from model.translator import Translator
 
 

@@ -11,7 +11,7 @@ A job goes queued -> reading -> translating -> writing -> done (or failed, or ca
   *background* work: the scheduler gives a job's sentences to a worker only within a share of its
   rows that leaves a batch free for typed requests, and the worker decodes them in a batch of
   their own that steps only when no typed sentence runs, or once in ``BACKGROUND_EVERY`` steps
-  (``app.serving.executor``). So a typed line decodes in its own steps beside a 200-page document,
+  (``app.serving.worker.executor``). So a typed line decodes in its own steps beside a 200-page document,
   and alone the document fills the batch (benchmarks/jobs.py measures both). Each chunk is saved
   as it finishes.
 * **writing**: a reader process writes the translations into the file.
@@ -46,8 +46,8 @@ from app.routes.sentences import SearchPlan, answer_with, decode_sentences
 from app.routes.translate import AUTO, check_languages, route_of, source_language
 from app.served import ServedModel
 from app.serving.errors import EngineError
-from app.serving.router import Route, Router
-from app.serving.scheduler import Scheduler
+from app.serving.frontend.router import Route, Router
+from app.serving.frontend.scheduler import Scheduler
 from app.terminology.answers import owner_lookup
 from app.terminology.cache import SegmentCache
 from app.terminology.database import StoreUnavailable

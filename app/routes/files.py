@@ -53,8 +53,8 @@ from app.schemas import (
     glossary_from_json_text,
 )
 from app.served import ServedModel
-from app.serving.router import Route, Router
-from app.serving.scheduler import Scheduler
+from app.serving.frontend.router import Route, Router
+from app.serving.frontend.scheduler import Scheduler
 from app.terminology.service import SentenceTerms, find_sentence_terms, request_glossary
 
 router = APIRouter(tags=["files"])

@@ -40,7 +40,7 @@ from app.routes.files import FILE_FORM_BODY, FileRequests, check_format, read_fo
 from app.routes.translate import check_languages
 from app.schemas import ErrorResponse
 from app.served import ServedModel
-from app.serving.router import Router
+from app.serving.frontend.router import Router
 from app.terminology.database import StoreUnavailable, unavailable
 from app.terminology.service import request_glossary
 

@@ -16,9 +16,9 @@ from starlette.types import Receive
 from app.key_limits import client_identity
 from app.served import Rendered, ServedModel
 from app.serving.errors import DeadlineExceeded, EngineError, EngineStopped, QueueFull, TooLarge
-from app.serving.pipeline import Translation
-from app.serving.router import Route
-from app.serving.scheduler import Scheduler
+from app.serving.frontend.pipeline import Translation
+from app.serving.frontend.router import Route
+from app.serving.frontend.scheduler import Scheduler
 from app.shedding import RETRY_AFTER_S, passed
 from app.terminology.answers import MemoryLookup, answer, cache_key, memory_lookup, segment_cache
 from app.terminology.cache import SegmentCache

@@ -1,8 +1,8 @@
 """POST /translate, LibreTranslate-compatible.
 
 Each text is split into sentences (app.formats) and tokenized here; the sentences of one request
-go to the workers of the model that serves its pair (``app.serving.router``; two models one after
-the other for a pair served through English, ``app.serving.pipeline``), where they share batches
+go to the workers of the model that serves its pair (``app.serving.frontend.router``; two models one after
+the other for a pair served through English, ``app.serving.frontend.pipeline``), where they share batches
 with each other and with other requests, and their translations are put back into each text's
 layout. Terminology (``app.terminology.service``): each sentence's glossary terms and placeholders
 are given to the decoder as constraints, and the response says where they are.
@@ -44,7 +44,7 @@ from app.schemas import (
     ValidationErrorResponse,
 )
 from app.served import ServedModel
-from app.serving.router import Route, Router
+from app.serving.frontend.router import Route, Router
 from app.terminology.service import (
     INLINE_CHARS,
     SentenceTerms,

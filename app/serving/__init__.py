@@ -1,16 +1,18 @@
 """Serving: what runs next is decided in the HTTP front end, how it runs in model workers.
 
-front end (HTTP process, no torch)            |  worker processes (NMT_REPLICAS), each
-                                              |    serving every model
+frontend/ (HTTP process, no torch)            |  worker/ (NMT_REPLICAS processes, each
+                                              |    serving every model)
 router.Router: (source, target) -> a model,   |
   or two through English                      |
 pipeline.Translation: a request's sentences   |
   along their routes, hop after hop           |
 scheduler.Scheduler: admission, a queue per   |
   model (ModelQueue), workers shared by all   |
-  models, fair order,                    -----+->  worker: the pipe, the inbox, the loop
-  deadlines, retries                          |    models.ModelTable: models loaded on demand, LRU
-handle.WorkerProcess: a worker's handle       |    executor.Executor: a running batch per model,
+  models, fair order,                    -----+->  process: the pipe, the loop
+  deadlines, retries                          |    inbox.Inbox: what waits, fair order per model
+handle.WorkerProcess: a worker's handle;      |    models.ModelTable: models loaded on demand, LRU
+  starts it by name (WORKER_ENTRY)            |    executor.Executor: a running batch per model,
                                               |      cache slots, models stepping in turn
-               protocol: the messages on the pipe, imported by both sides
+     shared, torch-free, imported by both rooms: protocol (the messages on the pipe), errors,
+     fairqueue, cores. Neither room imports the other (pyproject.toml's import-linter contracts).
 """

@@ -1,12 +1,13 @@
 """What crosses the pipe between the front end and a model worker: one frozen class per message.
 
-Both sides import this module and a few torch-free shared ones (``config``, ``metrics``,
-``cores``, ``fairqueue``); the front end (``handle``, ``scheduler``) runs no torch, the worker
-(``worker``) runs nothing of HTTP, and the front end reaches the worker's code only inside the child
-process (``handle._serve`` imports ``worker`` there). Messages are pickled with ``pickle`` itself
+Both rooms import this module and a few torch-free shared ones (``errors``, ``cores``,
+``fairqueue``, and the app's ``config`` and ``metrics``); the front end (``app.serving.frontend``)
+runs no torch, the worker (``app.serving.worker``) runs nothing of HTTP, and neither imports the
+other: the front end starts the worker's process by the name of its entry point
+(``frontend.handle.WORKER_ENTRY``). Messages are pickled with ``pickle`` itself
 (``send``) and read with ``Connection.recv``; each side dispatches on the class (``match``), so a
-message the other side cannot send does not type-check. Times are ``time.monotonic()``: one clock for every
-process of the machine.
+message the other side cannot send does not type-check. Times are ``time.monotonic()``: one clock
+for every process of the machine.
 
 front end -> worker (``ToWorker``):
 
@@ -23,7 +24,7 @@ worker -> front end (``FromWorker``):
   worker that holds a sentence's model).
 
 Every worker serves every model (``ModelSpec``s, given when it starts); a ``SentenceJob`` names its
-model, and the worker loads it on demand when it does not hold it (``app.serving.models``).
+model, and the worker loads it on demand when it does not hold it (``app.serving.worker.models``).
 """
 
 from __future__ import annotations

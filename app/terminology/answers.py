@@ -27,7 +27,7 @@ from typing import Any, TypeVar
 from fastapi import Request
 
 from app.key_limits import key_owner, stores_on
-from app.serving.router import Route
+from app.serving.frontend.router import Route
 from app.terminology.cache import SegmentCache
 from app.terminology.database import StoreUnavailable, unavailable
 from app.terminology.memory import TranslationMemory

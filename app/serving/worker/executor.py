@@ -7,12 +7,12 @@ leave it and their results go back at once. The batch itself, how a step runs an
 chooses are ``model.decoding.batch.RunningBatch``'s, the same driver the library and the CLI use:
 this module adds what a service needs around it (admission within the batch limits, cancellation
 and deadlines, metrics, and a failed step failing only the running sentences). Everything here
-runs on one thread, the one that loads the models (``app.serving.worker``).
+runs on one thread, the one that loads the models (``app.serving.worker.process``).
 
 Several models: each model with sentences in this worker has a running batch of its own (a
 ``Lane``), and the models step in turn, one step each, round-robin over those with rows running
 or sentences waiting, so that every model progresses whatever the others' backlogs. A model not
-held yet is loaded at its turn (``app.serving.models.ModelTable``: the other models wait for the
+held yet is loaded at its turn (``app.serving.worker.models.ModelTable``: the other models wait for the
 load). A lane whose batch empties is dropped, its cache with it: an idle model holds its weights,
 not a cache. ``max_batch_size`` bounds the rows of all the running batches together (the memory of
 their caches and the time of a round), except that a model with no rows running always takes one
@@ -36,8 +36,8 @@ from typing import Protocol
 
 from app.config import Settings
 from app.metrics import Metrics
-from app.serving.models import LoadedModel, ModelTable
 from app.serving.protocol import Hypotheses, Spans
+from app.serving.worker.models import LoadedModel, ModelTable
 from model.decoding.batch import JOIN_RATIO, JOIN_WAIT_STEPS, RunningBatch, Source
 from model.decoding.search import Hypothesis
 

@@ -1,4 +1,4 @@
-"""A request's sentences along their routes (``app.serving.router``), through the scheduler.
+"""A request's sentences along their routes (``app.serving.frontend.router``), through the scheduler.
 
 A direct route is one scheduler request to its model's workers. A pivot is two, one after the
 other: the first model's best translation of each sentence (text, decoded with its vocabulary)
@@ -25,8 +25,8 @@ from collections.abc import Sequence
 
 from app.served import Rendered, ServedModel
 from app.serving.errors import DeadlineExceeded
-from app.serving.router import Route
-from app.serving.scheduler import Request, Scheduler
+from app.serving.frontend.router import Route
+from app.serving.frontend.scheduler import Request, Scheduler
 
 
 class Translation:

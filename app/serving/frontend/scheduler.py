@@ -1,9 +1,9 @@
 """The scheduler: admission, the queues, fair order, deadlines and retries, in the HTTP front end.
 
 Plain Python on the event loop, no torch: it decides *what* runs next; the workers decide *how*
-(``app.serving.executor``, in processes of their own). A test drives it with fake workers.
+(``app.serving.worker.executor``, in processes of their own). A test drives it with fake workers.
 
-- **Models**: every worker serves every model (``app.serving.models``: a worker loads a model when
+- **Models**: every worker serves every model (``app.serving.worker.models``: a worker loads a model when
   a sentence first needs it). Each model has its own queue (a ``ModelQueue``), and a worker with
   free rows takes from the models' queues, first from the model with the fewest rows in the
   workers' hands (round-robin among equals): a model that has nothing being translated goes first,
@@ -47,7 +47,7 @@ from typing import Any
 from app.metrics import Metrics
 from app.serving.errors import DeadlineExceeded, EngineError, EngineStopped, QueueFull, TooLarge
 from app.serving.fairqueue import FairQueue
-from app.serving.placement import JobState, ModelQueue, Request, Worker, WorkerState
+from app.serving.frontend.placement import JobState, ModelQueue, Request, Worker, WorkerState
 from app.serving.protocol import (
     Answers,
     Cancel,
@@ -190,7 +190,7 @@ class Scheduler:
         only one); its future gives the n-best of each source, in order, or raises
         ``DeadlineExceeded`` or ``EngineError``. Raises ``QueueFull``, ``TooLarge`` or
         ``EngineStopped`` at once. ``admitted``: the second hop of a request admitted before (a
-        pivot, ``app.serving.pipeline``), whose sentences were counted then: not refused for a
+        pivot, ``app.serving.frontend.pipeline``), whose sentences were counted then: not refused for a
         full queue, so that work already done is not thrown away (the queue may then hold up to
         these sentences more than ``max_queue``, until they leave it). ``constraints``: each
         source's (terminology); a constrained sentence takes the rows of the beam it needs

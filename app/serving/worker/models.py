@@ -25,13 +25,19 @@ from pathlib import Path
 
 import torch
 
+from app.config import Settings
 from app.metrics import Metrics
 from app.serving.protocol import ModelDescription, ModelSpec
+from model.decoding.constraints import beam_for
 from model.decoding.translator import Translator
 
 log = logging.getLogger("uvicorn.error").getChild("worker")
 
 WEIGHTS_FILE = "model.safetensors"
+
+# Translated once before a worker reports ready: the first request should not pay for lazy
+# initialisation (allocator, kernels, thread pools).
+WARMUP_SENTENCES = ["Hallo Welt."]
 
 
 @dataclass(eq=False)
@@ -191,3 +197,42 @@ class ModelTable:
                 continue
             loaded.append(self.load(name))
         return loaded
+
+
+def open_translator(settings: Settings, model_dir: Path) -> Translator:
+    """The model in ``model_dir`` as a worker runs it with ``settings``, its decoding step made
+    (compiled or loaded from the cache where ``NMT_COMPILE``, on CPU and CUDA alike; eager where
+    compiling fails) and, where ``NMT_WARMUP``, warmed up."""
+    translator = Translator.load(
+        model_dir,
+        device=settings.device,
+        dtype=settings.dtype,
+        quantization=settings.quantization,
+        options=settings.decode_options(),
+        # Room for the largest batch, or for one constrained input's beams (``beam_for``).
+        capacity=max(
+            settings.max_batch_size, beam_for(settings.max_beam_size, settings.max_terms_per_sentence)
+        ),
+        max_beam_size=settings.max_beam_size,
+        compile=settings.compile,
+        cache_dir=settings.compile_cache_dir,
+    )
+    translator.runner  # noqa: B018 - made now, before the worker reports ready
+    if settings.warmup:
+        warm_up(translator)
+    return translator
+
+
+def model_table(settings: Settings, models: Sequence[ModelSpec], metrics: Metrics | None) -> ModelTable:
+    return ModelTable(
+        models,
+        lambda spec: open_translator(settings, spec.path),
+        budget_bytes=settings.worker_model_memory_mb << 20,
+        metrics=metrics,
+    )
+
+
+def warm_up(translator: Translator) -> None:
+    """Translate ``WARMUP_SENTENCES`` once, on the decoding step and cache size the worker uses."""
+    target = translator.info.directions[0][1]
+    translator.generate(translator.source_ids(WARMUP_SENTENCES, target=target), beam_size=1)

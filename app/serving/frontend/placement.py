@@ -1,4 +1,4 @@
-"""What the scheduler keeps of requests, sentences, models and workers (``app.serving.scheduler``
+"""What the scheduler keeps of requests, sentences, models and workers (``app.serving.frontend.scheduler``
 decides with them): a request and its sentences, each model's queues, each worker's rows in hand.
 Plain data, no decisions but the one a worker's own state answers (``WorkerState.takes``)."""
 
@@ -10,12 +10,12 @@ from typing import Any, Protocol
 
 from app.metrics import Metrics
 from app.serving.fairqueue import FairQueue
-from app.serving.handle import Listener
+from app.serving.frontend.handle import Listener
 from app.serving.protocol import Hypotheses, SentenceJob, Spans, ToWorker
 
 
 class Worker(Protocol):
-    """What the scheduler needs of a worker (``app.serving.handle.WorkerProcess``): it serves every
+    """What the scheduler needs of a worker (``app.serving.frontend.handle.WorkerProcess``): it serves every
     model."""
 
     name: str

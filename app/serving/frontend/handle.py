@@ -7,13 +7,15 @@ each of a decoding step's ~75 operator calls: at 2,048 connections a model in th
 process answered 2.9 sentences/s, under 1% of its capacity. In a process of its own the model
 shares nothing with HTTP but the CPU.
 
-No torch here: the child's side (``app.serving.worker``) is imported in the child only, by
-``_serve``, the process's target. What travels on the pipe is ``app.serving.protocol``'s.
+No torch here: the child's side is named, not imported (``WORKER_ENTRY``); the process's target,
+``_serve``, imports it by that name in the child only. What travels on the pipe is
+``app.serving.protocol``'s.
 """
 
 from __future__ import annotations
 
 import asyncio
+import importlib
 import multiprocessing
 from concurrent.futures import ThreadPoolExecutor
 from multiprocessing.connection import Connection
@@ -41,6 +43,9 @@ STOP_TIMEOUT_S = 30.0
 # Worker processes are started from this thread: starting one (fork and exec) takes tens of
 # milliseconds that the event loop, answering requests meanwhile, should not wait for.
 _SPAWNER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="nmt-spawner")
+# The child process's entry point, ``module:function`` (``serve_worker``'s signature): a name, so
+# that the front end's modules import nothing of the worker's (``lint-imports`` checks it).
+WORKER_ENTRY = "app.serving.worker.process:serve_worker"
 
 
 class Listener(Protocol):
@@ -52,18 +57,11 @@ class Listener(Protocol):
     def on_exit(self, worker: WorkerProcess) -> None: ...
 
 
-def _serve(
-    settings: Settings,
-    models: tuple[ModelSpec, ...],
-    threads: int | None,
-    metrics_dir: str,
-    conn: Connection,
-    cores: CoreShare | None,
-) -> None:
-    """The child process's target: what imports torch and the models runs in the child only."""
-    from app.serving.worker import serve_worker
-
-    serve_worker(settings, models, threads, metrics_dir, conn, cores)
+def _serve(entry: str, *args: object) -> None:
+    """The child process's target: import the worker's entry point by its name, in the child only
+    (what imports torch and the models never loads in the front end), and run it."""
+    module, function = entry.split(":")
+    getattr(importlib.import_module(module), function)(*args)
 
 
 class WorkerProcess:
@@ -106,7 +104,15 @@ class WorkerProcess:
         self._conn, child_conn = context.Pipe()
         self.process = context.Process(
             target=_serve,
-            args=(self.settings, self.models, self.threads, self.metrics_dir, child_conn, self.cores),
+            args=(
+                WORKER_ENTRY,
+                self.settings,
+                self.models,
+                self.threads,
+                self.metrics_dir,
+                child_conn,
+                self.cores,
+            ),
             name=self.name,
             daemon=True,
         )

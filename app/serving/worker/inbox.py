@@ -1,0 +1,153 @@
+"""A worker's inbox: the sentences the front end gave it and the executor has not taken into a
+batch yet. The pipe's reader thread adds and cancels (``app.serving.worker.process``); the model
+thread's executor takes (``app.serving.worker.executor``)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+
+from app.metrics import Metrics
+from app.serving.fairqueue import FairQueue
+from app.serving.protocol import SentenceJob, Spans
+from app.serving.worker.executor import Job
+
+
+class HeldJob:
+    """A ``SentenceJob`` in this worker's hands, as the executor runs it (``executor.Job``): the
+    message is frozen, and ``cancelled`` is set here when the front end withdraws it, so that the
+    executor drops it at its next step even while it runs."""
+
+    __slots__ = (
+        "job",
+        "id",
+        "model",
+        "src",
+        "beam_size",
+        "n_best",
+        "enqueued",
+        "constraints",
+        "spans",
+        "cancelled",
+        "background",
+    )
+
+    def __init__(self, job: SentenceJob) -> None:
+        self.job = job
+        self.id, self.model, self.src, self.beam_size = job.id, job.model, job.src, job.beam_size
+        self.n_best, self.enqueued, self.constraints = job.n_best, job.enqueued, job.constraints
+        self.spans: tuple[Spans, ...] = ()  # the executor's, when it finishes
+        self.cancelled = False
+        self.background = job.background
+
+    def expired(self, now: float) -> bool:
+        return self.cancelled or self.job.past_deadline(now)
+
+
+class Inbox:
+    """The sentences given to this worker and not taken into a batch yet, a queue per model, each in
+    the order the front end's scheduler uses (``app.serving.fairqueue``, round-robin over
+    requests): the front end gives a worker up to two batches ahead, and a one-line request given
+    after a document must still join before the rest of the document. The pipe's reader thread
+    adds and cancels; the model thread takes. ``metrics``: the process's (each model's label).
+
+    Document jobs' sentences (``SentenceJob.background``) wait in queues of their own, for the
+    executor's batches of documents (``app.serving.executor``: they step only when no typed
+    sentence runs or waits, or one step in ``BACKGROUND_EVERY``)."""
+
+    def __init__(self, metrics: Metrics | None = None) -> None:
+        self.metrics = metrics
+        self._queues: dict[str, FairQueue[HeldJob]] = {}  # by model
+        self._background: dict[str, FairQueue[HeldJob]] = {}  # by model: document jobs'
+        self._size = 0  # jobs in the queues
+        self._rows = 0  # rows of the jobs in the queues
+        self._by_id: dict[int, HeldJob] = {}  # every job given and not finished
+        self._cond = threading.Condition()
+        self._stopping = False
+
+    def add(self, jobs: Sequence[SentenceJob]) -> None:
+        with self._cond:
+            by_request: dict[tuple[str, int], list[HeldJob]] = {}
+            for job in jobs:
+                held = self._by_id[job.id] = HeldJob(job)
+                by_request.setdefault((job.model, job.request), []).append(held)
+            for (model, rid), mine in by_request.items():
+                background = mine[0].background
+                queues = self._background if background else self._queues
+                queues.setdefault(model, FairQueue()).push(rid, mine)
+            self._size += len(jobs)
+            self._rows += sum(j.beam_size for j in jobs)
+            self._cond.notify()
+
+    def cancel(self, ids: Iterable[int]) -> None:
+        """Drop these jobs: waiting ones when they come up, running ones at the executor's next step."""
+        with self._cond:
+            for jid in ids:
+                job = self._by_id.pop(jid, None)
+                if job is not None:
+                    job.cancelled = True
+            self._cond.notify()
+
+    def release(self, job: Job) -> bool:
+        """Forget a job that left the batch; False if it had been cancelled (nobody waits for it)."""
+        with self._cond:
+            return self._by_id.pop(job.id, None) is not None
+
+    def stop(self) -> None:
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+
+    # -- what the executor uses ------------------------------------------------------------------------
+    @property
+    def waiting(self) -> int:
+        """Jobs waiting, every model's."""
+        return self._size
+
+    def waiting_for(self, model: str, background: bool | None = None) -> int:
+        """``model``'s jobs waiting: typed ones, documents' (``background``), or both (None)."""
+        kinds = (False, True) if background is None else (background,)
+        queues = [(self._background if kind else self._queues).get(model) for kind in kinds]
+        return sum(len(q) for q in queues if q is not None)
+
+    def wait(self, busy: Callable[[], bool]) -> bool:
+        """Block until jobs wait or ``busy()`` (a batch is running); False once stopping."""
+        with self._cond:
+            self._cond.wait_for(lambda: self._stopping or self._size > 0 or busy())
+            return not self._stopping
+
+    def quiet(self, seconds: float) -> bool:
+        """Whether ``seconds`` pass with no job arriving and no stop (returns early otherwise)."""
+        with self._cond:
+            return not self._cond.wait_for(lambda: self._stopping or self._size > 0, seconds)
+
+    def wait_for_more(self, rows: int, timeout: float) -> None:
+        """Block until ``rows`` rows' worth of jobs wait, for at most ``timeout`` seconds."""
+        with self._cond:
+            self._cond.wait_for(lambda: self._stopping or self._rows >= rows, timeout)
+
+    def take(self, fits: Callable[[Job], bool], model: str = "", background: bool = False) -> list[Job]:
+        """``model``'s jobs (typed ones, or documents') in the queue's order for as long as
+        ``fits(job)``; cancelled or expired ones are dropped on the way."""
+        taken: list[Job] = []
+        now = time.monotonic()
+        with self._cond:
+            queue = (self._background if background else self._queues).get(model)
+            while queue is not None and (job := queue.peek()) is not None:
+                if job.expired(now):
+                    self._pop(queue)
+                    self._by_id.pop(job.id, None)
+                    if self.metrics is not None:
+                        self.metrics.sentences.labels(job.model, "abandoned").inc()
+                    continue
+                if not fits(job):
+                    break
+                taken.append(self._pop(queue))
+        return taken
+
+    def _pop(self, queue: FairQueue[HeldJob]) -> HeldJob:
+        job = queue.pop()
+        self._size -= 1
+        self._rows -= job.beam_size
+        return job

@@ -1,0 +1,146 @@
+"""A model worker, the child process's side: load the models it holds at start, then translate
+what the front end sends, for any served model, until it says stop or goes away (the front end's
+side is ``app.serving.frontend.handle``; the messages are ``app.serving.protocol``'s). A model it does not
+hold is loaded when a sentence for it comes up (``app.serving.worker.models``).
+
+The models load on the process's main thread, which then runs every decoding step: one thread for
+all torch work, as OpenMP slows down once two threads have started parallel regions. A second
+thread only reads the pipe into the ``Inbox``: it must keep reading even while the main thread
+blocks writing answers to a front end that is busy, or two full pipe buffers would block both
+processes for good.
+
+A worker ignores SIGINT and SIGTERM: a terminal's Ctrl-C or a service manager signals the whole
+process group, and the front end decides when its workers stop (after draining its requests).
+When the front end is gone, the pipe's end of file stops the worker.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import signal
+import threading
+from collections.abc import Sequence
+from multiprocessing.connection import Connection
+
+import torch
+
+from app.config import Settings
+from app.metrics import process_metrics
+from app.serving.cores import CoreShare
+from app.serving.protocol import (
+    Answers,
+    Cancel,
+    Done,
+    Failed,
+    Loaded,
+    ModelSpec,
+    Ready,
+    StartFailed,
+    Stop,
+    ToWorker,
+    Translate,
+)
+from app.serving.protocol import (
+    send as send_message,
+)
+from app.serving.worker.executor import Executor
+from app.serving.worker.inbox import Inbox
+from app.serving.worker.models import model_table
+from model.runtime.allocator import release_freed_memory
+
+log = logging.getLogger("uvicorn.error").getChild("worker")
+
+# A worker idle this long gives its freed memory back to the OS (``release_freed_memory``): an
+# OPUS-MT-sized int8 worker kept ~360 MB of freed heap after a burst of 128 sentences; giving it
+# back costs the next burst its page faults, once.
+IDLE_RELEASE_S = 1.0
+
+
+# -- the worker process ----------------------------------------------------------------------------
+def serve_worker(
+    settings: Settings,
+    models: Sequence[ModelSpec],
+    threads: int | None,
+    metrics_dir: str,
+    conn: Connection,
+    cores: CoreShare | None = None,
+) -> None:
+    """The child process: load the models it holds at start (all of them, or those that fit in
+    ``NMT_WORKER_MODEL_MEMORY_MB``), report ready, then translate what the front end gives, for any
+    of ``models``, until it says stop or goes away. ``cores``: its slot on the front end's
+    ``CoreBoard`` (on CPU), to run on the idle workers' cores too while it is the only one at work."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    if threads:
+        torch.set_num_threads(threads)
+    try:
+        metrics = process_metrics(metrics_dir)
+        inbox = Inbox(metrics)
+        table = model_table(settings, models, metrics)
+        loaded = table.load_at_start()
+        executor = Executor.from_settings(table, inbox, settings, metrics=metrics)
+    except Exception as e:  # the front end fails its start-up with this reason
+        with contextlib.suppress(OSError):
+            send_message(conn, StartFailed(f"{type(e).__name__}: {e}"))
+        conn.close()
+        return
+    send_message(conn, Ready(tuple((m.name, m.description) for m in loaded)))
+    told = table.changes  # what the front end knows of the models held
+    threading.Thread(target=_read, args=(conn, inbox), name="nmt-worker-inbox", daemon=True).start()
+    if cores is not None:
+        cores.starting()
+    try:
+        with torch.inference_mode():
+            while True:
+                if not executor.busy and inbox.quiet(IDLE_RELEASE_S):
+                    # Idle: what the last burst's peak left in the heap goes back to the OS
+                    # (kept for reuse while busy: model.runtime.allocator).
+                    release_freed_memory()
+                if not inbox.wait(lambda: executor.busy):
+                    break
+                if cores is not None:
+                    use_threads(cores.update(busy=True))
+                answers: list[Done | Failed] = []
+                for job, result in executor.iteration():
+                    if not inbox.release(job):
+                        continue
+                    if isinstance(result, BaseException):
+                        answers.append(Failed(job.id, str(result)))
+                    else:
+                        answers.append(Done(job.id, result, job.spans))
+                if cores is not None and not executor.busy and not inbox.waiting:
+                    use_threads(cores.update(busy=False))  # asleep: its core is free for the others
+                with contextlib.suppress(OSError):  # the front end is gone: the reader stops us
+                    if table.changes != told:
+                        told = table.changes
+                        send_message(conn, Loaded(tuple(table.loaded)))
+                    if answers:
+                        send_message(conn, Answers(tuple(answers)))
+    finally:
+        if cores is not None:
+            cores.update(busy=False)
+        conn.close()
+
+
+def use_threads(threads: int) -> None:
+    """Run torch's operators on ``threads`` threads from the next one on (``CoreShare.update``)."""
+    if threads != torch.get_num_threads():
+        torch.set_num_threads(threads)
+
+
+def _read(conn: Connection, inbox: Inbox) -> None:
+    """The pipe's reader: jobs and cancellations go to the inbox at once."""
+    while True:
+        try:
+            message: ToWorker = conn.recv()
+        except (EOFError, OSError):  # the front end is gone
+            message = Stop()
+        match message:
+            case Translate(jobs):
+                inbox.add(jobs)
+            case Cancel(ids):
+                inbox.cancel(ids)
+            case Stop():
+                inbox.stop()
+                return
