@@ -28,6 +28,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from html.parser import HTMLParser
 
+from app.formats.blocks import SplitBlocks
 from app.formats.inline import Block, Mark, Side, SplitBlock
 from app.formats.limits import DocumentLimits, TooLarge
 
@@ -297,32 +298,24 @@ class HtmlDocument:
         return "\n".join(b.block.text.strip() for b in self.blocks if b.block.text.strip())
 
     def split(self, language: str) -> HtmlText:
-        return HtmlText(self, tuple(b.block.split(language) for b in self.blocks))
+        return HtmlText(tuple(b.block.split(language) for b in self.blocks), self)
 
 
 @dataclass(frozen=True)
-class HtmlText:
+class HtmlText(SplitBlocks):
     """A document split into sentences; ``join`` puts their translations back into its markup
     (the same protocol as ``app.text.SplitText``)."""
 
     document: HtmlDocument
-    splits: tuple[SplitBlock, ...]
-
-    @property
-    def sentences(self) -> tuple[str, ...]:
-        return tuple(s for split in self.splits for s in split.sentences)
 
     def join(self, translations: Sequence[str]) -> str:
-        if len(translations) != len(self.sentences):
-            raise ValueError(f"expected {len(self.sentences)} translations, got {len(translations)}")
-        out, start = [], 0
-        for item, split in zip(self.document.blocks, self.splits, strict=True):
-            count = len(split.sentences)
-            if not count:
+        out = []
+        placed_blocks = self.placed(translations)
+        for item, split, placed in zip(self.document.blocks, self.splits, placed_blocks, strict=True):
+            if placed is None:
                 out.append(item.raw)
                 continue
-            text, offsets = split.place(translations[start : start + count])
-            start += count
+            text, offsets = placed
             out.append(self._render(split, text, offsets, item.pieces))
         return "".join(out)
 

@@ -39,8 +39,9 @@ from typing import Any
 from markdown_it import MarkdownIt
 from markdown_it.rules_inline import StateInline
 
+from app.formats.blocks import SplitBlocks
 from app.formats.documents import decode, encode
-from app.formats.inline import Block, Mark, SplitBlock
+from app.formats.inline import Block, Mark
 from app.formats.limits import DocumentLimits, TooLarge
 from app.formats.markdown_text import Piece, Span, render, within_words
 
@@ -354,28 +355,19 @@ class MarkdownDocument:
         return "\n".join(s.block.text for s in self.spans if s.block.text.strip())
 
     def split(self, language: str) -> SplitMarkdown:
-        return SplitMarkdown(self, tuple(s.block.split(language) for s in self.spans))
+        return SplitMarkdown(tuple(s.block.split(language) for s in self.spans), self)
 
 
 @dataclass(frozen=True)
-class SplitMarkdown:
+class SplitMarkdown(SplitBlocks):
     document: MarkdownDocument
-    splits: tuple[SplitBlock, ...]
-
-    @property
-    def sentences(self) -> tuple[str, ...]:
-        return tuple(s for split in self.splits for s in split.sentences)
 
     def join(self, translations: Sequence[str]) -> bytes:
-        if len(translations) != len(self.sentences):
-            raise ValueError(f"expected {len(self.sentences)} translations, got {len(translations)}")
-        source, out, cursor, start = self.document.source, [], 0, 0
-        for span, split in zip(self.document.spans, self.splits, strict=True):
-            count = len(split.sentences)
-            if not count:
+        source, out, cursor = self.document.source, [], 0
+        for span, placed in zip(self.document.spans, self.placed(translations), strict=True):
+            if placed is None:
                 continue
-            text, offsets = split.place(translations[start : start + count])
-            start += count
+            text, offsets = placed
             offsets = within_words(span.block, text, offsets)
             out += [source[cursor : span.start], render(span, text, offsets)]
             cursor = span.end

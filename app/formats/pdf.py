@@ -59,6 +59,7 @@ from pdfminer.pdfparser import PDFParser
 from pypdf import ObjectDeletionFlag, PdfReader, PdfWriter, Transformation
 from pypdf.generic import EncodedStreamObject, IndirectObject
 
+from app.formats.blocks import SplitBlocks
 from app.formats.inline import Block, SplitBlock
 from app.formats.limits import RATIO_FLOOR_BYTES, DocumentError, DocumentLimits, TooLarge
 from app.formats.pdf_blocks import TextBlock, page_blocks
@@ -255,7 +256,7 @@ class PdfDocument:
         return "\n\n".join(b.text for b in self.blocks)
 
     def split(self, language: str) -> SplitPdf:
-        return SplitPdf(self, tuple(split_block(b.text, language) for b in self.blocks))
+        return SplitPdf(tuple(split_block(b.text, language) for b in self.blocks), self)
 
 
 def split_block(text: str, language: str) -> SplitBlock:
@@ -266,26 +267,17 @@ def split_block(text: str, language: str) -> SplitBlock:
 
 
 @dataclass(frozen=True)
-class SplitPdf:
+class SplitPdf(SplitBlocks):  # its splits: one per block, in the order of ``source.blocks``
     source: PdfDocument
-    splits: tuple[SplitBlock, ...]  # one per block, in the order of ``source.blocks``
-
-    @property
-    def sentences(self) -> tuple[str, ...]:
-        return tuple(s for split in self.splits for s in split.sentences)
 
     def join(self, translations: Sequence[str]) -> bytes:
         """The PDF with each page's text replaced by its translation."""
-        if len(translations) != len(self.sentences):
-            raise ValueError(f"expected {len(self.sentences)} translations, got {len(translations)}")
         texts: list[list[Text]] = []
-        start, splits = 0, iter(self.splits)
+        blocks = iter(self.placed(translations))
         for page in self.source.pages:
             texts.append([])
-            for block, split in zip(page.blocks, splits, strict=False):
-                n = len(split.sentences)
-                text = split.place(translations[start : start + n])[0] if n else block.text
-                start += n
+            for block, placed in zip(page.blocks, blocks, strict=False):
+                text = block.text if placed is None else placed[0]
                 texts[-1].append(Text(block.box, " ".join(text.split()), block.style, block.centred))
         pages = [(p.size, t) for p, t in zip(self.source.pages, texts, strict=True) if p.blocks]
         drawn = PdfReader(io.BytesIO(overlay(pages)))

@@ -17,8 +17,9 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from app.formats.blocks import SplitBlocks
 from app.formats.documents import NOT_XML
-from app.formats.inline import Block, Mark, SplitBlock
+from app.formats.inline import Block, Mark
 from app.formats.limits import DocumentLimits
 from app.formats.parts import XML_NS
 
@@ -97,29 +98,19 @@ class RunsDocument:
         return "\n".join(b.text.strip() for b in self.blocks if b.text.strip())
 
     def split(self, language: str) -> SplitRuns:
-        return SplitRuns(self, tuple(block.split(language) for block in self.blocks))
+        return SplitRuns(tuple(block.split(language) for block in self.blocks), self)
 
 
 @dataclass(frozen=True)
-class SplitRuns:
+class SplitRuns(SplitBlocks):
     source: RunsDocument
-    splits: tuple[SplitBlock, ...]
-
-    @property
-    def sentences(self) -> tuple[str, ...]:
-        return tuple(s for split in self.splits for s in split.sentences)
 
     def join(self, translations: Sequence[str]) -> bytes:
         """The document with its paragraphs translated (written once: the document is changed)."""
-        if len(translations) != len(self.sentences):
-            raise ValueError(f"expected {len(self.sentences)} translations, got {len(translations)}")
-        start = 0
-        for runs, split in zip(self.source.paragraphs, self.splits, strict=True):
-            count = len(split.sentences)
-            if not count:
+        for runs, placed in zip(self.source.paragraphs, self.placed(translations), strict=True):
+            if placed is None:
                 continue
-            text, offsets = split.place(translations[start : start + count])
-            start += count
+            text, offsets = placed
             cuts = [0, *offsets, len(text)]
             for run, begin, end in zip(runs, cuts[:-1], cuts[1:], strict=True):
                 piece = NOT_XML.sub("", text[begin:end])
