@@ -27,6 +27,19 @@ REPO = Path(__file__).resolve().parents[1]
 FLOAT32_EAGER = ("--quantization", "none", "--no-compile")
 
 
+def argv(
+    model: Path, *extra: str, src: Path | None = None, out: Path | None = None, float32_eager: bool = True
+) -> list[str]:
+    """The CLI's arguments for ``model`` on the CPU (the ``translator`` fixture's float32 eager step
+    unless not ``float32_eager``), reading ``src`` and writing ``out`` where given, then ``extra``."""
+    args = ["--model", str(model)]
+    if src is not None:
+        args += ["--input", str(src)]
+    if out is not None:
+        args += ["--output", str(out)]
+    return [*args, "--device", "cpu", *(FLOAT32_EAGER if float32_eager else ()), *extra]
+
+
 @pytest.fixture
 def lines(sentences: list[str]) -> list[str]:
     """Input lines: sentences of different lengths with blank and whitespace-only lines between."""
@@ -57,18 +70,7 @@ def test_file_to_file_in_chunks(
     monkeypatch.setattr(Translator, "translate_batch", spy)
     src, out = tmp_path / "in.txt", tmp_path / "out.txt"
     src.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    argv = [
-        "--model",
-        str(model_dir),
-        "--input",
-        str(src),
-        "--output",
-        str(out),
-        "--device",
-        "cpu",
-        *FLOAT32_EAGER,
-    ]
-    assert main([*argv, "--beam-size", "2", "--batch-size", "3"]) == 0
+    assert main(argv(model_dir, "--beam-size", "2", "--batch-size", "3", src=src, out=out)) == 0
     monkeypatch.undo()
 
     got = out.read_text(encoding="utf-8").split("\n")
@@ -87,18 +89,7 @@ def test_gzip_crlf_and_no_final_newline(
     src, out = tmp_path / "in.txt.gz", tmp_path / "out.txt.gz"
     with gzip.open(src, "wb") as f:
         f.write(("\r\n".join(lines)).encode("utf-8"))  # Windows line ends, last line unterminated
-    argv = [
-        "--model",
-        str(model_dir),
-        "--input",
-        str(src),
-        "--output",
-        str(out),
-        "--device",
-        "cpu",
-        *FLOAT32_EAGER,
-    ]
-    assert main([*argv, "--beam-size", "1", "--no-progress"]) == 0
+    assert main(argv(model_dir, "--beam-size", "1", "--no-progress", src=src, out=out)) == 0
     with gzip.open(out, "rt", encoding="utf-8") as f:
         got = f.read().split("\n")
     assert got[:-1] == expected(translator, lines, beam_size=1)
@@ -113,40 +104,14 @@ def test_stdout_output(
 ) -> None:
     src = tmp_path / "in.txt"
     src.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    assert (
-        main(
-            [
-                "--model",
-                str(model_dir),
-                "--input",
-                str(src),
-                "--device",
-                "cpu",
-                *FLOAT32_EAGER,
-                "--beam-size",
-                "3",
-            ]
-        )
-        == 0
-    )
+    assert main(argv(model_dir, "--beam-size", "3", src=src)) == 0
     assert capsys.readouterr().out.split("\n")[:-1] == expected(translator, lines, beam_size=3)
 
 
 def test_subprocess_reads_stdin(model_dir: Path, translator: Translator, lines: list[str]) -> None:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "model.translate",
-            "--model",
-            str(model_dir),
-            "--device",
-            "cpu",
-            *FLOAT32_EAGER,
-            "--beam-size",
-            "2",
-        ],
+        [sys.executable, "-m", "model.translate", *argv(model_dir, "--beam-size", "2")],
         input="\n".join(lines) + "\n",
         capture_output=True,
         text=True,
@@ -163,44 +128,14 @@ def test_subprocess_reads_stdin(model_dir: Path, translator: Translator, lines: 
 def test_all_blank_input(model_dir: Path, tmp_path: Path) -> None:
     src, out = tmp_path / "in.txt", tmp_path / "out.txt"
     src.write_text("\n \n\n")
-    assert (
-        main(
-            [
-                "--model",
-                str(model_dir),
-                "--input",
-                str(src),
-                "--output",
-                str(out),
-                "--device",
-                "cpu",
-                *FLOAT32_EAGER,
-            ]
-        )
-        == 0
-    )
+    assert main(argv(model_dir, src=src, out=out)) == 0
     assert out.read_text() == "\n\n\n"
 
 
 def test_empty_input(model_dir: Path, tmp_path: Path) -> None:
     src, out = tmp_path / "in.txt", tmp_path / "out.txt"
     src.write_text("")
-    assert (
-        main(
-            [
-                "--model",
-                str(model_dir),
-                "--input",
-                str(src),
-                "--output",
-                str(out),
-                "--device",
-                "cpu",
-                *FLOAT32_EAGER,
-            ]
-        )
-        == 0
-    )
+    assert main(argv(model_dir, src=src, out=out)) == 0
     assert out.read_text() == ""
 
 
@@ -216,7 +151,7 @@ def assert_clean_error(capsys: pytest.CaptureFixture[str], *needles: str) -> Non
 
 
 def test_missing_model_dir(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["--model", str(tmp_path / "no-such-model"), "--device", "cpu", *FLOAT32_EAGER]) == 2
+    assert main(argv(tmp_path / "no-such-model")) == 2
     assert_clean_error(capsys, "no-such-model")
 
 
@@ -224,46 +159,18 @@ def test_broken_model_dir(model_dir_copy: Path, tmp_path: Path, capsys: pytest.C
     (model_dir_copy / "model.safetensors").write_bytes(b"garbage" * 100)
     src, out = tmp_path / "in.txt", tmp_path / "out.txt"
     src.write_text("Ein Mann.\n")
-    assert (
-        main(
-            [
-                "--model",
-                str(model_dir_copy),
-                "--input",
-                str(src),
-                "--output",
-                str(out),
-                "--device",
-                "cpu",
-                *FLOAT32_EAGER,
-            ]
-        )
-        == 2
-    )
+    assert main(argv(model_dir_copy, src=src, out=out)) == 2
     assert_clean_error(capsys, "model.safetensors")
     assert not out.exists()  # nothing is written when the model cannot be loaded
 
 
 def test_model_dir_without_config(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["--model", str(tmp_path), "--device", "cpu", *FLOAT32_EAGER]) == 2
+    assert main(argv(tmp_path)) == 2
     assert_clean_error(capsys, "config.json")
 
 
 def test_missing_input_file(model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert (
-        main(
-            [
-                "--model",
-                str(model_dir),
-                "--input",
-                str(tmp_path / "missing.txt"),
-                "--device",
-                "cpu",
-                *FLOAT32_EAGER,
-            ]
-        )
-        == 2
-    )
+    assert main(argv(model_dir, src=tmp_path / "missing.txt")) == 2
     assert_clean_error(capsys, "missing.txt")
 
 
@@ -272,35 +179,14 @@ def test_invalid_utf8_names_the_line(
 ) -> None:
     src, out = tmp_path / "in.txt", tmp_path / "out.txt"
     src.write_bytes("Ein Mann läuft.\n".encode() + b"caf\xe9 latin-1\n" + b"Ein Hund.\n")
-    argv = [
-        "--model",
-        str(model_dir),
-        "--input",
-        str(src),
-        "--output",
-        str(out),
-        "--device",
-        "cpu",
-        *FLOAT32_EAGER,
-    ]
-    assert main([*argv, "--no-progress"]) == 2
+    assert main(argv(model_dir, "--no-progress", src=src, out=out)) == 2
     assert_clean_error(capsys, "line 2", "UTF-8")
 
 
 def test_corrupt_gzip_input(model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     src = tmp_path / "in.txt.gz"
     src.write_bytes(b"this is not gzip data\n")
-    argv = [
-        "--model",
-        str(model_dir),
-        "--input",
-        str(src),
-        "--output",
-        str(tmp_path / "o"),
-        "--device",
-        "cpu",
-    ]
-    assert main([*argv, "--no-progress"]) == 2
+    assert main(argv(model_dir, "--no-progress", src=src, out=tmp_path / "o", float32_eager=False)) == 2
     assert_clean_error(capsys, "in.txt.gz")
 
 
@@ -346,16 +232,11 @@ def test_the_cli_and_the_service_translate_alike_long_inputs_included(
     glossary = tmp_path / "glossary.tsv"
     glossary.write_text("Park\tgarden\n", encoding="utf-8")
     cli = subprocess.run(
-        [sys.executable, "-m", "model.translate", "--model", str(long_model_dir), "--input", str(src)]
-        + [
-            "--device",
-            "cpu",
-            "--beam-size",
-            "2",
-            *FLOAT32_EAGER,
-            "--no-progress",
-            "--glossary",
-            str(glossary),
+        [
+            sys.executable,
+            "-m",
+            "model.translate",
+            *argv(long_model_dir, "--beam-size", "2", "--no-progress", "--glossary", str(glossary), src=src),
         ],
         capture_output=True,
         text=True,

@@ -22,13 +22,14 @@ import os
 import sys
 from collections.abc import Iterable, Iterator
 from contextlib import ExitStack, suppress
+from dataclasses import Field, fields
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO, get_type_hints
 
 from tqdm import tqdm
 
 from model.checkpoint import ModelDirError, source_prefix
-from model.decoding.options import MAX_BEAM_SIZE, DecodeOptions
+from model.decoding.options import AT_LEAST_ONE, MAX_BEAM_SIZE, DecodeOptions
 from model.decoding.terms import MAX_TERMS_PER_SENTENCE, Glossary, TooManyTerms, read_glossary, sentence_terms
 from model.decoding.translator import DTYPES, QUANTIZATIONS, Translator
 
@@ -38,6 +39,9 @@ from model.decoding.translator import DTYPES, QUANTIZATIONS, Translator
 CHUNK_LINES = 1024
 
 EXIT_USAGE = 2  # bad arguments or bad input, as argparse uses for usage errors
+
+# DecodeOptions fields with no flag: the output is one translation per line, the best.
+NOT_FLAGS = frozenset({"n_best"})
 
 
 class InputError(Exception):
@@ -53,6 +57,24 @@ def positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
     return value
+
+
+def decode_fields() -> list[Field[Any]]:
+    """The ``DecodeOptions`` fields the CLI takes as flags (``--beam-size`` for beam_size, ...)."""
+    return [f for f in fields(DecodeOptions) if f.name not in NOT_FLAGS]
+
+
+def add_decode_flags(parser: argparse.ArgumentParser) -> None:
+    """A flag per decoding option, whose type, default and help come from ``DecodeOptions``, so that
+    the CLI decodes as the library and the service do by default and documents it as they do."""
+    types = get_type_hints(DecodeOptions)
+    for f in decode_fields():
+        parser.add_argument(
+            "--" + f.name.replace("_", "-"),
+            type=positive_int if f.name in AT_LEAST_ONE else types[f.name],
+            default=f.default,
+            help=f.metadata["doc"].replace("%", "%%") + " (default %(default)s)",
+        )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -72,41 +94,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="LANG",
         help="language to translate into: needed by a multilingual model, optional for a bilingual one",
     )
-    defaults = DecodeOptions()
-    parser.add_argument(
-        "--beam-size", type=positive_int, default=defaults.beam_size, help="1 is greedy search (default 5)"
-    )
-    parser.add_argument(
-        "--length-penalty",
-        type=float,
-        default=defaults.length_penalty,
-        help="hypotheses ranked by log-prob / length**this (default 1.0)",
-    )
-    parser.add_argument(
-        "--max-input-tokens",
-        type=positive_int,
-        default=defaults.max_input_tokens,
-        help="source tokens kept per line; longer lines are truncated (default 250)",
-    )
-    parser.add_argument(
-        "--max-length-a",
-        type=float,
-        default=defaults.max_length_a,
-        help="output tokens <= a * source + b (1.5)",
-    )
-    parser.add_argument("--max-length-b", type=int, default=defaults.max_length_b, help="(default 10)")
-    parser.add_argument(
-        "--max-output-tokens",
-        type=positive_int,
-        default=defaults.max_output_tokens,
-        help="output tokens per line at most, eos included (default 256)",
-    )
-    parser.add_argument(
-        "--no-repeat-ngram-size",
-        type=int,
-        default=defaults.no_repeat_ngram_size,
-        help="no n-gram of this size repeats in an output; 0 is off (default)",
-    )
+    add_decode_flags(parser)
     parser.add_argument(
         "--batch-size", type=positive_int, default=64, help="rows (beams) decoded together (default 64)"
     )
@@ -301,15 +289,7 @@ def main(argv: list[str] | None = None) -> int:
             return fail(f"cannot read the glossary: {e}")
 
     try:
-        options = DecodeOptions(
-            beam_size=args.beam_size,
-            length_penalty=args.length_penalty,
-            max_input_tokens=args.max_input_tokens,
-            max_length_a=args.max_length_a,
-            max_length_b=args.max_length_b,
-            max_output_tokens=args.max_output_tokens,
-            no_repeat_ngram_size=args.no_repeat_ngram_size,
-        )
+        options = DecodeOptions(**{f.name: getattr(args, f.name) for f in decode_fields()})
         translator = Translator.load(
             args.model,
             device=args.device,

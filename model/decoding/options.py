@@ -8,8 +8,8 @@ decoding asked of CTranslate2). Torch-free: the service's front end truncates in
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
-from typing import Any
+from dataclasses import dataclass, field, replace
+from typing import Any, TypeVar
 
 from model.tokenizer import Tokenizer
 
@@ -19,30 +19,48 @@ GUARD_MARGIN = 16  # candidates kept beyond 2K per row for the repetition guard 
 # it per row, and constrained decoding reads every candidate kept: the library, the CLI and the
 # service choose a constrained sentence's tokens alike only where they keep the same number.
 MAX_BEAM_SIZE = 8
+# The counts a decoding needs at least one of (a zero beam or budget decodes nothing): the CLI's
+# flags for them reject a 0 as a usage error.
+AT_LEAST_ONE = ("beam_size", "n_best", "max_input_tokens", "max_output_tokens")
+
+_T = TypeVar("_T")
+
+
+def option(default: _T, doc: str) -> _T:
+    """A ``DecodeOptions`` field: its default and its one description (``metadata["doc"]``, which
+    the CLI's ``--help`` shows beside the default)."""
+    return field(default=default, metadata={"doc": doc})
 
 
 @dataclass(frozen=True)
 class DecodeOptions:
-    beam_size: int = 5  # hypotheses kept per input at every step; 1 is greedy search
-    n_best: int = 1  # hypotheses returned per input, best first (at most beam_size)
-    # Hypotheses are ranked by log-prob / length**length_penalty (length counts eos; 0: no
-    # normalisation, which favours short outputs).
-    length_penalty: float = 1.0
-    # Source tokens kept per sentence, a target-language token included, eos not: longer sentences
-    # are truncated (cut at the model's positions too).
-    max_input_tokens: int = 250
-    # Each output has at most max_length_a * source tokens + max_length_b tokens, eos included...
-    max_length_a: float = 1.5
-    max_length_b: int = 10
-    max_output_tokens: int = 256  # ...and never more than this (nor the model's positions)
-    # Repetition guard (CTranslate2's no_repeat_ngram_size): no n-gram of this size appears twice in
-    # an output; 0 is off. Candidates that would repeat one are dropped from each row's best
-    # ``candidates(beam)`` of a step, so the guard is exact while at most GUARD_MARGIN are banned
-    # at once (a token that would repeat an n-gram for the 17th time may come through).
-    no_repeat_ngram_size: int = 0
+    beam_size: int = option(5, "hypotheses kept per input at every step; 1 is greedy search")
+    n_best: int = option(1, "hypotheses returned per input, best first (at most beam_size)")
+    length_penalty: float = option(
+        1.0,
+        "hypotheses are ranked by log-prob / length**this, length counting eos; 0 is no "
+        "normalisation, which favours short outputs",
+    )
+    max_input_tokens: int = option(
+        250,
+        "source tokens kept per sentence, a target-language token included, eos not: longer "
+        "sentences are truncated, and so are those longer than the model's positions",
+    )
+    max_length_a: float = option(1.5, "the a of: output tokens <= a * source tokens + b, eos counted in both")
+    max_length_b: int = option(10, "the b of: output tokens <= a * source tokens + b")
+    max_output_tokens: int = option(
+        256, "output tokens at most, eos included, whatever a * source + b or the model's positions allow"
+    )
+    # CTranslate2's no_repeat_ngram_size. Candidates that would repeat an n-gram are dropped from
+    # each row's best ``candidates(beam)`` of a step, so the guard is exact while at most
+    # GUARD_MARGIN are banned at once (a token that would repeat an n-gram for the 17th time may
+    # come through).
+    no_repeat_ngram_size: int = option(
+        0, "repetition guard: no n-gram of this size appears twice in an output; 0 is off"
+    )
 
     def __post_init__(self) -> None:
-        for name in ("beam_size", "n_best", "max_input_tokens", "max_output_tokens"):
+        for name in AT_LEAST_ONE:
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.n_best > self.beam_size:
