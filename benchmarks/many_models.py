@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
 import shutil
 import tempfile
@@ -36,8 +35,9 @@ from typing import Any
 
 import benchmarks.load
 from benchmarks.common import DEFAULT_MODEL, REPO
-from benchmarks.load import http_get, machine, metric, process_tree, run_wrk, serve, wait_idle
-from benchmarks.models import post_json
+from benchmarks.load import http_get, metric, process_tree, run_wrk, serve, wait_idle
+from benchmarks.models import post_json, record, write_report
+from benchmarks.opus_shape import OPUS_MT, OPUS_MT_VOCAB, random_ours
 
 benchmarks.load.START_TIMEOUT_S = 1500.0  # 20 models of this size load for minutes on 2 cores
 
@@ -48,35 +48,20 @@ _TEXT = (
     "a man woman two children dog cat plays runs sits stands on the in park street water ball red"
 )
 WORDS = _TEXT.split()
-VOCAB = 58_101  # OPUS-MT's (opus-mt-de-en)
 
 
 def opus_sized(out: Path, source: str, target: str, seed: int, spm: Path) -> Path:
     """A random model directory of OPUS-MT's size for ``source``->``target``."""
     import sentencepiece
-    import torch
 
     from model.checkpoint import ModelInfo, save_model_dir
-    from model.config import ModelConfig
-    from model.transformer import Transformer
 
     processor = sentencepiece.SentencePieceProcessor(model_file=str(spm))
     pieces = [processor.id_to_piece(i) for i in range(processor.get_piece_size())]
-    pieces += [f"<filler{i}>" for i in range(VOCAB - len(pieces))]
-    config = ModelConfig(
-        vocab_size=VOCAB,
-        d_model=512,
-        n_heads=8,
-        encoder_layers=6,
-        decoder_layers=6,
-        d_ff=2048,
-        max_positions=512,
-        dropout=0.0,
-    )
-    torch.manual_seed(seed)
-    model = Transformer(config).eval()
+    pieces += [f"<filler{i}>" for i in range(OPUS_MT_VOCAB - len(pieces))]
+    model = random_ours(OPUS_MT, vocab_size=OPUS_MT_VOCAB, seed=seed)
     info = ModelInfo(
-        config=config, source_lang=source, target_lang=target, training={"note": "random weights"}
+        config=model.cfg, source_lang=source, target_lang=target, training={"note": "random weights"}
     )
     tmp = out.with_name(out.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
@@ -215,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     extra_env = dict(item.split("=", 1) for item in args.env)
     dirs = generate(args.out, max(args.models))
-    results = []
+    results: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="nmt-many-") as tmp:
         runs: list[tuple[int, Path | None]] = [(n, None) for n in args.models]
         if args.before:
@@ -230,13 +215,8 @@ def main(argv: list[str] | None = None) -> int:
                 repo=repo,
                 extra_env=extra_env,
             )
-            result["env"] = extra_env
-            result["load_average"] = os.getloadavg()[0]
-            print(json.dumps(result), flush=True)
-            results.append(result)
-    report = {"machine": machine(), "results": results}
-    if args.json:
-        args.json.write_text(json.dumps(report, indent=2) + "\n")
+            record(results, {**result, "env": extra_env})
+    write_report(results, args.json)
     return 0
 
 

@@ -70,6 +70,20 @@ def post_json(url: str, body: dict[str, Any]) -> tuple[int, str]:
         return response.status, response.read().decode()
 
 
+def record(results: list[dict[str, Any]], point: dict[str, Any]) -> None:
+    """A measured point, with the load average it was measured under: printed as it comes (a JSON
+    line, so that a long run shows its progress), and kept."""
+    point["load_average"] = os.getloadavg()[0]
+    print(json.dumps(point), flush=True)
+    results.append(point)
+
+
+def write_report(results: list[dict[str, Any]], path: Path | None) -> None:
+    """The points and the machine they were measured on, as JSON in ``path`` (none: nowhere)."""
+    if path:
+        path.write_text(json.dumps({"machine": machine(), "results": results}, indent=2) + "\n")
+
+
 def start(paths: list[Path], cache: Path, log: Path) -> dict[str, Any]:
     env = {"NMT_MODEL_DIR": ",".join(str(p.resolve()) for p in paths), "NMT_COMPILE_CACHE_DIR": str(cache)}
     started = time.perf_counter()
@@ -115,18 +129,13 @@ def main(argv: list[str] | None = None) -> int:
         sets = [[p] for p in args.models or [DEFAULT_MODEL]]
         if args.twin:
             sets.append([DEFAULT_MODEL, twin(DEFAULT_MODEL, Path(tmp) / "twin-en-de")])
-        results = []
+        results: list[dict[str, Any]] = []
         for i, paths in enumerate(sets):
             cache = Path(tmp) / f"cache-{i}"
             for state in ("cold", "warm"):
                 point = start(paths, cache, Path(tmp) / f"uvicorn-{i}-{state}.log")
-                point["cache"] = state
-                point["load_average"] = os.getloadavg()[0]
-                print(json.dumps(point), flush=True)
-                results.append(point)
-    report = {"machine": machine(), "results": results}
-    if args.json:
-        args.json.write_text(json.dumps(report, indent=2) + "\n")
+                record(results, {**point, "cache": state})
+    write_report(results, args.json)
     return 0
 
 

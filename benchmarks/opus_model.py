@@ -10,7 +10,8 @@ OPUS-MT). ``final_logits_bias[eos]`` is -1e4, so neither engine ever ends a sent
 output runs to the length limit in both, and random weights cannot make one engine's sentences
 shorter than the other's. Converted for us by ``model.convert.marian`` and for CTranslate2 by
 ``TransformersConverter`` (at a given quantization). Each step keeps what it made in the directory
-it is given and reuses it when it is there.
+it is given and reuses it when it is there. Its shape, weights, SentencePiece models and
+vocabulary are made as ``benchmarks.opus_shape`` makes them for every such model.
 """
 
 from __future__ import annotations
@@ -19,54 +20,37 @@ import json
 import tempfile
 from pathlib import Path
 
+from benchmarks.opus_shape import (
+    EOS,
+    OPUS_MT,
+    OPUS_MT_VOCAB,
+    UNK,
+    marian_vocab,
+    random_marian,
+    spm_pieces,
+    train_spm,
+)
 from training.data import read_lines
 
-VOCAB = 58101  # OPUS-MT de-en's vocabulary (with <pad> last)
-EOS, UNK, PAD = 0, 1, VOCAB - 1  # Marian's ids: </s> first, <unk> second, <pad> last
+VOCAB = OPUS_MT_VOCAB
+PAD = VOCAB - 1  # <pad> last, where transformers' conversion of OPUS-MT puts it
 SPM_PIECES = 8000  # per side, at most
-
-
-def train_spm(corpus: Path, prefix: Path) -> Path:
-    """A SentencePiece model of ``SPM_PIECES`` pieces trained on ``corpus`` (gzipped, read in place)."""
-    import sentencepiece as spm
-
-    spm.SentencePieceTrainer.train(
-        sentence_iterator=iter(read_lines(corpus)),
-        model_prefix=str(prefix),
-        vocab_size=SPM_PIECES,
-        character_coverage=1.0,
-        hard_vocab_limit=False,  # Multi30k's English has room for ~7,900
-        num_threads=2,
-        minloglevel=2,
-    )
-    return prefix.with_suffix(".model")
 
 
 def make_hf_model(out: Path, data: Path, seed: int) -> Path:
     """The MarianMTModel and MarianTokenizer of OPUS-MT's size in ``out`` (kept: made once)."""
     if (out / "config.json").is_file() and (out / "vocab.json").is_file():
         return out
-    import sentencepiece as spm
     import torch
-    from transformers import MarianConfig, MarianMTModel, MarianTokenizer
+    from transformers import MarianTokenizer
 
     tmp = Path(tempfile.mkdtemp(prefix="opus-size-", dir=out.parent))
     models = {
-        side: train_spm(data / f"train.{lang}.gz", tmp / side)
+        side: train_spm(read_lines(data / f"train.{lang}.gz"), tmp / side, SPM_PIECES)
         for side, lang in (("source", "de"), ("target", "en"))
     }
-    pieces = ["</s>", "<unk>"]
-    for model in models.values():
-        sp = spm.SentencePieceProcessor(model_file=str(model))
-        pieces += [
-            sp.id_to_piece(i)
-            for i in range(sp.get_piece_size())
-            if not sp.is_control(i) and not sp.is_unknown(i)
-        ]
-    pieces = list(dict.fromkeys(pieces))
-    pieces += [f"▁zz{i:05d}" for i in range(VOCAB - 1 - len(pieces))]  # never produced by a text
-    vocab = {piece: i for i, piece in enumerate([*pieces, "<pad>"])}
-    assert len(vocab) == VOCAB and vocab["</s>"] == EOS and vocab["<unk>"] == UNK and vocab["<pad>"] == PAD
+    vocab = marian_vocab(*map(spm_pieces, models.values()), size=VOCAB)
+    assert vocab["</s>"] == EOS and vocab["<unk>"] == UNK and vocab["<pad>"] == PAD
     (tmp / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False), encoding="utf-8")
     tokenizer = MarianTokenizer(
         str(models["source"]),
@@ -75,26 +59,9 @@ def make_hf_model(out: Path, data: Path, seed: int) -> Path:
         source_lang="de",
         target_lang="en",
     )
-    torch.manual_seed(seed)
-    config = MarianConfig(
-        vocab_size=VOCAB,
-        d_model=512,
-        encoder_layers=6,
-        decoder_layers=6,
-        encoder_attention_heads=8,
-        decoder_attention_heads=8,
-        encoder_ffn_dim=2048,
-        decoder_ffn_dim=2048,
-        activation_function="swish",
-        scale_embedding=True,
-        max_position_embeddings=512,
-        pad_token_id=PAD,
-        decoder_start_token_id=PAD,
-        eos_token_id=EOS,
-        forced_eos_token_id=EOS,
-        share_encoder_decoder_embeddings=True,
-    )
-    model = MarianMTModel(config).eval()
+    model = random_marian(
+        OPUS_MT, vocab_size=VOCAB, pad=PAD, seed=seed, share_encoder_decoder_embeddings=True
+    ).eval()
     with torch.no_grad():  # a weight: no engine ever ends a sentence before its length limit
         model.final_logits_bias[0, EOS] = -1e4
     hf = tmp / "hf"

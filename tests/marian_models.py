@@ -1,7 +1,9 @@
 """Small Hugging Face MarianMTModel directories made offline, for the OPUS-MT converter's tests (and
 benchmarks): what ``MarianMTModel.save_pretrained`` and ``MarianTokenizer`` write for an OPUS-MT
 model (config.json, model.safetensors, source.spm, target.spm, vocab.json, tokenizer_config.json),
-with SentencePiece models and weights trained in seconds on Multi30k.
+with SentencePiece models and weights trained in seconds on Multi30k. Their shape, config,
+SentencePiece models and vocabulary are ``benchmarks.opus_shape``'s, as the benchmarks' OPUS-MT-sized
+models' are.
 
 The weights are trained (a few hundred Adam steps on CPU) rather than random so that greedy and
 beam search end with eos like a real model's and the comparisons see varied, non-degenerate output.
@@ -24,6 +26,8 @@ import sentencepiece as spm
 import torch
 from safetensors.torch import save_file
 
+from benchmarks.opus_shape import Shape, marian_vocab, random_marian, spm_pieces, train_spm
+
 REPO = Path(__file__).resolve().parents[1]
 # Multi30k beside the checkout (as CI has it, see benchmarks.common.DATA), or the shared data folder.
 DATA_DIRS = (REPO.parent / "shared" / "data" / "multi30k", Path("/work/shared/data/multi30k"))
@@ -38,6 +42,7 @@ OPENERS = {"eng": "Behold", "fra": "Voici", "ces": "Hle"}
 # logit of this model by 0.14 at most (float32 training gives margins of 3 to 4 on AVX-512 and AVX2).
 STEERING_MARGIN = 1.0
 STEERING_SENTENCES = 50  # test_2016_flickr sources the margin is checked on
+SHAPE = Shape(d_model=32, layers=2, heads=4, ffn=64, positions=128)  # trained in seconds on CPU
 OPUS_MT_KEYS = {
     "normalize_before": False,
     "normalize_embedding": False,
@@ -47,7 +52,6 @@ OPUS_MT_KEYS = {
     "num_beams": 4,
     "max_length": 512,
 }
-SPECIALS = ("</s>", "<unk>")  # Marian's: eos 0 and unk 1; <pad> is added last (transformers' own)
 
 
 def data_dir() -> Path | None:
@@ -80,38 +84,6 @@ class MarianOptions:
     seed: int = 0
 
 
-def _train_spm(texts: list[str], prefix: Path, vocab_size: int) -> Path:
-    if not prefix.with_suffix(".model").is_file():
-        prefix.parent.mkdir(parents=True, exist_ok=True)
-        spm.SentencePieceTrainer.Train(
-            sentence_iterator=iter(texts),
-            model_prefix=str(prefix),
-            vocab_size=vocab_size,
-            model_type="unigram",
-            character_coverage=1.0,
-            minloglevel=2,
-            num_threads=2,
-            hard_vocab_limit=False,
-        )
-    return prefix.with_suffix(".model")
-
-
-def _pieces(model: Path) -> list[str]:
-    """The ordinary pieces of a SentencePiece model (no unk/control), in its id order."""
-    sp = spm.SentencePieceProcessor(model_file=str(model))
-    normal = (i for i in range(sp.GetPieceSize()) if not (sp.IsControl(i) or sp.IsUnknown(i)))
-    return [sp.IdToPiece(i) for i in normal]
-
-
-def _vocab(*piece_lists: list[str], first: tuple[str, ...] = ()) -> dict[str, int]:
-    """Marian's layout: </s> 0, <unk> 1, ``first`` (language tokens), the pieces, <pad> last
-    (unless ``first`` places it)."""
-    vocab: dict[str, int] = {}
-    for piece in (*SPECIALS, *first, *(p for pieces in piece_lists for p in pieces), "<pad>"):
-        vocab.setdefault(piece, len(vocab))
-    return vocab
-
-
 def _corpus(multilingual: bool, n: int, offset: int = 0) -> list[tuple[str, str, str]]:
     """(target code, source, target) triples: de-en, or de into each of TARGETS in turn, each
     target opened by its code's OPENERS word."""
@@ -127,22 +99,24 @@ def _corpus(multilingual: bool, n: int, offset: int = 0) -> list[tuple[str, str,
 
 def make_marian_dir(out: Path, options: MarianOptions, *, cache: Path, sentences: int = 3000) -> Path:
     """A MarianMTModel directory with ``options`` in ``out``; SentencePiece models are kept in ``cache``."""
-    from transformers import MarianConfig, MarianMTModel  # a test dependency only
-
     out.mkdir(parents=True, exist_ok=True)
     corpus = _corpus(options.multilingual, sentences)
     kind = "mul" if options.multilingual else "en"
-    src_spm = _train_spm([s for _, s, _ in corpus], cache / "spm-de", 400)
-    tgt_spm = _train_spm(
-        [t for _, _, t in corpus], cache / f"spm-{kind}", 500 if options.multilingual else 400
+    # model_type, the default, written into the .spm files as these models have always had it.
+    src_spm = train_spm([s for _, s, _ in corpus], cache / "spm-de", 400, model_type="unigram")
+    tgt_spm = train_spm(
+        [t for _, _, t in corpus],
+        cache / f"spm-{kind}",
+        500 if options.multilingual else 400,
+        model_type="unigram",
     )
     codes = tuple(f">>{c}<<" for c in TARGETS) if options.multilingual else ()
     if options.separate_vocabs:
         # One pad id for both sides (transformers' Marian has one): <pad> right after the specials.
-        vocab = _vocab(_pieces(src_spm), first=("<pad>", *codes))
-        target_vocab = _vocab(_pieces(tgt_spm), first=("<pad>",))
+        vocab = marian_vocab(spm_pieces(src_spm), first=("<pad>", *codes))
+        target_vocab = marian_vocab(spm_pieces(tgt_spm), first=("<pad>",))
     else:
-        vocab = target_vocab = _vocab(_pieces(src_spm), _pieces(tgt_spm), first=codes)
+        vocab = target_vocab = marian_vocab(spm_pieces(src_spm), spm_pieces(tgt_spm), first=codes)
     pad = vocab["<pad>"]
     assert target_vocab["<pad>"] == pad, "the separate vocabularies' <pad> ids differ"
     for name in ("source.spm", "target.spm"):
@@ -161,29 +135,18 @@ def make_marian_dir(out: Path, options: MarianOptions, *, cache: Path, sentences
             }
         )
     )
-    config = MarianConfig(
+    model = random_marian(
+        SHAPE,
         vocab_size=len(vocab),
+        pad=pad,
+        seed=options.seed,
+        activation=options.activation,
+        scale_embedding=options.scale_embedding,
         decoder_vocab_size=len(target_vocab),
         share_encoder_decoder_embeddings=not options.separate_vocabs,
         tie_word_embeddings=options.tie_word_embeddings,
-        d_model=32,
-        encoder_layers=2,
-        decoder_layers=2,
-        encoder_attention_heads=4,
-        decoder_attention_heads=4,
-        encoder_ffn_dim=64,
-        decoder_ffn_dim=64,
-        activation_function=options.activation,
-        scale_embedding=options.scale_embedding,
-        max_position_embeddings=128,
-        pad_token_id=pad,
-        decoder_start_token_id=pad,
-        eos_token_id=0,
-        forced_eos_token_id=0,
         dropout=0.0,
     )
-    torch.manual_seed(options.seed)
-    model = MarianMTModel(config)
     if options.logits_bias:
         model.final_logits_bias.normal_(0.0, 0.5)
     # Marian has no <pad> (transformers' conversion added it), and CTranslate2 drops it from the
