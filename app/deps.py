@@ -1,9 +1,11 @@
-"""FastAPI dependencies: the service's state lives on ``app.state`` and reaches routes through these.
+"""FastAPI dependencies: each part of the running service, for a route to declare as a parameter.
 
-``app.state`` holds ``settings``, ``metrics``, ``router`` (the served models, ``ServedModel``, and
-the routes of every pair), ``scheduler`` (which holds the workers) and ``ready``; the lifespan
-(app.main) fills them. Routes that need the models depend on ``RouterDep`` or ``SchedulerDep``,
-which answer 503 until the workers are started and warm.
+The parts live in one ``app.services.AppServices``, stored on ``app.state.services`` by
+``create_app`` and filled in by the lifespan (app.main); ``services_of`` is the one place that reads
+it. Each ``...Dep`` here is one part, made by ``needs``: 503 (``NOT_READY``) while that part is
+None, before the lifespan has made it. ``SchedulerDep`` is also 503 while the service is not ready
+(loading, or shutting down), so a route that translates depends on it. ``ServicesDep`` is the
+whole object, for /health, which says itself what is missing.
 
 They are ``async def`` although they never await: FastAPI runs a plain ``def`` dependency in its
 thread pool, a thread hop per request that the event loop pays for in CPU.
@@ -11,48 +13,77 @@ thread pool, a thread hop per request that the event loop pays for in CPU.
 
 from __future__ import annotations
 
-from typing import Annotated
+from collections.abc import Callable, Coroutine
+from typing import Annotated, Any, TypeVar
 
 from fastapi import Depends, HTTPException, Request
+from starlette.applications import Starlette
 
 from app.config import Settings
+from app.filestore import FileStore
+from app.formats.sandbox import DocumentReaders
+from app.jobs.store import JobStore
+from app.key_limits import KeyLimiter
 from app.metrics import Metrics
 from app.served import ServedModel
+from app.services import AppServices, JobQueue
 from app.serving.frontend.router import Router
 from app.serving.frontend.scheduler import Scheduler
+from app.terminology.cache import SegmentCache
+from app.terminology.glossaries import GlossaryStore
+from app.terminology.memory import TranslationMemory
+from app.uploads import FileRequests
 
 NOT_READY = "the models are not loaded yet (or the service is shutting down)"
+T = TypeVar("T")
 
 
-async def get_settings(request: Request) -> Settings:
-    settings: Settings | None = request.app.state.settings
-    if settings is None:  # only before the lifespan has read the environment
-        raise HTTPException(503, NOT_READY)
-    return settings
+def services_of(app: Starlette) -> AppServices:
+    services: AppServices = app.state.services
+    return services
 
 
-async def get_metrics(request: Request) -> Metrics:
-    metrics: Metrics | None = request.app.state.metrics
-    if metrics is None:
-        raise HTTPException(503, NOT_READY)
-    return metrics
+async def get_services(request: Request) -> AppServices:
+    return services_of(request.app)
 
 
-async def get_router(request: Request) -> Router[ServedModel]:
-    router: Router[ServedModel] | None = request.app.state.router
-    if router is None:
-        raise HTTPException(503, NOT_READY)
-    return router
+def needs(part: Callable[[AppServices], T | None]) -> Callable[[Request], Coroutine[Any, Any, T]]:
+    """The dependency on one part of the service (``part`` picks it): 503 while it is None."""
+
+    async def dependency(request: Request) -> T:
+        found = part(services_of(request.app))
+        if found is None:
+            raise HTTPException(503, NOT_READY)
+        return found
+
+    return dependency
 
 
-async def get_scheduler(request: Request) -> Scheduler:
-    scheduler: Scheduler | None = request.app.state.scheduler
-    if scheduler is None or not request.app.state.ready:
-        raise HTTPException(503, NOT_READY)
-    return scheduler
+get_settings = needs(lambda s: s.settings)
+get_metrics = needs(lambda s: s.metrics)
+get_keys = needs(lambda s: s.keys)
+get_glossaries = needs(lambda s: s.glossaries)
+get_memory = needs(lambda s: s.memory)
+get_segment_cache = needs(lambda s: s.segment_cache)
+get_router = needs(lambda s: s.router)
+get_file_store = needs(lambda s: s.files)
+get_file_requests = needs(lambda s: s.file_requests)
+get_readers = needs(lambda s: s.readers)
+get_job_store = needs(lambda s: s.jobs)
+get_job_runner = needs(lambda s: s.job_runner)
+get_scheduler = needs(lambda s: s.scheduler if s.ready else None)
 
-
+ServicesDep = Annotated[AppServices, Depends(get_services)]
 SettingsDep = Annotated[Settings, Depends(get_settings)]
 MetricsDep = Annotated[Metrics, Depends(get_metrics)]
+KeysDep = Annotated[KeyLimiter, Depends(get_keys)]
+GlossariesDep = Annotated[GlossaryStore, Depends(get_glossaries)]
+MemoryDep = Annotated[TranslationMemory, Depends(get_memory)]
+SegmentCacheDep = Annotated[SegmentCache[Any], Depends(get_segment_cache)]
 RouterDep = Annotated[Router[ServedModel], Depends(get_router)]
+FileStoreDep = Annotated[FileStore, Depends(get_file_store)]
+FileRequestsDep = Annotated[FileRequests, Depends(get_file_requests)]
+ReadersDep = Annotated[DocumentReaders, Depends(get_readers)]
+JobStoreDep = Annotated[JobStore, Depends(get_job_store)]
+JobRunnerDep = Annotated[JobQueue, Depends(get_job_runner)]
 SchedulerDep = Annotated[Scheduler, Depends(get_scheduler)]

@@ -31,9 +31,19 @@ from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException
 from starlette.types import Receive, Scope, Send
 
-from app.deps import get_router, get_scheduler, get_settings
+from app.deps import (
+    get_glossaries,
+    get_keys,
+    get_memory,
+    get_router,
+    get_scheduler,
+    get_segment_cache,
+    get_settings,
+    services_of,
+)
 from app.middleware import RequestMetricsMiddleware
-from app.routes.translate import router as translate_routes
+from app.routes.sentences import get_recall
+from app.routes.translate import api as translate_routes
 from app.routes.translate import translate
 
 PATH = "/translate"
@@ -52,7 +62,7 @@ class DirectRoute:
         if len(routes) != 1:
             raise RuntimeError(f"expected one POST {PATH} route, found {len(routes)}")
         self.route = routes[0]
-        self.asgi = RequestMetricsMiddleware(self._serve, app.state)
+        self.asgi = RequestMetricsMiddleware(self._serve, services_of(app))
 
     @staticmethod
     def matches(scope: Scope) -> bool:
@@ -68,9 +78,15 @@ class DirectRoute:
     async def _serve(self, scope: Scope, receive: Receive, send: Send) -> None:
         request = Request(scope, receive, send)
         try:
-            response = await translate(
-                request, await get_settings(request), await get_router(request), await get_scheduler(request)
+            # In the order of the endpoint's parameters, as FastAPI solves them.
+            settings, router, scheduler = (
+                await get_settings(request),
+                await get_router(request),
+                await get_scheduler(request),
             )
+            keys, glossaries = await get_keys(request), await get_glossaries(request)
+            recall = await get_recall(settings, await get_memory(request), await get_segment_cache(request))
+            response = await translate(request, settings, router, scheduler, keys, glossaries, recall)
         except Exception as exc:
             key = self._handler(exc)
             if key is None:

@@ -41,7 +41,6 @@ from fastapi import HTTPException, Request
 from starlette.types import Scope
 
 from app.config import Settings
-from app.deps import NOT_READY
 from app.keys import ApiKey, Keys, KeysError, load_keys
 from app.metrics import Metrics
 from app.usage import Refusal, UsageStore
@@ -220,19 +219,11 @@ def open_key_limiter(settings: Settings, metrics: Metrics) -> KeyLimiter:
     return KeyLimiter(keys, store, metrics, per_key=settings.key_metrics)
 
 
-def limiter_of(request: Request) -> KeyLimiter:
-    limiter: KeyLimiter | None = request.app.state.keys
-    if limiter is None:  # before the lifespan has read the keys
-        raise HTTPException(503, NOT_READY)
-    return limiter
-
-
-def admit_given_key(request: Request) -> None:
+def admit_given_key(request: Request, limiter: KeyLimiter) -> None:
     """Admit the request under the key of its headers or query (``given_key``), before its body is
     read: 403 for an unknown key, 429 (``Retry-After``) over a limit; it counts as one request and
     takes the key's concurrency slot. Nothing without keys configured, without such a key, or
     once admitted."""
-    limiter = limiter_of(request)
     if not limiter.keys or LEASE_KEY in request.scope:
         return
     given = given_key(request)
@@ -247,14 +238,15 @@ def admit_given_key(request: Request) -> None:
     metrics.admitted.inc()
 
 
-def admit_key(request: Request, api_key: str | None, *, requests: int, text_lengths: Sequence[int]) -> None:
+def admit_key(
+    request: Request, limiter: KeyLimiter, api_key: str | None, *, requests: int, text_lengths: Sequence[int]
+) -> None:
     """Let the request in under ``api_key``'s limits, or raise the answer that says why not.
 
     ``requests``: what the request counts as (LibreTranslate's cost: one per text of a list q);
     ``text_lengths``: the characters of each of its texts (none yet for a file: ``charge_key``).
     A request ``admit_given_key`` admitted spends the rest here (its first request was spent
     then); its body's ``api_key``, if any, must be the same key (else 400)."""
-    limiter = limiter_of(request)
     if not limiter.keys:
         return
     chars = sum(text_lengths)
@@ -330,9 +322,9 @@ def stores_on(settings: Settings, owner: str) -> bool:
     return bool(owner) or settings.shared_stores
 
 
-def check_stores(request: Request, settings: Settings) -> None:
+def check_stores(limiter: KeyLimiter, settings: Settings) -> None:
     """403 before anything is read when the service has no keys and does not share its stores."""
-    if not limiter_of(request).keys and not settings.shared_stores:
+    if not limiter.keys and not settings.shared_stores:
         raise HTTPException(403, STORES_OFF)
 
 

@@ -25,10 +25,10 @@ from typing import Any, NoReturn
 
 from fastapi import FastAPI
 from pydantic import ValidationError
-from starlette.datastructures import State
 from starlette.types import Receive, Scope, Send
 
 from app.config import Settings, describe_settings_error, service_version
+from app.deps import services_of
 from app.direct import DirectRoute
 from app.errors import install_error_handlers
 from app.jobs.disk import MIB
@@ -55,6 +55,7 @@ from app.routes import (
     translate,
 )
 from app.served import ServedModel, find_model_dirs, model_names
+from app.services import AppServices
 from app.serving.cores import CoreBoard
 from app.serving.frontend.handle import WorkerProcess
 from app.serving.frontend.router import Router
@@ -64,6 +65,7 @@ from app.shedding import TURNS, passed, refused, take_turn
 from app.terminology.cache import SegmentCache
 from app.terminology.glossaries import GlossaryStore
 from app.terminology.memory import TranslationMemory
+from app.uploads import FileRequests
 from model.directory import ModelDirError, ModelInfo
 from model.tokenizer import Tokenizer
 
@@ -79,10 +81,9 @@ def fail(message: str) -> NoReturn:
     raise SystemExit(1) from None
 
 
-def read_settings(app: FastAPI) -> Settings:
-    settings: Settings | None = app.state.settings
-    if settings is not None:
-        return settings
+def read_settings(services: AppServices) -> Settings:
+    if services.settings is not None:
+        return services.settings
     try:
         return Settings()
     except ValidationError as e:
@@ -165,7 +166,7 @@ SHUTDOWN_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
 @contextmanager
-def readiness_fails_on_shutdown(state: State) -> Iterator[None]:
+def readiness_fails_on_shutdown(services: AppServices) -> Iterator[None]:
     """Fail readiness the moment a shutdown signal arrives, then pass the signal on to the handler
     that was there: uvicorn's, which starts its drain.
 
@@ -182,7 +183,7 @@ def readiness_fails_on_shutdown(state: State) -> Iterator[None]:
     previous = {sig: signal.getsignal(sig) for sig in SHUTDOWN_SIGNALS}
 
     def on_shutdown_signal(sig: int, frame: FrameType | None) -> None:
-        state.ready = False
+        services.ready = False
         # Logged from the event loop: a write to stderr from inside a signal handler can interrupt
         # another write to it ("reentrant call" on the buffered stream).
         loop.call_soon_threadsafe(
@@ -207,26 +208,29 @@ def readiness_fails_on_shutdown(state: State) -> Iterator[None]:
 
 @asynccontextmanager
 async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-    settings = read_settings(app)
-    app.state.settings = settings
+    services = services_of(app)
+    settings = read_settings(services)
+    services.settings = settings
     metrics = process_metrics()
-    app.state.metrics = metrics
+    services.metrics = metrics
     try:
         keys = open_key_limiter(settings, metrics)
     except KeysError as e:
         fail(f"invalid configuration: {e}")
-    app.state.keys = keys
+    services.keys = keys
     # Opened on first use (app/terminology/database.py): nothing touches NMT_DATA_DIR until then.
-    app.state.glossaries = GlossaryStore(
+    services.glossaries = GlossaryStore(
         settings.data_dir, settings.max_glossaries, settings.glossary_max_entries
     )
-    app.state.memory = TranslationMemory(
+    memory = TranslationMemory(
         settings.data_dir,
         settings.memory_max_segments,
         settings.memory_max_bytes,
         max_segment_chars=settings.max_chars,
     )
-    app.state.segment_cache = SegmentCache(settings.segment_cache_mb * 1024 * 1024, metrics)
+    services.memory = memory
+    segment_cache: SegmentCache[Any] = SegmentCache(settings.segment_cache_mb * 1024 * 1024, metrics)
+    services.segment_cache = segment_cache
     opened = open_models(settings)  # checked here too, so that a broken directory is named first
     specs = tuple(spec for spec, _, _ in opened)
     threads, count = worker_threads(settings), worker_count(settings)
@@ -279,11 +283,11 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
             models.append(model)
         router = Router(models)
         quiet_garbage_collector()
-        app.state.router = router
-        app.state.files = files.new_file_store(settings)
-        app.state.file_requests = files.FileRequests(settings.max_file_requests)
-        app.state.readers = await asyncio.to_thread(files.new_readers, settings)
-        app.state.jobs = JobStore(
+        services.router = router
+        services.files = files.new_file_store(settings)
+        services.file_requests = FileRequests(settings.max_file_requests)
+        services.readers = await asyncio.to_thread(files.new_readers, settings)
+        jobs_store = JobStore(
             settings.data_dir / "jobs",
             settings.max_jobs_per_key,
             settings.max_jobs,
@@ -291,23 +295,25 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
             quota_bytes=settings.data_quota_mb * MIB,
             reserve_bytes=settings.data_reserve_mb * MIB,
         )
+        services.jobs = jobs_store
         job_services = Services(
             settings,
             router,
             scheduler,
             files.new_job_readers(settings),
             keys,
-            app.state.memory,
-            app.state.segment_cache,
+            memory,
+            segment_cache,
         )
-        app.state.job_runner = JobRunner(app.state.jobs, job_services, settings.max_running_jobs)
+        job_runner = JobRunner(jobs_store, job_services, settings.max_running_jobs)
+        services.job_runner = job_runner
         await asyncio.to_thread(prepare_detection, router)
-        app.state.scheduler = scheduler
-        app.state.turns = asyncio.Semaphore(TURNS)
+        services.scheduler = scheduler
+        services.turns = asyncio.Semaphore(TURNS)
         # The loop's lag recorded, and a request that holds the loop named, while ready
         # (app/loop_monitor.py); start-up's own work on the loop is not what it warns about.
-        with readiness_fails_on_shutdown(app.state), watch_event_loop(metrics):
-            app.state.ready = True
+        with readiness_fails_on_shutdown(services), watch_event_loop(metrics):
+            services.ready = True
             for model in models:
                 logger.info(
                     "serving %s (%s) on %s, %s",
@@ -323,21 +329,23 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
                 logger.info(
                     "through English: %s", ", ".join(f"{r.source}->{r.target}" for r in router.pivots)
                 )
-            app.state.job_runner.start()  # jobs left by a previous run go on now
+            job_runner.start()  # jobs left by a previous run go on now
             yield
     finally:
         # On SIGTERM (or SIGINT) readiness failed at the signal, and uvicorn then stopped accepting
         # connections and answered the requests in flight (its drain) before running this. A
         # shutdown without a signal (TestClient's exit) fails readiness only here.
-        app.state.ready = False
-        runner: JobRunner | None = app.state.job_runner
-        if runner is not None:
+        services.ready = False
+        runner, jobs = services.job_runner, services.jobs
+        if runner is not None and jobs is not None:
             await runner.stop()  # before the workers: its chunks are withdrawn, not failed
-            app.state.jobs.close()
+            jobs.close()
         scheduler.stop()
         keys.close()
-        app.state.glossaries.close()
-        app.state.memory.close()
+        # The stores in place now: a test may have put one of its own there.
+        for store in (services.glossaries, services.memory):
+            if store is not None:
+                store.close()
 
 
 def on_demand(settings: Settings, loaded: dict[str, ModelDescription]) -> ModelDescription:
@@ -372,10 +380,10 @@ class TranslationApp(FastAPI):
     direct: DirectRoute | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if await refused(self.state, scope, send):
+        if await refused(self.services, scope, send):
             return
         try:
-            await take_turn(self.state, scope)
+            await take_turn(self.services, scope)
             if self.direct is not None and DirectRoute.matches(scope):
                 await self.direct(scope, receive, send)
             else:
@@ -384,13 +392,17 @@ class TranslationApp(FastAPI):
             passed(scope)
             release_key(scope)
 
+    @property
+    def services(self) -> AppServices:
+        return services_of(self)
+
     def openapi(self) -> dict[str, Any]:
         """FastAPI's document; once the models are loaded, with their languages and the limits."""
         document = super().openapi()  # built once and cached by FastAPI
-        router: Router[ServedModel] | None = self.state.router
-        if router is None:
+        services = self.services
+        if services.router is None or services.settings is None:
             return document
-        return translate.document_served(document, router, self.state.settings)
+        return translate.document_served(document, services.router, services.settings)
 
 
 def create_app(settings: Settings | None = None) -> TranslationApp:
@@ -401,22 +413,9 @@ def create_app(settings: Settings | None = None) -> TranslationApp:
         description="Self-hosted neural machine translation, LibreTranslate-compatible API.",
         lifespan=lifespan,
     )
-    app.state.settings = settings
-    app.state.metrics = None
-    app.state.router = None
-    app.state.scheduler = None
-    app.state.files = None
-    app.state.file_requests = None
-    app.state.readers = None
-    app.state.jobs = None
-    app.state.job_runner = None
-    app.state.keys = None
-    app.state.glossaries = None
-    app.state.memory = None
-    app.state.segment_cache = None
-    app.state.turns = None
-    app.state.ready = False
-    app.add_middleware(RequestMetricsMiddleware, state=app.state)
+    services = AppServices(settings=settings)
+    app.state.services = services  # the lifespan fills it in
+    app.add_middleware(RequestMetricsMiddleware, services=services)
     install_error_handlers(app)
     for module in (
         translate,
@@ -431,7 +430,7 @@ def create_app(settings: Settings | None = None) -> TranslationApp:
         info,
         metrics,
     ):
-        app.include_router(module.router)
+        app.include_router(module.api)
     app.mount("/static", frontend.static_files(), name="static")
     app.direct = DirectRoute(app)
     return app

@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import time
 
-from starlette.datastructures import State
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app.loop_monitor import REQUEST
-from app.metrics import Metrics
+from app.services import AppServices
 
 UNKNOWN_ENDPOINT = "other"
 
@@ -26,12 +25,12 @@ def endpoint_label(scope: Scope) -> str:
 
 
 class RequestMetricsMiddleware:
-    def __init__(self, app: ASGIApp, state: State) -> None:
+    def __init__(self, app: ASGIApp, services: AppServices) -> None:
         self.app = app
-        self.state = state  # its metrics are there once the lifespan has started
+        self.services = services  # its metrics are there once the lifespan has started
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        metrics: Metrics | None = self.state.metrics
+        metrics = self.services.metrics
         if scope["type"] != "http" or metrics is None:
             await self.app(scope, receive, send)
             return

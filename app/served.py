@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
-from app.serving.protocol import Constraints, Hypotheses, ModelDescription, Spans
+from app.serving.protocol import Constraints, Hypothesis, ModelDescription, Placed, SentenceResult
 from model.decoding.options import DecodeOptions
 from model.directory import CONFIG_FILE, ModelDirError, ModelInfo, read_info_and_tokenizer, source_prefix
 from model.tokenizer import Tokenizer
@@ -44,15 +44,6 @@ def model_names(dirs: Sequence[Path]) -> list[str]:
     ]
     shared = Counter(names)
     return [f"{n}#{i}" if shared[n] > 1 else n for i, n in enumerate(names)]
-
-
-@dataclass(frozen=True)
-class Rendered:
-    """A sentence's n-best texts, and where its terms were put in the best one: (term index,
-    start, end), character offsets into ``texts[0]`` (none without terms)."""
-
-    texts: list[str]
-    placed: tuple[tuple[int, int, int], ...] = ()
 
 
 @dataclass(frozen=True, eq=False)
@@ -90,37 +81,38 @@ class ServedModel:
         return tuple(map(tuple, self.tokenizer.encode(list(terms), target=True))) if terms else ()
 
     def render(
-        self,
-        results: list[Hypotheses],
-        spans: Sequence[tuple[Spans, ...]] = (),
-        terms: Sequence[Sequence[str]] = (),
-    ) -> list[Rendered]:
-        """Each sentence's n-best texts, with each constraint's tokens written as its term exactly
-        (``Tokenizer.decode_spans_with_offsets``) where ``spans`` (each hypothesis's, per sentence) says where
-        the search realised ``terms`` (per sentence); those without, as ``texts``."""
+        self, results: list[SentenceResult], terms: Sequence[Sequence[str]] = ()
+    ) -> list[SentenceResult]:
+        """Each sentence's result with its hypotheses' texts written (their token ids dropped:
+        ``Hypothesis.tokens``): each constraint's tokens as its term exactly
+        (``Tokenizer.decode_spans_with_offsets``) where a hypothesis's ``spans`` say the search
+        realised one of ``terms`` (per sentence), and where the best text put them (``placed``);
+        the others as ``texts`` decodes them."""
         plain = self.texts(results)
         out = []
-        for i, texts in enumerate(plain):
-            own = spans[i] if i < len(spans) else ()
-            if not own or not terms or not terms[i]:
-                out.append(Rendered(texts))
+        for i, (result, texts) in enumerate(zip(results, plain, strict=True)):
+            mine = terms[i] if i < len(terms) else ()
+            if not mine or not any(h.spans for h in result.hypotheses):
+                hyps = tuple(
+                    replace(h, tokens=[], text=t) for h, t in zip(result.hypotheses, texts, strict=True)
+                )
+                out.append(replace(result, hypotheses=hyps))
                 continue
-            rendered: list[str] = []
-            placed: tuple[tuple[int, int, int], ...] = ()
-            for k, (tokens, _) in enumerate(results[i]):
-                hyp_spans = own[k] if k < len(own) else ()
-                text, where = self.tokenizer.decode_spans_with_offsets(tokens, hyp_spans, terms[i])
-                rendered.append(text)
-                if k == 0:  # (term index, start, end) of the best hypothesis' terms, in text order
+            written: list[Hypothesis] = []
+            placed: Placed = ()
+            for k, h in enumerate(result.hypotheses):
+                text, where = self.tokenizer.decode_spans_with_offsets(h.tokens, h.spans, mine)
+                written.append(replace(h, tokens=[], text=text))
+                if k == 0:  # the response's order: (term index, start, end), in text order
                     placed = tuple((term, start, end) for start, end, term in where)
-            out.append(Rendered(rendered, placed))
+            out.append(replace(result, hypotheses=tuple(written), placed=placed))
         return out
 
-    def texts(self, results: list[Hypotheses]) -> list[list[str]]:
-        """The n-best texts of each sentence's hypotheses."""
-        flat = self.tokenizer.decode([tokens for nbest in results for tokens, _ in nbest])
+    def texts(self, results: list[SentenceResult]) -> list[list[str]]:
+        """The texts of each sentence's hypotheses, as the model wrote them (no terms)."""
+        flat = self.tokenizer.decode([h.tokens for result in results for h in result.hypotheses])
         out, start = [], 0
-        for nbest in results:
-            out.append(flat[start : start + len(nbest)])
-            start += len(nbest)
+        for result in results:
+            out.append(flat[start : start + len(result.hypotheses)])
+            start += len(result.hypotheses)
         return out

@@ -28,8 +28,9 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from starlette.datastructures import State
 from starlette.types import Scope, Send
+
+from app.services import AppServices
 
 SHED_PATHS = frozenset({"/translate"})
 RETRY_AFTER_S = "1"
@@ -44,9 +45,9 @@ TURN_KEY = "nmt.turn"  # in the scope: the semaphore whose turn the request hold
 TURNS = 32  # requests parsed at a time: ~15 ms of the event loop's time per turn, not seconds
 
 
-async def refused(state: State, scope: Scope, send: Send) -> bool:
+async def refused(services: AppServices, scope: Scope, send: Send) -> bool:
     """Answer 503 at once if ``scope`` is a translation request and there is no room for it."""
-    scheduler = state.scheduler
+    scheduler = services.scheduler
     if scope["type"] != "http" or scheduler is None or scope["path"] not in SHED_PATHS:
         return False
     if scheduler.enter():
@@ -54,7 +55,8 @@ async def refused(state: State, scope: Scope, send: Send) -> bool:
         return False
     await send({"type": "http.response.start", "status": 503, "headers": BUSY_HEADERS})
     await send({"type": "http.response.body", "body": BUSY_BODY})
-    state.metrics.requests.labels(endpoint=scope["path"], status="503").inc()
+    if services.metrics is not None:  # (it is: the lifespan makes it before the scheduler)
+        services.metrics.requests.labels(endpoint=scope["path"], status="503").inc()
     hold_back(send, float(RETRY_AFTER_S))
     return True
 
@@ -70,10 +72,10 @@ def hold_back(send: Send, seconds: float) -> None:
     asyncio.get_running_loop().call_later(seconds, flow.resume_reading)
 
 
-async def take_turn(state: State, scope: Scope) -> None:
+async def take_turn(services: AppServices, scope: Scope) -> None:
     """Wait until fewer than ``TURNS`` requests let through by the gate are being parsed (only
     those: other requests go on at once). The turn is given back by ``passed``."""
-    turns: asyncio.Semaphore | None = state.turns
+    turns = services.turns
     if turns is None or GATE_KEY not in scope:
         return
     await turns.acquire()

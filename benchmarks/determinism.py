@@ -26,7 +26,7 @@ from pathlib import Path
 import sacrebleu
 import torch
 
-from app.serving.protocol import SentenceJob
+from app.serving.protocol import Sentence
 from app.serving.worker.executor import Executor
 from app.serving.worker.inbox import Inbox
 from app.serving.worker.models import ModelTable
@@ -63,7 +63,7 @@ def served(translator: Translator, sentences: list[str], beams: list[int], seed:
     sources = translator.source_ids(sentences)
     rng = random.Random(seed)
     pending = [
-        SentenceJob(i, i, src, beam, 1, None, time.monotonic())
+        Sentence(i, i, src, beam, 1, None, time.monotonic())
         for i, (src, beam) in enumerate(zip(sources, beams, strict=True))
     ]
     rng.shuffle(pending)
@@ -78,7 +78,7 @@ def served(translator: Translator, sentences: list[str], beams: list[int], seed:
                 if isinstance(result, BaseException):
                     raise result
                 inbox.release(job)
-                results[job.id] = result[0][0]
+                results[job.id] = result.hypotheses[0].tokens
     return [results[i] for i in range(len(sentences))]
 
 

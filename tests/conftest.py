@@ -81,7 +81,7 @@ SENTENCES = [
 
 @pytest.fixture
 def jobs(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
-    """Every sentence (``SentenceJob``) the scheduler is given during the test, as the workers get it."""
+    """Every sentence (``Sentence``) the scheduler is given during the test, as the workers get it."""
     from app.serving.frontend.scheduler import Scheduler
 
     given: list[Any] = []
@@ -89,7 +89,7 @@ def jobs(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
 
     def spy(self: Scheduler, *args: Any, **kwargs: Any) -> Any:
         request = submit(self, *args, **kwargs)
-        given.extend(state.job for state in request.sentences)
+        given.extend(state.message for state in request.sentences)
         return request
 
     monkeypatch.setattr(Scheduler, "submit", spy)

@@ -369,7 +369,7 @@ def test_a_failing_stores_503_names_no_path_and_the_log_does(
     method: str,
     request_: Callable[[TestClient], Any],
 ) -> None:
-    monkeypatch.setattr(getattr(shared.app.state, store), method, broken)  # type: ignore[attr-defined]
+    monkeypatch.setattr(getattr(shared.app.state.services, store), method, broken)  # type: ignore[attr-defined]
     with caplog.at_level(logging.ERROR):
         response = request_(shared)
     assert_error(response, 503, "unavailable now")

@@ -185,8 +185,8 @@ def test_unknown_fields_are_ignored(client: TestClient, translator: Translator) 
 def test_empty_texts_translate_to_empty_without_model_work(
     client: TestClient, translator: Translator, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    scheduler = client.app.state.scheduler  # type: ignore[attr-defined]
-    client.app.state.segment_cache.clear()  # type: ignore[attr-defined]  # (an earlier test's answers)
+    scheduler = client.app.state.services.scheduler  # type: ignore[attr-defined]
+    client.app.state.services.segment_cache.clear()  # type: ignore[attr-defined]  # (an earlier test's answers)
     calls: list[int] = []
     real = scheduler.submit
 
@@ -416,7 +416,7 @@ def test_engine_errors_map_to_status_codes(
     def failing(sources: list[list[int]], **kwargs: Any) -> Any:
         raise error
 
-    monkeypatch.setattr(client.app.state.scheduler, "submit", failing)  # type: ignore[attr-defined]
+    monkeypatch.setattr(client.app.state.services.scheduler, "submit", failing)  # type: ignore[attr-defined]
     response = translate(client, q="Hallo Welt.")
     assert_error(response, status)
     assert response.headers.get("retry-after") == retry_after
@@ -425,7 +425,7 @@ def test_engine_errors_map_to_status_codes(
 def test_a_full_queue_refuses_before_reading_the_body(
     client: TestClient, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    scheduler = client.app.state.scheduler  # type: ignore[attr-defined]
+    scheduler = client.app.state.services.scheduler  # type: ignore[attr-defined]
     monkeypatch.setattr(scheduler, "enter", lambda: False)
     read: list[bool] = []
 
@@ -450,15 +450,15 @@ def test_a_request_past_its_deadline_is_504(model_dir: Path) -> None:
     with serve(make_settings(model_dir, request_timeout_s=1e-6, warmup=False)) as strict:
         late = strict.post("/translate", json={"q": "Der Hund läuft im Wasser.", "target": "en"})
         assert_error(late, 504, "timed out")
-        assert strict.app.state.scheduler.waiting == 0  # type: ignore[attr-defined]
+        assert strict.app.state.services.scheduler.waiting == 0  # type: ignore[attr-defined]
 
 
 def test_a_bug_is_a_500_with_an_error_body(client: TestClient, monkeypatch: pytest.MonkeyPatch) -> None:
     def broken(sources: list[list[int]], **kwargs: Any) -> Any:
         raise RuntimeError("boom")
 
-    monkeypatch.setattr(client.app.state.scheduler, "submit", broken)  # type: ignore[attr-defined]
-    client.app.state.segment_cache.clear()  # type: ignore[attr-defined]  # (an earlier test's "Hallo")
+    monkeypatch.setattr(client.app.state.services.scheduler, "submit", broken)  # type: ignore[attr-defined]
+    client.app.state.services.segment_cache.clear()  # type: ignore[attr-defined]  # (an earlier test's "Hallo")
     lenient = TestClient(client.app, raise_server_exceptions=False)  # same app, already started
     assert lenient.post("/translate", json={"q": "Hallo", "target": "en"}).json() == {
         "error": "internal server error"
@@ -538,7 +538,7 @@ def test_not_ready_before_the_model_is_loaded(model_dir: Path) -> None:
 
 def test_not_ready_when_the_engine_has_stopped(model_dir: Path) -> None:
     with serve(make_settings(model_dir, warmup=False)) as stopping:
-        stopping.app.state.scheduler.stop()  # type: ignore[attr-defined]
+        stopping.app.state.services.scheduler.stop()  # type: ignore[attr-defined]
         assert_error(stopping.get("/health"), 503, "engine")
         assert stopping.get("/health/live").status_code == 200
         assert_error(stopping.post("/translate", json={"q": "Hallo", "target": "en"}), 503)
@@ -567,7 +567,7 @@ def test_info(client: TestClient, translator: Translator) -> None:
     # as the OS reports it (/proc, read here independently).
     memory = info["memory"]
     [worker_mb] = memory["workers_mb"]
-    [state] = client.app.state.scheduler.workers  # type: ignore[attr-defined]
+    [state] = client.app.state.services.scheduler.workers  # type: ignore[attr-defined]
     with open(f"/proc/{state.worker.pid}/status") as f:
         rss = next(int(line.split()[1]) / 1024 for line in f if line.startswith("VmRSS:"))
     assert worker_mb == pytest.approx(rss, rel=0.2) and worker_mb > model["weight_mb"]
@@ -597,7 +597,7 @@ def test_int8_needs_cpu_and_float32(model_dir: Path) -> None:
 
 
 def test_metrics(client: TestClient) -> None:
-    metrics = client.app.state.metrics  # type: ignore[attr-defined]
+    metrics = client.app.state.services.metrics  # type: ignore[attr-defined]
 
     def requests(endpoint: str, status: str) -> float:
         return metrics.sample("nmt_requests_total", {"endpoint": endpoint, "status": status})
@@ -657,6 +657,6 @@ def test_every_request_gives_back_its_gate_place_and_its_turn(client: TestClient
         client.post("/translate", content=b"{", headers={"content-type": "application/json"}).status_code
         == 422
     )
-    state = client.app.state  # type: ignore[attr-defined]
+    state = client.app.state.services  # type: ignore[attr-defined]
     assert state.scheduler._entered == 0
     assert state.turns._value == TURNS

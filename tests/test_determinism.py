@@ -25,7 +25,7 @@ import pytest
 import torch
 
 from app.config import Settings
-from app.serving.protocol import SentenceJob
+from app.serving.protocol import Sentence
 from app.serving.worker.executor import Executor
 from app.serving.worker.inbox import Inbox
 from app.serving.worker.models import ModelTable, open_translator
@@ -114,7 +114,7 @@ def served(translator: Translator, sentences: list[str], beams: list[int], seed:
     executor = Executor(ModelTable.single(translator), inbox, max_batch_size=64)
     rng = random.Random(seed)
     pending = [
-        SentenceJob(i, i, src, beam, 1, None, time.monotonic())
+        Sentence(i, i, src, beam, 1, None, time.monotonic())
         for i, (src, beam) in enumerate(zip(translator.source_ids(sentences), beams, strict=True))
     ]
     rng.shuffle(pending)
@@ -127,7 +127,7 @@ def served(translator: Translator, sentences: list[str], beams: list[int], seed:
             for job, result in executor.iteration():
                 inbox.release(job)
                 assert not isinstance(result, BaseException), result
-                results[job.id] = result[0][0]
+                results[job.id] = result.hypotheses[0].tokens
     return [results[i] for i in range(len(sentences))]
 
 

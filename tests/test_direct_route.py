@@ -54,7 +54,7 @@ def answer(client: TestClient, direct: bool, request: dict[str, Any]) -> tuple[i
 
 
 def requests_counted(client: TestClient, status: int) -> float:
-    metrics = client.app.state.metrics  # type: ignore[attr-defined]
+    metrics = client.app.state.services.metrics  # type: ignore[attr-defined]
     return float(metrics.sample("nmt_requests_total", {"endpoint": "/translate", "status": str(status)}) or 0)
 
 
@@ -87,7 +87,7 @@ def test_a_bug_is_the_same_500_both_ways(client: TestClient, monkeypatch: pytest
 
 
 def test_not_ready_is_the_same_503_both_ways(client: TestClient) -> None:
-    state = client.app.state  # type: ignore[attr-defined]
+    state = client.app.state.services  # type: ignore[attr-defined]
     state.ready = False
     try:
         request = {"json": {"q": "x", "source": "de", "target": "en"}}

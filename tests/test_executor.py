@@ -18,9 +18,8 @@ import torch
 from conftest import SENTENCES, compile_cache_dir, synthetic_sentences
 
 from app.metrics import Metrics, process_metrics
-from app.serving.frontend.scheduler import Hypotheses
-from app.serving.protocol import SentenceJob
-from app.serving.worker.executor import BACKGROUND_EVERY, JOIN_RATIO, JOIN_WAIT_STEPS, Executor, Job
+from app.serving.protocol import Sentence, SentenceResult
+from app.serving.worker.executor import BACKGROUND_EVERY, JOIN_RATIO, JOIN_WAIT_STEPS, Executor, Held
 from app.serving.worker.inbox import Inbox
 from app.serving.worker.models import ModelTable
 from model.cache import KVCache
@@ -35,7 +34,7 @@ LONG = [
 SHORT = "Ein Mann."
 
 _ids = itertools.count()
-Finished = dict[int, tuple[int, Hypotheses | BaseException]]  # job id -> (iteration, outcome)
+Finished = dict[int, tuple[int, SentenceResult | BaseException]]  # job id -> (iteration, outcome)
 
 
 @pytest.fixture(scope="module")
@@ -92,13 +91,13 @@ def make_executor(request: pytest.FixtureRequest) -> Callable[..., Executor]:
 
 def job(
     translator: Translator, text: str, beam_size: int = 1, n_best: int = 1, deadline: float | None = None
-) -> SentenceJob:
+) -> Sentence:
     src = translator.source_ids([text])[0]
-    return SentenceJob(next(_ids), 0, src, beam_size, n_best, deadline, time.monotonic(), MODEL)
+    return Sentence(next(_ids), 0, src, beam_size, n_best, deadline, time.monotonic(), MODEL)
 
 
 def drive(
-    executor: Executor, inbox: Inbox, arrivals: dict[int, list[SentenceJob]] | None = None, *, start: int = 0
+    executor: Executor, inbox: Inbox, arrivals: dict[int, list[Sentence]] | None = None, *, start: int = 0
 ) -> Finished:
     """Iterate until nothing runs or waits; ``arrivals[i]`` join the inbox before iteration ``i``."""
     arrivals = dict(arrivals or {})
@@ -116,19 +115,19 @@ def drive(
     raise AssertionError("unreachable")
 
 
-def ids(jobs: Sequence[Job]) -> list[int]:
+def ids(jobs: Sequence[Held]) -> list[int]:
     """The ids of these jobs: the inbox hands the executor its own wrappers of what it was given."""
     return [j.id for j in jobs]
 
 
-def tokens(outcome: Hypotheses | BaseException) -> list[list[int]]:
+def tokens(outcome: SentenceResult | BaseException) -> list[list[int]]:
     assert not isinstance(outcome, BaseException), outcome
-    return [t for t, _ in outcome]
+    return [h.tokens for h in outcome.hypotheses]
 
 
-def scores(outcome: Hypotheses | BaseException) -> list[float]:
+def scores(outcome: SentenceResult | BaseException) -> list[float]:
     assert not isinstance(outcome, BaseException), outcome
-    return [s for _, s in outcome]
+    return [h.score for h in outcome.hypotheses]
 
 
 MODEL = "m"  # the model of these executors' jobs: the label of what they record
@@ -347,7 +346,7 @@ def test_cancelled_and_expired_jobs_leave_the_batch_and_the_inbox(
         inbox.add([waiting_cancelled, waiting_expired])
         inbox.cancel([cancelled.id, waiting_cancelled.id])
         running = next(e.key for e in executor.running.entries if e.key.id == expired.id)
-        running.job = dataclasses.replace(expired, deadline=time.monotonic() - 1.0)  # it passes now
+        running.message = dataclasses.replace(expired, deadline=time.monotonic() - 1.0)  # it passes now
         assert executor.iteration() == []  # no outcome: nobody waits for them
     assert (
         ids([e.key for e in executor.running.entries]) == [stays.id]
@@ -443,7 +442,7 @@ def test_jobs_whose_admission_fails_are_answered(
 # -- the inbox -----------------------------------------------------------------------------------------
 def test_inbox_take_stops_at_the_first_job_that_does_not_fit() -> None:
     inbox = Inbox()
-    jobs = [SentenceJob(i, 0, [5, 2], beam, 1, None, time.monotonic()) for i, beam in enumerate([1, 2, 3, 1])]
+    jobs = [Sentence(i, 0, [5, 2], beam, 1, None, time.monotonic()) for i, beam in enumerate([1, 2, 3, 1])]
     inbox.add(jobs)
     rows = 0
 
@@ -465,7 +464,7 @@ def test_inbox_drops_cancelled_and_expired_jobs_and_forgets_them() -> None:
     abandoned = sample("nmt_sentences_total", {"outcome": "abandoned"})
     now = time.monotonic()
     keep, cancelled, expired, later = (
-        SentenceJob(i, 0, [5, 2], 1, 1, deadline, now, MODEL)
+        Sentence(i, 0, [5, 2], 1, 1, deadline, now, MODEL)
         for i, deadline in enumerate([None, None, now - 1, now + 60])
     )
     inbox.add([keep, cancelled, expired, later])
@@ -494,7 +493,7 @@ def within(seconds: float, call: Callable[[], bool]) -> bool:
 def test_inbox_wait_returns_when_there_is_work_and_false_once_stopped() -> None:
     inbox = Inbox()
     assert within(5.0, lambda: inbox.wait(lambda: True))  # a batch is running
-    job_ = SentenceJob(0, 0, [5, 2], 1, 1, None, time.monotonic())
+    job_ = Sentence(0, 0, [5, 2], 1, 1, None, time.monotonic())
     later = threading.Timer(0.05, inbox.add, [[job_]])
     started = time.monotonic()
     later.start()
@@ -506,17 +505,17 @@ def test_inbox_wait_returns_when_there_is_work_and_false_once_stopped() -> None:
     inbox.take(lambda j: True)
     assert not within(5.0, lambda: inbox.wait(lambda: False))  # woken by stop
     stopper.join()
-    inbox.add([SentenceJob(1, 0, [5, 2], 1, 1, None, time.monotonic())])
+    inbox.add([Sentence(1, 0, [5, 2], 1, 1, None, time.monotonic())])
     assert not within(5.0, lambda: inbox.wait(lambda: True))  # stopping wins over work
 
 
 def test_inbox_wait_for_more_waits_for_rows_or_the_timeout() -> None:
     inbox = Inbox()
-    inbox.add([SentenceJob(0, 0, [5, 2], 2, 1, None, time.monotonic())])
+    inbox.add([Sentence(0, 0, [5, 2], 2, 1, None, time.monotonic())])
     started = time.monotonic()
     inbox.wait_for_more(4, 0.05)  # 2 rows wait, not 4
     assert time.monotonic() - started >= 0.04
-    inbox.add([SentenceJob(1, 0, [5, 2], 2, 1, None, time.monotonic())])
+    inbox.add([Sentence(1, 0, [5, 2], 2, 1, None, time.monotonic())])
     started = time.monotonic()
     inbox.wait_for_more(4, 10.0)
     assert time.monotonic() - started < 5.0  # 4 rows are there: it did not wait out its 10 s

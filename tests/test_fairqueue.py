@@ -8,7 +8,7 @@ import time
 import pytest
 
 from app.serving.fairqueue import FairQueue
-from app.serving.protocol import SentenceJob
+from app.serving.protocol import Sentence
 from app.serving.worker.inbox import Inbox
 
 
@@ -58,8 +58,8 @@ def test_drop_takes_out_one_owner() -> None:
         q.pop()
 
 
-def job(jid: int, request: int) -> SentenceJob:
-    return SentenceJob(jid, request, [5, 3], 1, 1, None, time.monotonic())
+def job(jid: int, request: int) -> Sentence:
+    return Sentence(jid, request, [5, 3], 1, 1, None, time.monotonic())
 
 
 def test_a_worker_takes_a_late_short_request_before_the_rest_of_the_documents() -> None:

@@ -192,7 +192,7 @@ def test_file_limits_are_read_from_the_settings(model_dir: Path) -> None:
         assert upload("a.txt", controls.encode()).status_code == 200
         assert upload("a.docx", small_docx(controls.replace("\x1b", ""))).status_code == 200
         assert_error(upload("a.html", b"<div><div><div><div>Hund"), 413, "nests more than 3")
-        places = client.app.state.file_requests  # type: ignore[attr-defined]
+        places = client.app.state.services.file_requests  # type: ignore[attr-defined]
         places.count = 1  # one file in progress: the most allowed
         busy = upload("a.txt", b"Ein Hund.")
         assert_error(busy, 503, "retry later")

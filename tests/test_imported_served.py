@@ -140,7 +140,7 @@ def test_concurrent_clients_get_the_answers_each_sentence_gets_alone(
 
 
 def test_metrics_count_the_imported_model(client: TestClient) -> None:
-    metrics: Metrics = client.app.state.metrics  # type: ignore[attr-defined]
+    metrics: Metrics = client.app.state.services.metrics  # type: ignore[attr-defined]
 
     def translated() -> float:
         return metrics.sample("nmt_sentences_total", {"model": MULTILINGUAL, "outcome": "translated"})

@@ -1,18 +1,18 @@
-"""A worker's inbox (app.serving.worker.Inbox): document jobs' sentences wait apart from typed
+"""A worker's inbox (app.serving.worker.inbox.Inbox): document jobs' sentences wait apart from typed
 ones, for the executor's batches of documents."""
 
 from __future__ import annotations
 
 import time
 
-from app.serving.protocol import SentenceJob
+from app.serving.protocol import Sentence
 from app.serving.worker.inbox import Inbox
 
 MODEL = "m"
 
 
-def job(sid: int, request: int, *, background: bool = False, beam: int = 2) -> SentenceJob:
-    return SentenceJob(sid, request, [5, 2], beam, 1, None, time.monotonic(), MODEL, (), background)
+def job(sid: int, request: int, *, background: bool = False, beam: int = 2) -> Sentence:
+    return Sentence(sid, request, [5, 2], beam, 1, None, time.monotonic(), MODEL, (), background)
 
 
 def test_typed_and_document_sentences_wait_apart_and_are_taken_apart() -> None:

@@ -315,7 +315,7 @@ def test_translate_file_refuses_a_key_past_its_share_with_503_and_serves_another
     settings = make_settings(model_dir, api_keys="k1,k2", data_dir=tmp_path, warmup=False)
     data = text_file(german(4, seed=41))
     with serve(settings) as client:
-        files: FileStore = client.app.state.files  # type: ignore[attr-defined]
+        files: FileStore = client.app.state.services.files  # type: ignore[attr-defined]
 
         def upload(key: str) -> Any:
             return client.post(
@@ -355,7 +355,7 @@ def client(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterato
 
 
 def jobs_of(client: TestClient) -> JobStore:
-    store: JobStore = client.app.state.jobs  # type: ignore[attr-defined]
+    store: JobStore = client.app.state.services.jobs  # type: ignore[attr-defined]
     return store
 
 
@@ -393,7 +393,7 @@ def test_a_result_past_the_quota_fails_its_job_with_507(
     # No reservation for the result, and a quota that holds the upload and options only: the
     # result, checked when it is written, cannot fit.
     monkeypatch.setattr(job_store, "RESERVE_FACTOR", 0)
-    settings: Settings = client.app.state.settings  # type: ignore[attr-defined]
+    settings: Settings = client.app.state.services.settings  # type: ignore[attr-defined]
     options = len(JobOptions(protect_placeholders=True, beam_size=settings.default_beam_size).encoded())
     monkeypatch.setattr(store, "quota_bytes", used_bytes(store) + len(data) + options)
     job = submit(client, "a.txt", data)

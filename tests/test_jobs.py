@@ -174,7 +174,7 @@ def test_a_job_survives_a_worker_killed_in_the_middle(
     sentences = german(60, seed=5)
     job = submit(client, "a.txt", text_file(sentences))
     wait(client, job["id"], until=("translating", *FINAL))
-    worker = client.app.state.scheduler.workers[0].worker  # type: ignore[attr-defined]
+    worker = client.app.state.services.scheduler.workers[0].worker  # type: ignore[attr-defined]
     os.kill(worker.pid, signal.SIGKILL)
     done = wait(client, job["id"], timeout_s=180)
     assert done["state"] == "done", done

@@ -66,7 +66,7 @@ def keyed(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator
         max_file_requests=1,
     )
     with serve(settings) as client:
-        client.app.state.keys.store.clock = lambda: T0  # type: ignore[attr-defined]  # windows stand still
+        client.app.state.services.keys.store.clock = lambda: T0  # type: ignore[attr-defined]  # windows stand still
         yield client
 
 
@@ -88,7 +88,7 @@ def test_an_unknown_key_before_the_body_is_403_at_once(
 def test_a_key_over_its_limit_before_the_body_is_429_at_once_with_retry_after(
     keyed: TestClient, method: str, path: str
 ) -> None:
-    store = keyed.app.state.keys.store  # type: ignore[attr-defined]
+    store = keyed.app.state.services.keys.store  # type: ignore[attr-defined]
     store.clock = lambda: T0 + 3600 * BODIES.index((method, path))  # a fresh minute for each path
     assert (
         keyed.get("/glossaries", headers={"X-API-Key": "tight-secret"}).status_code == 200
@@ -103,7 +103,7 @@ def test_a_refused_key_never_takes_an_uploads_place(keyed: TestClient) -> None:
     key is 403 meanwhile, not 503 (it was refused before it would take a place), a good one 503."""
 
     async def scenario() -> tuple[int, int]:
-        places = keyed.app.state.file_requests  # type: ignore[attr-defined]
+        places = keyed.app.state.services.file_requests  # type: ignore[attr-defined]
         holder = asyncio.create_task(
             # (within the file limit: a larger Content-Length would be refused, 413, without waiting)
             without_body(
@@ -189,7 +189,7 @@ def test_a_header_keys_glossary_and_job_are_its_own(keyed: TestClient) -> None:
 
 
 def test_looking_at_jobs_counts_one_request_each(keyed: TestClient) -> None:
-    keyed.app.state.keys.store.clock = lambda: T0 - 86_400  # type: ignore[attr-defined]  # a minute of its own
+    keyed.app.state.services.keys.store.clock = lambda: T0 - 86_400  # type: ignore[attr-defined]  # a minute of its own
     poller = {"X-API-Key": "poller-secret"}  # 3 requests a minute
     job = keyed.post("/jobs", data=FORM, files={"file": ("a.txt", b"Ein Hund.")}, headers=poller)
     assert job.status_code == 202, job.text  # 1

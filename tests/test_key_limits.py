@@ -129,7 +129,7 @@ def client(
 
 
 def store(client: TestClient) -> UsageStore:
-    used: UsageStore = client.app.state.keys.store  # type: ignore[attr-defined]
+    used: UsageStore = client.app.state.services.keys.store  # type: ignore[attr-defined]
     return used
 
 
@@ -211,7 +211,7 @@ def test_the_concurrency_cap_holds_across_processes(client: TestClient, data_dir
 def test_the_slot_is_given_back_however_the_request_ends(
     client: TestClient, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    metrics = client.app.state.metrics  # type: ignore[attr-defined]
+    metrics = client.app.state.services.metrics  # type: ignore[attr-defined]
 
     def free() -> bool:
         in_flight = metrics.sample("nmt_key_requests_in_flight", {"key": "solo"})
@@ -228,8 +228,8 @@ def test_the_slot_is_given_back_however_the_request_ends(
         raise RuntimeError("boom")
 
     with monkeypatch.context() as patch:
-        patch.setattr(client.app.state.scheduler, "submit", broken)  # type: ignore[attr-defined]
-        client.app.state.segment_cache.clear()  # type: ignore[attr-defined]  # (answers decoded before)
+        patch.setattr(client.app.state.services.scheduler, "submit", broken)  # type: ignore[attr-defined]
+        client.app.state.services.segment_cache.clear()  # type: ignore[attr-defined]  # (answers decoded before)
         body = {"q": "Hallo", "target": "en", "api_key": "solo-secret"}
         assert lenient.post("/translate", json=body).status_code == 500
     assert free()
@@ -264,7 +264,7 @@ def test_metrics_are_per_key_name_never_the_key(client: TestClient) -> None:
     keys = {line.split('key="')[1].split('"')[0] for line in text.splitlines() if 'key="' in line}
     assert {"free", "tight", "short"} <= keys
     assert not any(key.startswith("nope") for key in keys)
-    metrics = client.app.state.metrics  # type: ignore[attr-defined]
+    metrics = client.app.state.services.metrics  # type: ignore[attr-defined]
     before = metrics.sample("nmt_key_characters_total", {"key": "free"})
     assert translate(client, "free-secret", q=["Ein Hund.", "Ja."]).status_code == 200
     assert metrics.sample("nmt_key_characters_total", {"key": "free"}) == before + 12
@@ -274,7 +274,7 @@ def test_keys_without_counted_limits_never_open_the_store(model_dir: Path, tmp_p
     data_dir = tmp_path / "data"
     settings = make_settings(model_dir, api_keys="k1", key_char_limit=100, data_dir=data_dir, warmup=False)
     with serve(settings) as keyed:
-        assert keyed.app.state.keys.store is None  # type: ignore[attr-defined]
+        assert keyed.app.state.services.keys.store is None  # type: ignore[attr-defined]
         assert translate(keyed, "k1").status_code == 200
         assert_error(translate(keyed, "k1", q="x" * 101), 400, "exceeds text limit (100)")
         assert keyed.get("/frontend/settings").json()["keyRequired"] is True

@@ -176,7 +176,7 @@ def test_probes_use_the_health_routes(docs: tuple[Doc, ...]) -> None:
     container = translator(docs)
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
     probes = {k: container[k]["httpGet"] for k in ("startupProbe", "livenessProbe", "readinessProbe")}
-    assert {p["path"] for p in probes.values()} <= route_paths(health.router)
+    assert {p["path"] for p in probes.values()} <= route_paths(health.api)
     # Liveness never depends on the model (an overloaded or reloading pod is not restarted);
     # readiness does (503 while no worker runs).
     assert probes["livenessProbe"]["path"] == probes["startupProbe"]["path"] == "/health/live"
@@ -339,7 +339,7 @@ def test_service_monitor_and_budget_select_the_pods(docs: tuple[Doc, ...]) -> No
     assert matches(monitor["spec"]["selector"]["matchLabels"], service["metadata"]["labels"])
     (endpoint,) = monitor["spec"]["endpoints"]
     assert endpoint["port"] == port["name"]
-    assert endpoint["path"] in route_paths(metrics_route.router)
+    assert endpoint["path"] in route_paths(metrics_route.api)
     # The compose deployment's Prometheus scrapes as often.
     compose_prometheus = yaml.safe_load((REPO / "deploy" / "prometheus" / "prometheus.yml").read_text())
     assert endpoint["interval"] == compose_prometheus["global"]["scrape_interval"]

@@ -135,7 +135,7 @@ def test_a_request_holding_the_loop_is_warned_about_by_method_route_template_and
 def test_a_hold_is_recorded_as_lag_in_the_histogram_and_the_gauge(
     client: TestClient, captured: Captured
 ) -> None:
-    metrics: Metrics = client.app.state.metrics  # type: ignore[attr-defined]
+    metrics: Metrics = client.app.state.services.metrics  # type: ignore[attr-defined]
     before = lag_over(metrics, "0.1")  # (HOLD_WARNING_S: a bucket's bound)
     captured.clear()
     assert client.get("/test/hold/0.3").status_code == 200
@@ -172,7 +172,7 @@ def test_a_hold_in_a_task_started_by_post_translate_names_post_translate(
 
 
 def test_normal_requests_are_not_warned_about(client: TestClient, captured: Captured) -> None:
-    metrics: Metrics = client.app.state.metrics  # type: ignore[attr-defined]
+    metrics: Metrics = client.app.state.services.metrics  # type: ignore[attr-defined]
     # Once each first: a first request may import or prepare what later ones reuse.
     client.get("/health")
     client.post("/translate", json={"q": "Ein Hund spielt im Park.", "target": "en"})

@@ -18,7 +18,7 @@ from fastapi.testclient import TestClient
 from test_api import make_settings, serve
 
 from app.metrics import process_metrics
-from app.serving.protocol import ModelSpec, SentenceJob
+from app.serving.protocol import ModelSpec, Sentence
 from app.serving.worker.executor import Executor
 from app.serving.worker.inbox import Inbox
 from app.serving.worker.models import ModelTable, weight_bytes
@@ -56,9 +56,9 @@ def two_dirs(
     return root
 
 
-def job(translator: Translator, model: str, text: str, beam_size: int = 1) -> SentenceJob:
+def job(translator: Translator, model: str, text: str, beam_size: int = 1) -> Sentence:
     src = translator.source_ids([text])[0]
-    return SentenceJob(next(_ids), 0, src, beam_size, 1, None, time.monotonic(), model)
+    return Sentence(next(_ids), 0, src, beam_size, 1, None, time.monotonic(), model)
 
 
 def drive(executor: Executor, inbox: Inbox) -> tuple[dict[int, list[list[int]]], list[int]]:
@@ -73,7 +73,7 @@ def drive(executor: Executor, inbox: Inbox) -> tuple[dict[int, list[list[int]]],
             for done, result in executor.iteration():
                 assert inbox.release(done)
                 assert not isinstance(result, BaseException), result
-                finished[done.id] = [tokens for tokens, _ in result]
+                finished[done.id] = [h.tokens for h in result.hypotheses]
                 order.append(done.id)
     raise AssertionError("unreachable")
 
@@ -242,7 +242,7 @@ def shared_workers(two_dirs: Path) -> Iterator[TestClient]:
 def test_two_workers_serve_both_models_as_each_alone(
     shared_workers: TestClient, de_en: Translator, en_de: Translator
 ) -> None:
-    scheduler = shared_workers.app.state.scheduler  # type: ignore[attr-defined]
+    scheduler = shared_workers.app.state.services.scheduler  # type: ignore[attr-defined]
     assert len(scheduler.workers) == 2 and list(scheduler.models) == ["tiny-de-en", "tiny-en-de"]
     texts = synthetic_sentences(12, seed=14)
     for source, target, translator in [("de", "en", de_en), ("en", "de", en_de)]:
@@ -264,16 +264,16 @@ def test_models_beyond_the_budget_load_on_demand_and_the_idle_one_is_evicted(big
         info = client.get("/info").json()
         assert [m["loaded"] for m in info["models"]] == ["at start", "on first request"]
         assert info["batching"]["worker_model_memory_mb"] == 20
-        metrics = client.app.state.metrics  # type: ignore[attr-defined]
+        metrics = client.app.state.services.metrics  # type: ignore[attr-defined]
         evicted = metrics.sample("nmt_model_evictions_total", {"model": "mid-de-en"})
         texts = synthetic_sentences(4, seed=15)
         for source, target, translator in [("en", "de", en_de), ("de", "en", de_en), ("en", "de", en_de)]:
-            client.app.state.segment_cache.clear()  # type: ignore[attr-defined]  # (the model decodes)
+            client.app.state.services.segment_cache.clear()  # type: ignore[attr-defined]  # (the model decodes)
             answer = client.post("/translate", json={"q": texts, "source": source, "target": target})
             assert answer.status_code == 200, answer.text
             expected = [r.hypotheses[0] for r in translator.translate_batch(texts, beam_size=5)]
             assert answer.json()["translatedText"] == expected
         assert metrics.sample("nmt_model_evictions_total", {"model": "mid-de-en"}) == evicted + 2  # twice
         assert metrics.sample("nmt_model_loads_total", {"model": "mid-en-de"}) >= 2
-        [state] = client.app.state.scheduler.workers  # type: ignore[attr-defined]
+        [state] = client.app.state.services.scheduler.workers  # type: ignore[attr-defined]
         assert state.loaded == frozenset({"mid-en-de"})  # as the worker told the front end

@@ -265,7 +265,7 @@ def test_memories_through_the_api(keyed: TestClient) -> None:
     assert stats["segments"] == 9
     assert {"source_lang": "de", "target_lang": "en", "segments": 3} in stats["pairs"]
     assert keyed.get("/memories", params={"api_key": "k2"}).json() == {"segments": 0, "pairs": []}
-    memory = keyed.app.state.memory  # type: ignore[attr-defined]
+    memory = keyed.app.state.services.memory  # type: ignore[attr-defined]
     assert memory.lookup(owner_name("k1"), "de", "en", "Danke.") == "Thanks."
     assert (
         keyed.post("/memories", data=k1, files={"file": ("m.tmx", TMX)}).json()["segments"] == 9
@@ -353,7 +353,7 @@ def test_a_segment_cache_of_zero_bytes_is_off() -> None:
 
 
 def test_the_app_has_a_segment_cache_of_the_configured_size(keyed: TestClient) -> None:
-    cache = keyed.app.state.segment_cache  # type: ignore[attr-defined]
+    cache = keyed.app.state.services.segment_cache  # type: ignore[attr-defined]
     assert isinstance(cache, SegmentCache) and cache.max_bytes == 64 * 1024 * 1024
     assert make_settings(Path("artifacts"), segment_cache_mb=0).segment_cache_mb == 0
 

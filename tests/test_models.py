@@ -200,7 +200,7 @@ def test_a_file_is_translated_through_english(client: TestClient, translators: d
 
 
 def test_metrics_carry_the_model_label(client: TestClient) -> None:
-    metrics: Metrics = client.app.state.metrics  # type: ignore[attr-defined]
+    metrics: Metrics = client.app.state.services.metrics  # type: ignore[attr-defined]
 
     def translated(model: str) -> float:
         return metrics.sample("nmt_sentences_total", {"model": model, "outcome": "translated"})

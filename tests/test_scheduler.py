@@ -17,8 +17,19 @@ import pytest
 import app.serving.frontend.scheduler as scheduler_module
 from app.metrics import process_metrics
 from app.serving.errors import DeadlineExceeded, EngineError, EngineStopped, QueueFull, TooLarge
-from app.serving.frontend.scheduler import MAX_ATTEMPTS, Hypotheses, Request, Scheduler
-from app.serving.protocol import Answers, Cancel, Done, Failed, Loaded, SentenceJob, ToWorker, Translate
+from app.serving.frontend.scheduler import MAX_ATTEMPTS, Request, Scheduler
+from app.serving.protocol import (
+    Answers,
+    Cancel,
+    Done,
+    Failed,
+    Hypothesis,
+    Loaded,
+    Sentence,
+    SentenceResult,
+    ToWorker,
+    Translate,
+)
 
 EOS = 2
 MODEL = "m"  # the model served, unless a test says otherwise
@@ -33,7 +44,7 @@ class FakeWorker:
         self.running = running
         self.listener: Any = None
         self.sent: list[ToWorker] = []  # every message, in order
-        self.pending: dict[int, SentenceJob] = {}  # given, not answered, cancelled or lost in an exit
+        self.pending: dict[int, Sentence] = {}  # given, not answered, cancelled or lost in an exit
         self.accepts = True  # what send() answers (False: the pipe is broken)
         self.starts = 0
         self.failing_starts = 0  # the next start() calls that fail
@@ -48,7 +59,7 @@ class FakeWorker:
             return False
         self.sent.append(message)
         if isinstance(message, Translate):
-            self.pending.update((job.id, job) for job in message.jobs)
+            self.pending.update((job.id, job) for job in message.sentences)
         elif isinstance(message, Cancel):
             for sid in message.ids:
                 self.pending.pop(sid)  # (KeyError: a cancel for something it was never given)
@@ -69,14 +80,14 @@ class FakeWorker:
         self.running = False
 
     # -- what the test does in the worker's name -------------------------------------------------------
-    def given(self) -> list[SentenceJob]:
+    def given(self) -> list[Sentence]:
         """Every sentence it was sent, in order (repeats included)."""
-        return [job for m in self.sent if isinstance(m, Translate) for job in m.jobs]
+        return [job for m in self.sent if isinstance(m, Translate) for job in m.sentences]
 
     def cancelled(self) -> list[int]:
         return [sid for m in self.sent if isinstance(m, Cancel) for sid in m.ids]
 
-    def answer(self, *jobs: SentenceJob, failed: str | None = None) -> None:
+    def answer(self, *jobs: Sentence, failed: str | None = None) -> None:
         """Answer these sentences in one message: done (the n-best echoes the source), or failed."""
         answers: list[Done | Failed] = []
         for job in jobs:
@@ -91,8 +102,8 @@ class FakeWorker:
         self.listener.on_exit(self)
 
 
-def echo(src: list[int]) -> Hypotheses:
-    return [(src[:-1], -float(len(src)))]
+def echo(src: list[int]) -> SentenceResult:
+    return SentenceResult((Hypothesis(src[:-1], -float(len(src))),))
 
 
 def sources(n: int, tag: int = 0) -> list[list[int]]:
@@ -652,7 +663,7 @@ def test_requests_name_their_model_unless_there_is_only_one() -> None:
                 s.submit(sources(1), beam_size=1, n_best=1, model=model)
         only = scheduler([FakeWorker("w")])
         request = only.submit(sources(1), beam_size=1, n_best=1)
-        assert request.model.name == MODEL and request.sentences[0].job.model == MODEL
+        assert request.model.name == MODEL and request.sentences[0].message.model == MODEL
 
     run(main)
 

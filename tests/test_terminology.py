@@ -21,12 +21,21 @@ import torch
 from fastapi.testclient import TestClient
 
 from app.keys import owner_name
-from app.served import Rendered, ServedModel
+from app.served import ServedModel
 from app.serving.frontend.pipeline import Translation
 from app.serving.frontend.router import Hop, Route
-from app.serving.protocol import Answers, Constraints, Done, Hypotheses, ModelDescription, SentenceJob, Spans
+from app.serving.protocol import (
+    Answers,
+    Constraints,
+    Done,
+    Hypothesis,
+    ModelDescription,
+    Sentence,
+    SentenceResult,
+    Spans,
+)
 from app.serving.worker.executor import Executor
-from app.serving.worker.inbox import HeldJob, Inbox
+from app.serving.worker.inbox import HeldSentence, Inbox
 from app.serving.worker.models import ModelTable
 from model.decoding.batch import RunningBatch, Source
 from model.decoding.constraints import beam_for
@@ -59,19 +68,23 @@ def test_served_model_renders_hypotheses_with_their_spans(model_dir: Path) -> No
     [term] = model.constraints(["Gärtner™"])  # one constraint, its target-side ids
     words = model.tokenizer.encode(["a man plays"], target=True)[0]
     ids = words + list(term)
-    results: list[Hypotheses] = [[(ids, -1.0), (words, -2.0)], [(words, -1.0)]]
-    spans: list[tuple[Spans, ...]] = [(((len(words), len(ids), 0),), ()), ()]
-    first, second = model.render(results, spans, [["Gärtner™"], []])
-    assert first.texts == ["a man plays Gärtner™", model.texts([[(words, 0.0)]])[0][0]]
+    spans: Spans = ((len(words), len(ids), 0),)
+    results = [nbest((ids, -1.0, spans), (words, -2.0, ())), nbest((words, -1.0, ()))]
+    first, second = model.render(results, [["Gärtner™"], []])
+    assert first.texts == ["a man plays Gärtner™", model.texts([nbest((words, 0.0, ()))])[0][0]]
     assert first.placed == ((0, 12, 20),)
-    assert second == Rendered(model.texts([[(words, 0.0)]])[0])
+    assert (second.texts, second.placed) == (model.texts([nbest((words, 0.0, ()))])[0], ())
+
+
+def nbest(*hypotheses: tuple[list[int], float, Spans]) -> SentenceResult:
+    """A sentence's result as a worker sends it: each hypothesis's tokens, score and spans."""
+    return SentenceResult(tuple(Hypothesis(tokens, score, spans) for tokens, score, spans in hypotheses))
 
 
 class FakeRequest:
-    def __init__(self, results: list[Hypotheses], spans: list[tuple[Spans, ...]]) -> None:
-        self.future: asyncio.Future[list[Hypotheses]] = asyncio.get_running_loop().create_future()
+    def __init__(self, results: list[SentenceResult]) -> None:
+        self.future: asyncio.Future[list[SentenceResult]] = asyncio.get_running_loop().create_future()
         self.future.set_result(results)
-        self.spans = spans
 
 
 class FakeScheduler:
@@ -85,16 +98,14 @@ class FakeScheduler:
         self, sources: list[list[int]], *, model: str, constraints: list[Constraints] | None = None, **_: Any
     ) -> FakeRequest:
         self.calls.append((model, constraints))
-        results: list[Hypotheses] = []
-        spans: list[tuple[Spans, ...]] = []
+        results: list[SentenceResult] = []
         for k in range(len(sources)):
             ids, own = [5, 6], []
             for c, tokens in enumerate(constraints[k] if constraints else ()):
                 own.append((len(ids), len(ids) + len(tokens), c))
                 ids += tokens
-            results.append([(ids, -1.0)])
-            spans.append((tuple(own),) if constraints else ())
-        return FakeRequest(results, spans)
+            results.append(nbest((ids, -1.0, tuple(own))))
+        return FakeRequest(results)
 
     def withdraw(self, request: Any) -> None:
         pass
@@ -106,7 +117,7 @@ def test_a_pivot_is_constrained_on_its_last_hop_only(model_dir: Path) -> None:
     route = Route("fr", "en", (Hop(first, "fr", "en"), Hop(second, "en", "en")))
     fake = FakeScheduler()
 
-    async def main() -> list[Rendered]:
+    async def main() -> list[SentenceResult]:
         translation = Translation(
             fake,  # type: ignore[arg-type]
             ["Bonjour {name}.", "Rien."],
@@ -143,12 +154,16 @@ def test_the_scheduler_gives_a_constrained_sentence_its_beam_and_keeps_its_spans
         given = worker.given()
         assert [(job.constraints, job.beam_size) for job in given] == [(constraints[0], 3), ((), 1)]
         assert sum(state.rows for state in sched.workers) == 4  # the rows of the beams they need
-        spans: tuple[Spans, ...] = (((0, 2, 0), (2, 3, 1)),)
+        spans: Spans = ((0, 2, 0), (2, 3, 1))
         del worker.pending[given[0].id], worker.pending[given[1].id]
-        done = (Done(given[0].id, [([7, 8, 9], -1.0)], spans), Done(given[1].id, [([4], -1.0)]))
+        done = (Done(given[0].id, nbest(([7, 8, 9], -1.0, spans))), Done(given[1].id, nbest(([4], -1.0, ()))))
         sched.on_message(worker, Answers(done))
-        assert await request.future == [[([7, 8, 9], -1.0)], [([4], -1.0)]]
-        assert request.spans == [spans, ()]
+        results = await request.future
+        assert [[(h.tokens, h.score) for h in r.hypotheses] for r in results] == [
+            [([7, 8, 9], -1.0)],
+            [([4], -1.0)],
+        ]
+        assert [tuple(h.spans for h in r.hypotheses) for r in results] == [(spans,), ((),)]
         with pytest.raises(ValueError, match="constraint lists"):
             sched.submit([[5, 2]], beam_size=1, n_best=1, constraints=[(), ()])
         sched.stop()
@@ -161,9 +176,9 @@ def test_the_scheduler_gives_a_constrained_sentence_its_beam_and_keeps_its_spans
 
 def decode_in_executor(
     translator: Translator, constraints: Constraints, monkeypatch: pytest.MonkeyPatch
-) -> tuple[list[Source[Any]], HeldJob, Hypotheses]:
+) -> tuple[list[Source[Any]], HeldSentence, SentenceResult]:
     """One constrained sentence through a worker's inbox and executor: the sources its running
-    batch was given, the job as the worker holds it, and its n-best."""
+    batch was given, the job as the worker holds it, and its result."""
     given: list[Source[Any]] = []
     add = RunningBatch.add
 
@@ -175,12 +190,12 @@ def decode_in_executor(
     src = translator.source_ids(["Der Hund läuft im Park."])[0]
     beam = beam_for(2, len(constraints))
     inbox = Inbox()
-    inbox.add([SentenceJob(1, 0, src, beam, 2, None, time.monotonic(), "m", constraints)])
+    inbox.add([Sentence(1, 0, src, beam, 2, None, time.monotonic(), "m", constraints)])
     executor = Executor(ModelTable.single(translator, "m"), inbox)
     with torch.inference_mode():
         for _ in range(1000):
             for job, result in executor.iteration():
-                assert isinstance(job, HeldJob) and not isinstance(result, BaseException)
+                assert isinstance(job, HeldSentence) and not isinstance(result, BaseException)
                 return given, job, result
     raise AssertionError("the executor does not finish")
 
@@ -190,12 +205,11 @@ def test_the_executor_passes_constraints_to_the_batch_and_spans_back(
 ) -> None:
     constraints = translator.tokenizer.encode(["garden", "Hund"], target=True)
     wanted = tuple(map(tuple, constraints))
-    given, job, nbest = decode_in_executor(translator, wanted, monkeypatch)
+    given, _, result = decode_in_executor(translator, wanted, monkeypatch)
     assert [(s.constraints, s.beam_size) for s in given] == [(wanted, 3)]
-    assert len(job.spans) == len(nbest)  # one per hypothesis, for ``Done.spans``
-    for (tokens, _), spans in zip(nbest, job.spans, strict=True):
-        for start, end, which in spans:
-            assert tuple(tokens[start:end]) == wanted[which]
+    for h in result.hypotheses:  # each hypothesis's own spans, for ``Done``
+        for start, end, which in h.spans:
+            assert tuple(h.tokens[start:end]) == wanted[which]
 
 
 def test_every_hypothesis_realises_every_constraint(
@@ -203,11 +217,11 @@ def test_every_hypothesis_realises_every_constraint(
 ) -> None:
     """(Needs the constrained search.)"""
     wanted = tuple(map(tuple, translator.tokenizer.encode(["garden", "Hund"], target=True)))
-    _, job, nbest = decode_in_executor(translator, wanted, monkeypatch)
-    for (tokens, _), spans in zip(nbest, job.spans, strict=True):
-        assert sorted(which for _, _, which in spans) == [0, 1]
-        for start, end, which in spans:
-            assert tuple(tokens[start:end]) == wanted[which]
+    _, _, result = decode_in_executor(translator, wanted, monkeypatch)
+    for h in result.hypotheses:
+        assert sorted(which for _, _, which in h.spans) == [0, 1]
+        for start, end, which in h.spans:
+            assert tuple(h.tokens[start:end]) == wanted[which]
 
 
 # -- through the API --------------------------------------------------------------------------------
@@ -227,7 +241,7 @@ def target_ids(model_dir: Path, *terms: str) -> Constraints:
 
 
 def test_glossary_targets_are_sent_as_constraints_with_the_beam_they_need(
-    client: TestClient, jobs: list[SentenceJob], model_dir: Path
+    client: TestClient, jobs: list[Sentence], model_dir: Path
 ) -> None:
     glossary = [{"source": "Park", "target": "garden"}, {"source": "Hund", "target": "Hund"}]
     response = translate(client, q=["Der Hund läuft im Park.", "Eine Katze."], glossary=glossary)
@@ -237,7 +251,7 @@ def test_glossary_targets_are_sent_as_constraints_with_the_beam_they_need(
 
 
 def test_placeholders_are_sent_as_constraints_by_default_and_not_when_turned_off(
-    client: TestClient, jobs: list[SentenceJob], model_dir: Path, translator: Translator
+    client: TestClient, jobs: list[Sentence], model_dir: Path, translator: Translator
 ) -> None:
     text = "Hallo {name}, %1$s schreibt an info@example.com über https://example.com/x um 3.14 Uhr."
     assert translate(client, q=text).status_code == 200
@@ -248,7 +262,7 @@ def test_placeholders_are_sent_as_constraints_by_default_and_not_when_turned_off
     assert off == {"translatedText": best(translator, [text])[0]}  # as before terminology
 
 
-def test_an_entry_whose_source_is_absent_changes_nothing(client: TestClient, jobs: list[SentenceJob]) -> None:
+def test_an_entry_whose_source_is_absent_changes_nothing(client: TestClient, jobs: list[Sentence]) -> None:
     texts = ["Ein Mann spielt.", "Eine Katze"]
     without = client.post("/translate", json={"q": texts, "source": "de", "target": "en"})
     glossary = [{"source": "Rechnung", "target": "invoice"}]
@@ -259,7 +273,7 @@ def test_an_entry_whose_source_is_absent_changes_nothing(client: TestClient, job
 
 
 def test_a_form_carries_the_glossary_as_json_text(
-    client: TestClient, jobs: list[SentenceJob], model_dir: Path
+    client: TestClient, jobs: list[Sentence], model_dir: Path
 ) -> None:
     glossary = json.dumps([{"source": "Park", "target": "garden"}])
     form = {"q": "Ein Mann im Park.", "source": "de", "target": "en", "glossary": glossary}
@@ -273,7 +287,7 @@ def test_a_form_carries_the_glossary_as_json_text(
 
 
 def test_a_file_takes_a_glossary_and_protects_its_placeholders(
-    client: TestClient, jobs: list[SentenceJob], model_dir: Path
+    client: TestClient, jobs: list[Sentence], model_dir: Path
 ) -> None:
     glossary = json.dumps([{"source": "Park", "target": "garden"}])
     form = {"source": "de", "target": "en", "glossary": glossary}
@@ -305,7 +319,7 @@ def test_glossary_limits_are_4xx(client: TestClient) -> None:
 
 
 def test_html_sentences_take_the_glossary_and_placeholders(
-    client: TestClient, jobs: list[SentenceJob], model_dir: Path
+    client: TestClient, jobs: list[Sentence], model_dir: Path
 ) -> None:
     glossary = [{"source": "Park", "target": "garden"}]
     html = "<p>Ein <b>Mann</b> im Park.</p><p>Um 3 Uhr.</p>"
@@ -331,7 +345,7 @@ def test_an_unknown_glossary_id_is_404(client: TestClient) -> None:
 
 
 class FakeStore:
-    """What /translate asks of the glossary store (``app.state.glossaries``)."""
+    """What /translate asks of the glossary store (``app.state.services.glossaries``)."""
 
     def __init__(self, **glossaries: Any) -> None:
         self.glossaries = glossaries
@@ -352,10 +366,10 @@ class Stored:
 
 
 def test_a_stored_glossary_is_used_by_id(
-    client: TestClient, jobs: list[SentenceJob], model_dir: Path, monkeypatch: pytest.MonkeyPatch
+    client: TestClient, jobs: list[Sentence], model_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     store = FakeStore(g1=Stored("de", "en", ("Park", "garden")), g2=Stored("de", "fr", ("Park", "jardin")))
-    state = client.app.state  # type: ignore[attr-defined]
+    state = client.app.state.services  # type: ignore[attr-defined]
     real, state.glossaries = state.glossaries, store  # the app closes its own store at shutdown
     inline = [{"source": "Park", "target": "lawn"}]
     try:
@@ -373,7 +387,7 @@ def test_a_stored_glossary_is_used_by_id(
 def test_a_stored_glossary_is_the_api_keys_own(model_dir: Path) -> None:
     store = FakeStore(g1=Stored("de", "en", ("Park", "garden")))
     with serve(make_settings(model_dir, api_keys="k1,k2", warmup=False)) as keyed:
-        keyed.app.state.glossaries = store  # type: ignore[attr-defined]
+        keyed.app.state.services.glossaries = store  # type: ignore[attr-defined]
         body = {"q": "Im Park.", "source": "de", "target": "en", "glossary_id": "g1", "api_key": "k2"}
         assert keyed.post("/translate", json=body).status_code == 200
     assert store.asked == [(owner_name("k2"), "g1")]  # a key of NMT_API_KEYS is named by its digest

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from app.serving.protocol import SentenceJob
+from app.serving.protocol import Sentence
 from app.terminology.answers import answer
 from app.terminology.cache import SegmentCache
 from app.terminology.database import StoreUnavailable
@@ -53,12 +53,12 @@ def translate(client: TestClient, key: str = "k1", **body: Any) -> Any:
 
 
 def cache_of(client: TestClient) -> SegmentCache[Any]:
-    cache: SegmentCache[Any] = client.app.state.segment_cache  # type: ignore[attr-defined]
+    cache: SegmentCache[Any] = client.app.state.services.segment_cache  # type: ignore[attr-defined]
     return cache
 
 
 def sample(client: TestClient, name: str) -> float:
-    return float(client.app.state.metrics.sample(name))  # type: ignore[attr-defined]
+    return float(client.app.state.services.metrics.sample(name))  # type: ignore[attr-defined]
 
 
 def memory_only(text: str, start: int = 0) -> dict[str, Any]:
@@ -70,7 +70,7 @@ MEMORY_ONLY = memory_only(REMEMBERED)
 
 
 def test_an_imported_segment_is_answered_verbatim_without_decoding(
-    client: TestClient, jobs: list[SentenceJob]
+    client: TestClient, jobs: list[Sentence]
 ) -> None:
     assert translate(client, q=IN_MEMORY) == {"translatedText": REMEMBERED, "terminology": MEMORY_ONLY}
     assert translate(client, q=TMX_SOURCE) == {
@@ -99,7 +99,7 @@ def test_another_keys_memory_is_not_used(client: TestClient, translator: Transla
 
 
 def test_memory_then_glossary_then_model_per_sentence(
-    client: TestClient, jobs: list[SentenceJob], model_dir: Path
+    client: TestClient, jobs: list[Sentence], model_dir: Path
 ) -> None:
     glossary = [{"source": "Hund", "target": "hound"}]
     # The remembered sentence keeps the memory's words, glossary or not; the other is decoded with
@@ -146,7 +146,7 @@ def test_a_file_is_answered_from_the_memory_too(client: TestClient) -> None:
 
 
 def test_a_repeated_sentence_is_answered_from_the_cache(
-    client: TestClient, jobs: list[SentenceJob], translator: Translator
+    client: TestClient, jobs: list[Sentence], translator: Translator
 ) -> None:
     sentence = "Eine Katze sitzt auf dem Dach."
     decoded = translate(client, "k2", q=sentence, alternatives=1)
@@ -172,7 +172,7 @@ def test_a_repeated_sentence_is_answered_from_the_cache(
     assert len(jobs) == 3
 
 
-def test_the_cache_keeps_within_its_bytes(client: TestClient, jobs: list[SentenceJob]) -> None:
+def test_the_cache_keeps_within_its_bytes(client: TestClient, jobs: list[Sentence]) -> None:
     cache = cache_of(client)
     limit, cache.max_bytes = cache.max_bytes, 2000  # a few entries' worth
     try:
@@ -194,7 +194,7 @@ def test_an_unreadable_memory_is_503_not_the_models_answer_and_names_no_path(
     def broken(*args: Any) -> Any:
         raise StoreUnavailable(detail)
 
-    monkeypatch.setattr(client.app.state.memory, "lookup_many", broken)  # type: ignore[attr-defined]
+    monkeypatch.setattr(client.app.state.services.memory, "lookup_many", broken)  # type: ignore[attr-defined]
     with caplog.at_level(logging.ERROR):
         response = client.post(
             "/translate", json={"q": IN_MEMORY, "source": "de", "target": "en", "api_key": "k1"}

@@ -35,19 +35,19 @@ def two_workers(model_dir: Path) -> Iterator[TestClient]:
 
 
 def scheduler_of(client: TestClient) -> Scheduler:
-    scheduler = client.app.state.scheduler  # type: ignore[attr-defined]
+    scheduler = client.app.state.services.scheduler  # type: ignore[attr-defined]
     assert isinstance(scheduler, Scheduler)
     return scheduler
 
 
 def metrics_of(client: TestClient) -> Metrics:
-    metrics: Metrics = client.app.state.metrics  # type: ignore[attr-defined]
+    metrics: Metrics = client.app.state.services.metrics  # type: ignore[attr-defined]
     return metrics
 
 
 def model_of(client: TestClient) -> ServedModel:
     """The one model these tests serve."""
-    [model] = client.app.state.router.models  # type: ignore[attr-defined]
+    [model] = client.app.state.services.router.models  # type: ignore[attr-defined]
     assert isinstance(model, ServedModel)
     return model
 
@@ -85,7 +85,7 @@ def test_requests_spread_over_the_workers_translate_as_one_model(
     def counting(worker: WorkerProcess):  # type: ignore[no-untyped-def]
         def send(message: ToWorker) -> bool:
             if isinstance(message, Translate):
-                given.extend([worker.name] * len(message.jobs))
+                given.extend([worker.name] * len(message.sentences))
             return sends[id(worker)](message)
 
         return send

@@ -73,7 +73,7 @@ class Stopped(Exception):
 
 @dataclass
 class Services:
-    """What a job uses of the running service (``app.state``'s)."""
+    """What a job uses of the running service (parts of ``app.services.AppServices``)."""
 
     settings: Settings
     router: Router[ServedModel]
@@ -255,7 +255,7 @@ class JobRunner:
                 lambda: answer_with(part, [route] * len(part), plan, own, decode, cached_as, lookup, s.cache)
             )
             assert results is not None  # no client to go away: cancelling raises instead
-            return [result.hypotheses[0] for result in results]
+            return [result.texts[0] for result in results]
 
         out = list(done)
         pending: deque[asyncio.Task[list[str]]] = deque()

@@ -25,7 +25,7 @@ from typing import Annotated
 from fastapi import Depends, HTTPException, Query, Request
 from fastapi.params import Depends as Dependency
 
-from app.deps import SettingsDep
+from app.deps import KeysDep, SettingsDep
 from app.key_limits import admit_given_key, check_stores
 
 # The key in the query, documented where a route reads it (a header is checked the same way).
@@ -81,15 +81,15 @@ async def same_origin_writes(request: Request) -> None:
         raise HTTPException(403, CROSS_SITE)
 
 
-async def stores_first(request: Request, settings: SettingsDep) -> None:
+async def stores_first(settings: SettingsDep, keys: KeysDep) -> None:
     """403 without keys where the stores are not shared (``NMT_SHARED_STORES``)."""
-    check_stores(request, settings)
+    check_stores(keys, settings)
 
 
-async def key_first(request: Request) -> None:
+async def key_first(request: Request, keys: KeysDep) -> None:
     """Admit the request under the key of its headers or query before its body is read: 403 for
     an unknown key, 429 over a limit (``admit_given_key``)."""
-    admit_given_key(request)
+    admit_given_key(request, keys)
 
 
 # (async def, as app.deps explains: FastAPI would run a plain def on its thread pool.)

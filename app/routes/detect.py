@@ -13,7 +13,7 @@ from typing import Any
 from fastapi import APIRouter, HTTPException, Request, Response
 
 from app.body import parse_request
-from app.deps import RouterDep, SettingsDep
+from app.deps import KeysDep, RouterDep, SettingsDep
 from app.key_limits import admit_given_key, admit_key
 from app.langid import detect
 from app.languages import source_languages
@@ -21,7 +21,7 @@ from app.routes.openapi import openapi_body
 from app.routes.translate import is_utf8
 from app.schemas import DetectedLanguage, DetectRequest, ErrorResponse, ValidationErrorResponse
 
-router = APIRouter(tags=["translate"])
+api = APIRouter(tags=["translate"])
 
 # A text of up to this many characters is identified on the event loop (~1.5 ms; a thread hop costs
 # ~0.1 ms), a longer one on a thread (NMT_MAX_CHARS may allow far more than its default 5,000).
@@ -43,15 +43,17 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
 }
 
 
-@router.post(
+@api.post(
     "/detect",
     response_model=list[DetectedLanguage],
     responses=_ERRORS,
     openapi_extra=_OPENAPI_BODY,
     summary="Detect the language of a text (LibreTranslate-compatible)",
 )
-async def detect_language(request: Request, settings: SettingsDep, router: RouterDep) -> Response:
-    admit_given_key(request)  # a key in a header or the query: refused before the body is read
+async def detect_language(
+    request: Request, settings: SettingsDep, router: RouterDep, keys: KeysDep
+) -> Response:
+    admit_given_key(request, keys)  # a key in a header or the query: refused before the body is read
     req = await parse_request(request, settings.max_body_bytes, DetectRequest)
     if len(req.q) > settings.max_chars:
         raise HTTPException(
@@ -59,7 +61,7 @@ async def detect_language(request: Request, settings: SettingsDep, router: Route
         )
     if not is_utf8(req.q) or not is_utf8(req.api_key or ""):
         raise HTTPException(400, "invalid text: unpaired surrogate (not representable in UTF-8)")
-    admit_key(request, req.api_key, requests=1, text_lengths=[len(req.q)])
+    admit_key(request, keys, req.api_key, requests=1, text_lengths=[len(req.q)])
     candidates = source_languages(router)
     if len(req.q) <= INLINE_CHARS:
         detections = detect(req.q, candidates)

@@ -17,25 +17,33 @@ and the scheduler's round-robin over requests keeps everyone else's one-liners m
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
-from typing import Annotated, Any
+from typing import Any
 from urllib.parse import quote
 
-from fastapi import APIRouter, Depends, HTTPException, Request, Response
+from fastapi import APIRouter, HTTPException, Request, Response
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from starlette.datastructures import UploadFile
 
 from app.body import MULTIPART, media_type, read_within, replayed, validate_request
 from app.config import Settings
-from app.deps import RouterDep, SchedulerDep, SettingsDep
+from app.deps import (
+    FileRequestsDep,
+    FileStoreDep,
+    GlossariesDep,
+    KeysDep,
+    ReadersDep,
+    RouterDep,
+    SchedulerDep,
+    SettingsDep,
+)
 from app.errors import missing_parameter
 from app.filestore import FileStore, NoRoom
 from app.formats.documents import MEDIA_TYPES, SUPPORTED, download_name, extension
 from app.formats.limits import DocumentError
 from app.formats.sandbox import Busy, DocumentReaders
-from app.key_limits import admit_given_key, admit_key, charge_key, client_identity
-from app.routes.sentences import SearchPlan, answer_sentences
+from app.key_limits import KeyLimiter, admit_given_key, admit_key, charge_key, client_identity
+from app.routes.openapi import multipart_body
+from app.routes.sentences import Recall, RecallDep, SearchPlan, answer_sentences
 from app.routes.translate import (
     AUTO,
     CLIENT_CLOSED_REQUEST,
@@ -55,9 +63,11 @@ from app.schemas import (
 from app.served import ServedModel
 from app.serving.frontend.router import Route, Router
 from app.serving.frontend.scheduler import Scheduler
+from app.terminology.glossaries import GlossaryStore
 from app.terminology.service import SentenceTerms, find_sentence_terms, request_glossary
+from app.uploads import BUSY_RETRY_AFTER_S
 
-router = APIRouter(tags=["files"])
+api = APIRouter(tags=["files"])
 
 FORM_OVERHEAD_BYTES = 64 * 1024  # the form's other fields and part headers, beyond the file itself
 CHUNK_SENTENCES = 256  # sentences of one file in the queue at a time (at most half the queue)
@@ -65,7 +75,6 @@ STORE_FILES = 32  # the store holds this many maximal files' bytes
 # A translated file may be this many times larger than NMT_MAX_FILE_BYTES (text grows in
 # translation; a .docx is also written with python-docx's compression): more is refused (413).
 OUTPUT_GROWTH = 8
-BUSY_RETRY_AFTER_S = "2"
 
 
 class TranslateFileForm(BaseModel):
@@ -83,27 +92,17 @@ class TranslateFileForm(BaseModel):
 
 
 _FORM = TranslateFileForm.model_json_schema()
-FILE_FORM_BODY = {
-    "requestBody": {
-        "required": True,
-        "content": {
-            MULTIPART: {
-                "schema": {
-                    "type": "object",
-                    "properties": {
-                        "file": {"type": "string", "format": "binary", "description": "The file"},
-                        "source": {"type": "string", "default": "auto"},
-                        "target": {"type": "string"},
-                        "api_key": {"type": "string"},
-                        "glossary_id": {"type": "string"},
-                        "protect_placeholders": {"type": "boolean", "default": True},
-                    },
-                    "required": ["file", *_FORM["required"]],
-                }
-            }
-        },
-    }
-}
+FILE_FORM_BODY = multipart_body(
+    {
+        "file": {"type": "string", "format": "binary", "description": "The file"},
+        "source": {"type": "string", "default": "auto"},
+        "target": {"type": "string"},
+        "api_key": {"type": "string"},
+        "glossary_id": {"type": "string"},
+        "protect_placeholders": {"type": "boolean", "default": True},
+    },
+    ["file", *_FORM["required"]],
+)
 _ERRORS: dict[int | str, dict[str, Any]] = {
     code: {"model": ErrorResponse, "description": text}
     for code, text in {
@@ -129,26 +128,6 @@ _ERRORS[400]["model"] = BadRequestResponse
 _ERRORS[422] = {"model": ValidationErrorResponse, "description": _ERRORS[422]["description"]}
 
 
-async def get_file_store(request: Request) -> FileStore:
-    store: FileStore | None = request.app.state.files
-    if store is None:
-        raise HTTPException(503, "the service is not ready")
-    return store
-
-
-FileStoreDep = Annotated[FileStore, Depends(get_file_store)]
-
-
-async def get_readers(request: Request) -> DocumentReaders:
-    readers: DocumentReaders | None = request.app.state.readers
-    if readers is None:
-        raise HTTPException(503, "the service is not ready")
-    return readers
-
-
-ReadersDep = Annotated[DocumentReaders, Depends(get_readers)]
-
-
 def new_file_store(settings: Settings) -> FileStore:
     return FileStore(settings.file_ttl_s, STORE_FILES * settings.max_file_bytes)
 
@@ -168,25 +147,6 @@ def new_job_readers(settings: Settings) -> DocumentReaders:
     return DocumentReaders(
         settings.job_limits(), settings.max_running_jobs, OUTPUT_GROWTH * settings.job_max_bytes
     )
-
-
-class FileRequests:
-    """File requests in progress, at most ``limit``: each holds its upload until it is written."""
-
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
-        self.count = 0
-
-    @asynccontextmanager
-    async def place(self) -> AsyncIterator[None]:
-        if self.count >= self.limit:
-            message = f"{self.limit} files are being translated; retry later"
-            raise HTTPException(503, message, {"Retry-After": BUSY_RETRY_AFTER_S})
-        self.count += 1
-        try:
-            yield
-        finally:
-            self.count -= 1
 
 
 def upload_seconds(limit: int) -> float:
@@ -223,10 +183,11 @@ async def translate_document(
     scheduler: Scheduler,
     settings: Settings,
     terms: SentenceTerms,
+    recall: Recall,
 ) -> list[str] | None:
     """Each sentence's best translation, a chunk at a time (the key's translation memory and the
-    segment cache first, as for /translate); None if the client went away. ``terms``: each
-    sentence's (terminology)."""
+    segment cache first, as for /translate: ``recall``); None if the client went away. ``terms``:
+    each sentence's (terminology)."""
     plan = SearchPlan(beam_size=settings.default_beam_size, n_best=1)
     chunk = max(1, min(CHUNK_SENTENCES, settings.max_queue // 2))
     out: list[str] = []
@@ -237,15 +198,15 @@ async def translate_document(
         languages = [route.source] * len(part)
         timeout_s = settings.request_timeout_s
         results = await answer_sentences(
-            request, part, routes, languages, route.target, scheduler, plan, timeout_s, own
+            request, part, routes, languages, route.target, scheduler, plan, timeout_s, own, recall
         )
         if results is None:
             return None
-        out += [result.hypotheses[0] for result in results]
+        out += [result.texts[0] for result in results]
     return out
 
 
-@router.post(
+@api.post(
     "/translate_file",
     response_model=TranslateFileResponse,
     responses=_ERRORS,
@@ -257,13 +218,18 @@ async def translate_file(
     settings: SettingsDep,
     router: RouterDep,
     scheduler: SchedulerDep,
+    keys: KeysDep,
+    glossaries: GlossariesDep,
+    recall: RecallDep,
+    places: FileRequestsDep,
     store: FileStoreDep,
     readers: ReadersDep,
 ) -> Response:
-    admit_given_key(request)  # a key in a header or the query: refused before the upload is read
-    places: FileRequests = request.app.state.file_requests
+    admit_given_key(request, keys)  # a key in a header or the query: refused before the upload is read
     async with places.place():
-        return await translate_upload(request, settings, router, scheduler, store, readers)
+        return await translate_upload(
+            request, settings, router, scheduler, keys, glossaries, recall, store, readers
+        )
 
 
 def check_format(name: str) -> None:
@@ -283,14 +249,17 @@ async def translate_upload(
     settings: Settings,
     router: Router[ServedModel],
     scheduler: Scheduler,
+    keys: KeyLimiter,
+    glossaries: GlossaryStore,
+    recall: Recall,
     store: FileStore,
     readers: DocumentReaders,
 ) -> Response:
     form, name, data = await read_form(request, settings.max_file_bytes)
-    admit_key(request, form.api_key, requests=1, text_lengths=[])  # its characters once it is read
+    admit_key(request, keys, form.api_key, requests=1, text_lengths=[])  # its characters once it is read
     check_format(name)
     candidates = check_languages(form.source, form.target, router)
-    glossary = await request_glossary(request, form, settings)
+    glossary = await request_glossary(request, form, settings, glossaries)
 
     def language(sample: str) -> str:
         if form.source.lower() == AUTO:
@@ -307,7 +276,9 @@ async def translate_upload(
     terms = await find_sentence_terms(
         document.sentences, glossary, protect=form.protect_placeholders, limit=limit
     )
-    translations = await translate_document(request, document.sentences, route, scheduler, settings, terms)
+    translations = await translate_document(
+        request, document.sentences, route, scheduler, settings, terms, recall
+    )
     if translations is None:
         return Response(status_code=CLIENT_CLOSED_REQUEST)
     try:
@@ -325,7 +296,7 @@ async def translate_upload(
     return Response(body, media_type="application/json")
 
 
-@router.get(
+@api.get(
     "/download_file/{filename}",
     responses={
         200: {"content": {"application/octet-stream": {}}, "description": "The translated file"},

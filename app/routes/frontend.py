@@ -14,7 +14,7 @@ from app.formats.documents import FORMATS, SUPPORTED
 from app.languages import language_name, served_pairs
 from app.schemas import DefaultLanguages, FileFormatName, FrontendSettings, LanguageName
 
-router = APIRouter(tags=["frontend"])
+api = APIRouter(tags=["frontend"])
 
 WEB_DIR = Path(__file__).resolve().parents[1] / "web"  # package data: installed with the app
 # The page loads nothing from elsewhere; the browser is told to refuse anything that would.
@@ -29,7 +29,7 @@ def static_files() -> StaticFiles:
     return StaticFiles(directory=WEB_DIR)
 
 
-@router.get("/", include_in_schema=False)
+@api.get("/", include_in_schema=False)
 async def index() -> FileResponse:
     return FileResponse(
         WEB_DIR / "index.html",
@@ -37,7 +37,7 @@ async def index() -> FileResponse:
     )
 
 
-@router.get("/frontend/settings", response_model=FrontendSettings, summary="Settings for front ends")
+@api.get("/frontend/settings", response_model=FrontendSettings, summary="Settings for front ends")
 async def frontend_settings(settings: SettingsDep, router: RouterDep) -> FrontendSettings:
     target = served_pairs(router)[0][1]  # the first model's first direction
     return FrontendSettings(

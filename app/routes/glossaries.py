@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import asyncio
 from datetime import UTC, datetime
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
-from fastapi import APIRouter, Depends, HTTPException, Request, Response
+from fastapi import APIRouter, HTTPException, Request, Response
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.datastructures import UploadFile
 
@@ -29,29 +29,31 @@ from app.body import (
     replayed,
     validate_request,
 )
-from app.deps import SettingsDep
-from app.key_limits import admit_key, key_owner
+from app.deps import GlossariesDep, KeysDep, SettingsDep
+from app.key_limits import KeyLimiter, admit_key, key_owner
 from app.routes.access import STORES, ApiKeyQuery
+from app.routes.openapi import object_schema, request_body
+from app.routes.stores import StoreCalls
 from app.schemas import ErrorResponse
-from app.terminology.database import StoreUnavailable, unavailable
 from app.terminology.glossaries import (
     MAX_NAME_CHARS,
     GlossaryError,
     GlossaryInfo,
-    GlossaryStore,
     StoreFull,
     check_entries,
     parse_entries,
 )
 from app.terminology.tables import TableError
 
-router = APIRouter(tags=["glossaries"], dependencies=STORES)
+api = APIRouter(tags=["glossaries"], dependencies=STORES)
 
 FORM_OVERHEAD_BYTES = 64 * 1024  # the other fields and part headers, beyond the table itself
 # A JSON list of entries spends ~30 bytes of syntax on each pair, and escapes what a table holds
 # as is: the body may be this many times the table's limit (the entries' own limits still apply).
 JSON_GROWTH = 3
 STORE_BUSY_RETRY_S = "1"
+# The calls of /glossaries and /memories to their stores.
+in_store = StoreCalls("the store", STORE_BUSY_RETRY_S)
 
 
 class Entry(BaseModel):
@@ -121,36 +123,19 @@ _ENTRY = {
     "required": ["source", "target"],
     "additionalProperties": False,
 }
-_OPENAPI_BODY = {
-    "requestBody": {
-        "required": True,
-        "content": {
-            "application/json": {
-                "schema": {
-                    "type": "object",
-                    "properties": {
-                        **_FIELDS,
-                        "entries": {
-                            "description": "The entries, or the text of a CSV or TSV table of them",
-                            "oneOf": [{"type": "array", "items": _ENTRY, "minItems": 1}, _TERM],
-                        },
-                    },
-                    "required": ["name", "source_lang", "target_lang", "entries"],
-                }
-            },
-            MULTIPART: {
-                "schema": {
-                    "type": "object",
-                    "properties": {
-                        **_FIELDS,
-                        "file": {"type": "string", "format": "binary", "description": "A CSV or TSV table"},
-                    },
-                    "required": ["name", "source_lang", "target_lang", "file"],
-                }
-            },
-        },
-    }
+_ENTRIES = {
+    "description": "The entries, or the text of a CSV or TSV table of them",
+    "oneOf": [{"type": "array", "items": _ENTRY, "minItems": 1}, _TERM],
 }
+_TABLE = {"type": "string", "format": "binary", "description": "A CSV or TSV table"}
+_OPENAPI_BODY = request_body(
+    {
+        "application/json": object_schema(
+            {**_FIELDS, "entries": _ENTRIES}, ["name", "source_lang", "target_lang", "entries"]
+        ),
+        MULTIPART: object_schema({**_FIELDS, "file": _TABLE}, ["name", "source_lang", "target_lang", "file"]),
+    }
+)
 
 ERRORS: dict[int | str, dict[str, Any]] = {
     code: {"model": ErrorResponse, "description": text}
@@ -169,31 +154,20 @@ ERRORS: dict[int | str, dict[str, Any]] = {
 # or entry that is malformed (``error`` alone, naming its line): documented as ``error`` alone.
 
 
-async def get_glossaries(request: Request) -> GlossaryStore:
-    store: GlossaryStore | None = getattr(request.app.state, "glossaries", None)
-    if store is None:
-        raise HTTPException(503, "the service is not ready")
-    return store
-
-
-GlossariesDep = Annotated[GlossaryStore, Depends(get_glossaries)]
-
-
-def owner_of(request: Request, api_key: str | None) -> str:
+def owner_of(request: Request, keys: KeyLimiter, api_key: str | None) -> str:
     """Admit the request under its key (403, 429 as for /translate); the key's name ("" without
     keys: the stores are shared then, or ``stores_first`` answered 403)."""
-    admit_key(request, api_key or None, requests=1, text_lengths=[])
+    admit_key(request, keys, api_key or None, requests=1, text_lengths=[])
     return key_owner(request)
 
 
 def store_error(e: Exception) -> HTTPException:
-    """The answer for what a store raised: 413 over a limit, 422 malformed, 409 full, 503 unusable."""
+    """The answer for what a store refused: 413 over a limit, 422 malformed, 409 full (one that
+    cannot be used is ``in_store``'s 503)."""
     if isinstance(e, TableError):
         return HTTPException(413 if e.too_large else 422, str(e))
     if isinstance(e, StoreFull):
         return HTTPException(409, str(e))
-    if isinstance(e, StoreUnavailable):
-        return unavailable(e, "the store", STORE_BUSY_RETRY_S)
     raise e
 
 
@@ -215,8 +189,10 @@ async def read_fields(request: Request, limit: int) -> tuple[dict[str, Any], Upl
     return data, None, b""
 
 
-@router.post("/glossaries", status_code=201, responses=ERRORS, openapi_extra=_OPENAPI_BODY)
-async def create_glossary(request: Request, settings: SettingsDep, store: GlossariesDep) -> GlossarySummary:
+@api.post("/glossaries", status_code=201, responses=ERRORS, openapi_extra=_OPENAPI_BODY)
+async def create_glossary(
+    request: Request, settings: SettingsDep, keys: KeysDep, store: GlossariesDep
+) -> GlossarySummary:
     """Store a glossary for your API key; its `id` names it to /translate (`glossary_id`)."""
     limits = settings.glossary_limits()
     fields, upload, data = await read_fields(request, JSON_GROWTH * limits.max_bytes + FORM_OVERHEAD_BYTES)
@@ -227,7 +203,7 @@ async def create_glossary(request: Request, settings: SettingsDep, store: Glossa
     if fields.get("api_key") == "":
         del fields["api_key"]
     values = validate_request(fields, GlossaryRequest)
-    owner = owner_of(request, values.api_key)
+    owner = owner_of(request, keys, values.api_key)
     try:
         if upload is not None or isinstance(values.entries, str):
             table = data if upload is not None else str(values.entries).encode()
@@ -235,37 +211,29 @@ async def create_glossary(request: Request, settings: SettingsDep, store: Glossa
         else:
             pairs = [(e.source, e.target) for e in values.entries]  # (10,000 checked: ~15 ms)
             entries = await asyncio.to_thread(check_entries, pairs, limits)
-        glossary = await asyncio.to_thread(
+        glossary = await in_store(
             store.create, owner, values.name, values.source_lang, values.target_lang, entries
         )
-    except (GlossaryError, TableError, StoreFull, StoreUnavailable) as e:
+    except (GlossaryError, TableError, StoreFull) as e:
         raise store_error(e) from None
     return GlossarySummary.of(glossary.info)
 
 
-@router.get("/glossaries", responses=ERRORS)
+@api.get("/glossaries", responses=ERRORS)
 async def list_glossaries(
-    request: Request, store: GlossariesDep, api_key: ApiKeyQuery = None
+    request: Request, keys: KeysDep, store: GlossariesDep, api_key: ApiKeyQuery = None
 ) -> GlossaryList:
     """Your API key's glossaries, oldest first, without their entries."""
-    owner = owner_of(request, api_key)
-    try:
-        found = await asyncio.to_thread(store.list, owner)
-    except StoreUnavailable as e:
-        raise store_error(e) from None
+    found = await in_store(store.list, owner_of(request, keys, api_key))
     return GlossaryList(glossaries=[GlossarySummary.of(info) for info in found])
 
 
-@router.get("/glossaries/{glossary_id}", responses=ERRORS)
+@api.get("/glossaries/{glossary_id}", responses=ERRORS)
 async def get_glossary(
-    glossary_id: str, request: Request, store: GlossariesDep, api_key: ApiKeyQuery = None
+    glossary_id: str, request: Request, keys: KeysDep, store: GlossariesDep, api_key: ApiKeyQuery = None
 ) -> GlossaryWithEntries:
     """One of your API key's glossaries, with its entries."""
-    owner = owner_of(request, api_key)
-    try:
-        glossary = await asyncio.to_thread(store.get, owner, glossary_id)
-    except StoreUnavailable as e:
-        raise store_error(e) from None
+    glossary = await in_store(store.get, owner_of(request, keys, api_key), glossary_id)
     if glossary is None:
         raise HTTPException(404, f"no glossary {glossary_id!r}")
     summary = GlossarySummary.of(glossary.info)
@@ -273,16 +241,12 @@ async def get_glossary(
     return GlossaryWithEntries(**summary.model_dump(), entries=entries)
 
 
-@router.delete("/glossaries/{glossary_id}", status_code=204, response_class=Response, responses=ERRORS)
+@api.delete("/glossaries/{glossary_id}", status_code=204, response_class=Response, responses=ERRORS)
 async def delete_glossary(
-    glossary_id: str, request: Request, store: GlossariesDep, api_key: ApiKeyQuery = None
+    glossary_id: str, request: Request, keys: KeysDep, store: GlossariesDep, api_key: ApiKeyQuery = None
 ) -> Response:
     """Delete one of your API key's glossaries."""
-    owner = owner_of(request, api_key)
-    try:
-        deleted = await asyncio.to_thread(store.delete, owner, glossary_id)
-    except StoreUnavailable as e:
-        raise store_error(e) from None
+    deleted = await in_store(store.delete, owner_of(request, keys, api_key), glossary_id)
     if not deleted:
         raise HTTPException(404, f"no glossary {glossary_id!r}")
     return Response(status_code=204)

@@ -13,12 +13,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter
 from fastapi.responses import JSONResponse
 
+from app.deps import ServicesDep
 from app.schemas import HealthResponse, NotReadyResponse, StatusResponse
+from app.services import AppServices
 
-router = APIRouter(tags=["health"])
+api = APIRouter(tags=["health"])
 _NOT_READY: dict[int | str, dict[str, Any]] = {
     503: {
         "model": NotReadyResponse,
@@ -27,39 +29,38 @@ _NOT_READY: dict[int | str, dict[str, Any]] = {
 }
 
 
-def readiness(request: Request, details: bool = True) -> JSONResponse:
+def readiness(services: AppServices, details: bool = True) -> JSONResponse:
     """200 when ready (with the models and device if ``details``), else 503 saying why."""
-    state = request.app.state
-    if not state.ready or state.scheduler is None or state.router is None:
+    if not services.ready or services.scheduler is None or services.router is None:
         return JSONResponse({"status": "loading", "error": "the models are not ready"}, status_code=503)
-    if not state.scheduler.alive:  # every worker of some model has exited (being started again) or stopped
+    if not services.scheduler.alive:  # every worker of some model has exited (being started again) or stopped
         return JSONResponse(
             {"status": "error", "error": "the translation engine is not running"}, status_code=503
         )
     if not details:
         return JSONResponse(StatusResponse(status="ok").model_dump())
-    models = state.router.models
+    models = services.router.models
     body = HealthResponse(
         status="ok", model=",".join(m.name for m in models), device=models[0].description.device
     )
     return JSONResponse(body.model_dump())
 
 
-@router.get(
+@api.get(
     "/health",
     response_model=StatusResponse,
     responses=_NOT_READY,
     summary="Ready to translate (200) or not (503), LibreTranslate's answer",
 )
-async def health(request: Request) -> JSONResponse:
-    return readiness(request, details=False)
+async def health(services: ServicesDep) -> JSONResponse:
+    return readiness(services, details=False)
 
 
-@router.get("/health/ready", response_model=HealthResponse, responses=_NOT_READY, summary="Readiness probe")
-async def ready(request: Request) -> JSONResponse:
-    return readiness(request)
+@api.get("/health/ready", response_model=HealthResponse, responses=_NOT_READY, summary="Readiness probe")
+async def ready(services: ServicesDep) -> JSONResponse:
+    return readiness(services)
 
 
-@router.get("/health/live", summary="Liveness probe: 200 while the process serves requests")
+@api.get("/health/live", summary="Liveness probe: 200 while the process serves requests")
 async def live() -> dict[str, str]:
     return {"status": "alive"}

@@ -15,7 +15,7 @@ from app.deps import RouterDep, SchedulerDep, SettingsDep
 from app.languages import languages
 from app.served import ServedModel
 
-router = APIRouter(tags=["info"])
+api = APIRouter(tags=["info"])
 
 
 def describe_model(model: ServedModel) -> dict[str, Any]:
@@ -61,14 +61,14 @@ def resident_mb(pid: int | None) -> float | None:
     return None
 
 
-@router.get("/info", summary="Models, routes, device, batching and limits")
-async def info(settings: SettingsDep, routes: RouterDep, scheduler: SchedulerDep) -> dict[str, Any]:
+@api.get("/info", summary="Models, routes, device, batching and limits")
+async def info(settings: SettingsDep, router: RouterDep, scheduler: SchedulerDep) -> dict[str, Any]:
     workers = [resident_mb(getattr(state.worker, "pid", None)) for state in scheduler.workers]
     front_end = resident_mb(os.getpid())
     known = [m for m in (front_end, *workers) if m is not None]
     return {
         "version": service_version(),
-        "models": [describe_model(model) for model in routes.models],
+        "models": [describe_model(model) for model in router.models],
         # Resident memory now, in MiB: the front end's process and each worker's (a model's own
         # share is its weight_mb in each worker that holds it). None where the OS does not say.
         "memory": {
@@ -78,7 +78,7 @@ async def info(settings: SettingsDep, routes: RouterDep, scheduler: SchedulerDep
         },
         "routes": {
             "direct": [
-                {"source": r.source, "target": r.target, "model": r.hops[0].model.name} for r in routes.direct
+                {"source": r.source, "target": r.target, "model": r.hops[0].model.name} for r in router.direct
             ],
             # A pair no model serves, translated into English by one model and from English by another.
             "pivot": [
@@ -88,10 +88,10 @@ async def info(settings: SettingsDep, routes: RouterDep, scheduler: SchedulerDep
                     "via": r.pivot,
                     "models": [hop.model.name for hop in r.hops],
                 }
-                for r in routes.pivots
+                for r in router.pivots
             ],
         },
-        "languages": languages(routes),
+        "languages": languages(router),
         "batching": {
             "max_batch_size": settings.max_batch_size,
             "max_batch_tokens": settings.max_batch_tokens,
@@ -115,7 +115,7 @@ async def info(settings: SettingsDep, routes: RouterDep, scheduler: SchedulerDep
     }
 
 
-@router.get(
+@api.get(
     "/spec",
     summary="This API's OpenAPI document, with the served languages (LibreTranslate's /spec)",
     responses={200: {"content": {"application/json": {"schema": {"type": "object"}}}}},

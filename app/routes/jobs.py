@@ -21,33 +21,41 @@ jobs, which would show every client's documents, is 403 unless the operator shar
 
 from __future__ import annotations
 
-import asyncio
 from datetime import UTC, datetime
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
-from fastapi import APIRouter, Depends, HTTPException, Request, Response
+from fastapi import APIRouter, HTTPException, Request, Response
 from fastapi.responses import FileResponse
 from pydantic import BaseModel, Field
 
 from app.config import Settings
-from app.deps import RouterDep, SettingsDep
+from app.deps import (
+    FileRequestsDep,
+    GlossariesDep,
+    JobRunnerDep,
+    JobStoreDep,
+    KeysDep,
+    RouterDep,
+    SettingsDep,
+)
 from app.formats.documents import MEDIA_TYPES, extension
-from app.jobs.runner import JobRunner
 from app.jobs.store import RESULT, Job, JobOptions, JobsFull, JobStore, StorageFull
-from app.key_limits import admit_key, key_owner, store_owner
+from app.key_limits import KeyLimiter, admit_key, key_owner, store_owner
 from app.routes.access import JOBS, ApiKeyQuery
-from app.routes.files import FILE_FORM_BODY, FileRequests, check_format, read_form
+from app.routes.files import FILE_FORM_BODY, check_format, read_form
+from app.routes.stores import StoreCalls
 from app.routes.translate import check_languages
 from app.schemas import ErrorResponse
 from app.served import ServedModel
 from app.serving.frontend.router import Router
-from app.terminology.database import StoreUnavailable, unavailable
+from app.terminology.glossaries import GlossaryStore
 from app.terminology.service import request_glossary
 
-router = APIRouter(tags=["jobs"], dependencies=JOBS)
+api = APIRouter(tags=["jobs"], dependencies=JOBS)
 
 STORE_RETRY_AFTER_S = "2"
 STORAGE_RETRY_AFTER_S = "60"  # room is made as jobs expire or are deleted
+stored = StoreCalls("the job store", STORE_RETRY_AFTER_S)
 
 
 class Progress(BaseModel):
@@ -103,40 +111,23 @@ def iso(t: float) -> str:
     return datetime.fromtimestamp(t, UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
 
 
-async def get_jobs(request: Request) -> JobStore:
-    store: JobStore | None = getattr(request.app.state, "jobs", None)
-    if store is None:
-        raise HTTPException(503, "the service is not ready")
-    return store
-
-
-JobStoreDep = Annotated[JobStore, Depends(get_jobs)]
-
-
 def errors(**codes: str) -> dict[int | str, dict[str, Any]]:
     return {int(code[1:]): {"model": ErrorResponse, "description": text} for code, text in codes.items()}
 
 
-async def stored(call: Any, *args: Any) -> Any:
-    """``call(*args)`` on a thread: SQLite and the disk never hold the event loop (503 if the
-    store cannot be used: its detail is logged, not answered)."""
-    try:
-        return await asyncio.to_thread(call, *args)
-    except StoreUnavailable as e:
-        raise unavailable(e, "the job store", STORE_RETRY_AFTER_S) from e
-
-
-async def owned_job(request: Request, store: JobStore, job_id: str, api_key: str | None) -> Job:
+async def owned_job(
+    request: Request, keys: KeyLimiter, store: JobStore, job_id: str, api_key: str | None
+) -> Job:
     """The job ``job_id`` of the request's key (404 if it has none of that id); one request under
     the key's limits."""
-    admit_key(request, api_key, requests=1, text_lengths=[])
+    admit_key(request, keys, api_key, requests=1, text_lengths=[])
     job: Job | None = await stored(store.get, key_owner(request), job_id)
     if job is None:
         raise HTTPException(404, "no such job: it expired, was deleted, or is another key's")
     return job
 
 
-@router.post(
+@api.post(
     "/jobs",
     status_code=202,
     response_model=JobInfo,
@@ -158,12 +149,17 @@ async def owned_job(request: Request, store: JobStore, job_id: str, api_key: str
     ),
 )
 async def create_job(
-    request: Request, settings: SettingsDep, router: RouterDep, store: JobStoreDep
+    request: Request,
+    settings: SettingsDep,
+    router: RouterDep,
+    keys: KeysDep,
+    glossaries: GlossariesDep,
+    places: FileRequestsDep,
+    store: JobStoreDep,
+    runner: JobRunnerDep,
 ) -> Response:
-    places: FileRequests = request.app.state.file_requests
     async with places.place():  # uploads in the front end's memory at once: these and /translate_file's
-        job = await store_upload(request, settings, router, store)
-    runner: JobRunner = request.app.state.job_runner
+        job = await store_upload(request, settings, router, keys, glossaries, store)
     runner.notify()
     location = str(request.url_for("get_job", job_id=job.id))
     body = JobInfo.of(job, request).model_dump_json()
@@ -171,14 +167,19 @@ async def create_job(
 
 
 async def store_upload(
-    request: Request, settings: Settings, router: Router[ServedModel], store: JobStore
+    request: Request,
+    settings: Settings,
+    router: Router[ServedModel],
+    keys: KeyLimiter,
+    glossaries: GlossaryStore,
+    store: JobStore,
 ) -> Job:
     """The uploaded file as a new queued job (4xx for a form, file or pair refused now)."""
     form, name, data = await read_form(request, settings.job_max_bytes)
-    admit_key(request, form.api_key, requests=1, text_lengths=[])  # its characters once it is read
+    admit_key(request, keys, form.api_key, requests=1, text_lengths=[])  # its characters once it is read
     check_format(name)
     check_languages(form.source, form.target, router)
-    glossary = await request_glossary(request, form, settings)
+    glossary = await request_glossary(request, form, settings, glossaries)
     options = JobOptions(
         [(e.source, e.target) for e in glossary.entries] if glossary is not None else [],
         form.protect_placeholders,
@@ -194,31 +195,33 @@ async def store_upload(
     return job
 
 
-@router.get(
+@api.get(
     "/jobs",
     response_model=JobList,
     summary="Your jobs, newest first",
     responses=errors(_403="Missing or invalid api_key; without keys, unless NMT_SHARED_STORES is on"),
 )
 async def list_jobs(
-    request: Request, settings: SettingsDep, store: JobStoreDep, api_key: ApiKeyQuery = None
+    request: Request, settings: SettingsDep, keys: KeysDep, store: JobStoreDep, api_key: ApiKeyQuery = None
 ) -> JobList:
-    admit_key(request, api_key, requests=1, text_lengths=[])
+    admit_key(request, keys, api_key, requests=1, text_lengths=[])
     jobs: list[Job] = await stored(store.jobs_of, store_owner(request, settings))
     return JobList(jobs=[JobInfo.of(job, request) for job in jobs])
 
 
-@router.get(
+@api.get(
     "/jobs/{job_id}",
     response_model=JobInfo,
     summary="A job's state and progress",
     responses=errors(_404="No such job of this key"),
 )
-async def get_job(request: Request, store: JobStoreDep, job_id: str, api_key: ApiKeyQuery = None) -> JobInfo:
-    return JobInfo.of(await owned_job(request, store, job_id, api_key), request)
+async def get_job(
+    request: Request, keys: KeysDep, store: JobStoreDep, job_id: str, api_key: ApiKeyQuery = None
+) -> JobInfo:
+    return JobInfo.of(await owned_job(request, keys, store, job_id, api_key), request)
 
 
-@router.get(
+@api.get(
     "/jobs/{job_id}/result",
     summary="The translated file (until the job expires)",
     responses={
@@ -227,16 +230,16 @@ async def get_job(request: Request, store: JobStoreDep, job_id: str, api_key: Ap
     },
 )
 async def job_result(
-    request: Request, store: JobStoreDep, job_id: str, api_key: ApiKeyQuery = None
+    request: Request, keys: KeysDep, store: JobStoreDep, job_id: str, api_key: ApiKeyQuery = None
 ) -> Response:
-    job = await owned_job(request, store, job_id, api_key)
+    job = await owned_job(request, keys, store, job_id, api_key)
     if job.state != "done" or job.result_name is None:
         raise HTTPException(409, f"the job is {job.state}, not done")
     media = MEDIA_TYPES.get(extension(job.name), "application/octet-stream")
     return FileResponse(store.path(job.id, RESULT), media_type=media, filename=job.result_name)
 
 
-@router.post(
+@api.post(
     "/jobs/{job_id}/cancel",
     response_model=JobInfo,
     summary="Stop a job (it is kept, cancelled, until it expires)",
@@ -245,28 +248,33 @@ async def job_result(
     ),
 )
 async def cancel_job(
-    request: Request, store: JobStoreDep, job_id: str, api_key: ApiKeyQuery = None
+    request: Request,
+    keys: KeysDep,
+    store: JobStoreDep,
+    runner: JobRunnerDep,
+    job_id: str,
+    api_key: ApiKeyQuery = None,
 ) -> JobInfo:
-    job = await owned_job(request, store, job_id, api_key)
+    job = await owned_job(request, keys, store, job_id, api_key)
     if job.state in ("done", "failed"):
         raise HTTPException(409, f"the job is {job.state} already")
     cancelled: Job | None = await stored(store.cancel, key_owner(request), job_id)
     if cancelled is None:
         raise HTTPException(404, "no such job: it was deleted meanwhile")
-    request.app.state.job_runner.notify()
+    runner.notify()
     return JobInfo.of(cancelled, request)
 
 
-@router.delete(
+@api.delete(
     "/jobs/{job_id}",
     status_code=204,
     summary="Delete a job and its files (stopping it if it runs)",
     responses=errors(_403="A cross-site request", _404="No such job of this key"),
 )
 async def delete_job(
-    request: Request, store: JobStoreDep, job_id: str, api_key: ApiKeyQuery = None
+    request: Request, keys: KeysDep, store: JobStoreDep, job_id: str, api_key: ApiKeyQuery = None
 ) -> Response:
-    await owned_job(request, store, job_id, api_key)
+    await owned_job(request, keys, store, job_id, api_key)
     if not await stored(store.delete, key_owner(request), job_id):
         raise HTTPException(404, "no such job: it was deleted meanwhile")
     return Response(status_code=204)

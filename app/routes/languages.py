@@ -8,9 +8,9 @@ from app.deps import RouterDep
 from app.languages import languages
 from app.schemas import Language
 
-router = APIRouter(tags=["languages"])
+api = APIRouter(tags=["languages"])
 
 
-@router.get("/languages", response_model=list[Language], summary="Languages and their targets")
+@api.get("/languages", response_model=list[Language], summary="Languages and their targets")
 async def list_languages(router: RouterDep) -> list[dict[str, object]]:
     return languages(router)

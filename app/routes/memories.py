@@ -13,21 +13,20 @@ The key and the checks before the body are the glossaries' (``app.routes.access`
 
 from __future__ import annotations
 
-import asyncio
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
-from fastapi import APIRouter, Depends, HTTPException, Request
+from fastapi import APIRouter, HTTPException, Request
 from pydantic import BaseModel, ConfigDict, Field
 
 from app.body import MULTIPART, media_type, validate_request
-from app.deps import SettingsDep
+from app.deps import KeysDep, MemoryDep, SettingsDep
 from app.errors import missing_parameter
 from app.routes.access import STORES, ApiKeyQuery
-from app.routes.glossaries import ERRORS, FORM_OVERHEAD_BYTES, owner_of, read_fields, store_error
-from app.terminology.database import StoreUnavailable
+from app.routes.glossaries import ERRORS, FORM_OVERHEAD_BYTES, in_store, owner_of, read_fields, store_error
+from app.routes.openapi import multipart_body
 from app.terminology.memory import MemoryImportError, TranslationMemory
 
-router = APIRouter(tags=["memories"], dependencies=STORES)
+api = APIRouter(tags=["memories"], dependencies=STORES)
 
 MEMORY_ERRORS: dict[int | str, dict[str, Any]] = {
     **{code: ERRORS[code] for code in (403, 429, 503)},
@@ -47,26 +46,16 @@ MEMORY_ERRORS: dict[int | str, dict[str, Any]] = {
 }
 
 
-_OPENAPI_BODY = {
-    "requestBody": {
-        "required": True,
-        "content": {
-            MULTIPART: {
-                "schema": {
-                    "type": "object",
-                    "properties": {
-                        "file": {"type": "string", "format": "binary", "description": "A TMX or TSV file"},
-                        "format": {"type": "string", "enum": ["tmx", "tsv"]},
-                        "source_lang": {"type": "string", "description": "The TSV file's source language"},
-                        "target_lang": {"type": "string", "description": "The TSV file's target language"},
-                        "api_key": {"type": "string"},
-                    },
-                    "required": ["file"],
-                }
-            }
-        },
-    }
-}
+_OPENAPI_BODY = multipart_body(
+    {
+        "file": {"type": "string", "format": "binary", "description": "A TMX or TSV file"},
+        "format": {"type": "string", "enum": ["tmx", "tsv"]},
+        "source_lang": {"type": "string", "description": "The TSV file's source language"},
+        "target_lang": {"type": "string", "description": "The TSV file's target language"},
+        "api_key": {"type": "string"},
+    },
+    ["file"],
+)
 
 
 class MemoryForm(BaseModel):
@@ -98,29 +87,18 @@ class Deleted(BaseModel):
     deleted: int
 
 
-async def get_memory(request: Request) -> TranslationMemory:
-    memory: TranslationMemory | None = getattr(request.app.state, "memory", None)
-    if memory is None:
-        raise HTTPException(503, "the service is not ready")
-    return memory
-
-
-MemoryDep = Annotated[TranslationMemory, Depends(get_memory)]
-
-
 async def counts(memory: TranslationMemory, owner: str) -> MemoryStats:
-    try:
-        found = await asyncio.to_thread(memory.stats, owner)
-    except StoreUnavailable as e:
-        raise store_error(e) from None
+    found = await in_store(memory.stats, owner)
     pairs = [
         PairSegments(source_lang=p.source_lang, target_lang=p.target_lang, segments=p.segments) for p in found
     ]
     return MemoryStats(segments=sum(p.segments for p in pairs), pairs=pairs)
 
 
-@router.post("/memories", responses=MEMORY_ERRORS, openapi_extra=_OPENAPI_BODY)
-async def import_memory(request: Request, settings: SettingsDep, memory: MemoryDep) -> ImportResult:
+@api.post("/memories", responses=MEMORY_ERRORS, openapi_extra=_OPENAPI_BODY)
+async def import_memory(
+    request: Request, settings: SettingsDep, keys: KeysDep, memory: MemoryDep
+) -> ImportResult:
     """Add a TMX or TSV file's segments to your API key's translation memory."""
     if media_type(request) != MULTIPART:
         raise HTTPException(
@@ -130,39 +108,37 @@ async def import_memory(request: Request, settings: SettingsDep, memory: MemoryD
     if fields.get("api_key") == "":
         del fields["api_key"]
     values = validate_request(fields, MemoryForm)
-    owner = owner_of(request, values.api_key)
+    owner = owner_of(request, keys, values.api_key)
     if upload is None:
         raise missing_parameter("file")
     name = (upload.filename or "").lower()
     fmt = values.format or ("tsv" if name.endswith((".tsv", ".txt", ".tab")) else "tmx")
     try:
         if fmt == "tmx":
-            imported = await asyncio.to_thread(memory.import_tmx, owner, data)
+            imported = await in_store(memory.import_tmx, owner, data)
         else:
             if not values.source_lang:
                 raise missing_parameter("source_lang")
             if not values.target_lang:
                 raise missing_parameter("target_lang")
-            imported = await asyncio.to_thread(
-                memory.import_tsv, owner, values.source_lang, values.target_lang, data
-            )
-    except (MemoryImportError, StoreUnavailable) as e:
+            imported = await in_store(memory.import_tsv, owner, values.source_lang, values.target_lang, data)
+    except MemoryImportError as e:
         raise store_error(e) from None
     return ImportResult(imported=imported, segments=(await counts(memory, owner)).segments)
 
 
-@router.get("/memories", responses=MEMORY_ERRORS)
-async def memory_stats(request: Request, memory: MemoryDep, api_key: ApiKeyQuery = None) -> MemoryStats:
+@api.get("/memories", responses=MEMORY_ERRORS)
+async def memory_stats(
+    request: Request, keys: KeysDep, memory: MemoryDep, api_key: ApiKeyQuery = None
+) -> MemoryStats:
     """How many segments your API key's memory holds, per language pair."""
-    return await counts(memory, owner_of(request, api_key))
+    return await counts(memory, owner_of(request, keys, api_key))
 
 
-@router.delete("/memories", responses=MEMORY_ERRORS)
-async def delete_memory(request: Request, memory: MemoryDep, api_key: ApiKeyQuery = None) -> Deleted:
+@api.delete("/memories", responses=MEMORY_ERRORS)
+async def delete_memory(
+    request: Request, keys: KeysDep, memory: MemoryDep, api_key: ApiKeyQuery = None
+) -> Deleted:
     """Empty your API key's translation memory."""
-    owner = owner_of(request, api_key)
-    try:
-        deleted = await asyncio.to_thread(memory.delete, owner)
-    except StoreUnavailable as e:
-        raise store_error(e) from None
+    deleted = await in_store(memory.delete, owner_of(request, keys, api_key))
     return Deleted(deleted=deleted)

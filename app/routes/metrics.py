@@ -7,9 +7,9 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from app.deps import MetricsDep
 
-router = APIRouter(tags=["metrics"])
+api = APIRouter(tags=["metrics"])
 
 
-@router.get("/metrics", summary="Prometheus metrics", response_class=Response)
+@api.get("/metrics", summary="Prometheus metrics", response_class=Response)
 async def metrics(metrics: MetricsDep) -> Response:
     return Response(metrics.collect(), media_type=CONTENT_TYPE_LATEST)

@@ -7,6 +7,24 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from app.body import MULTIPART
+
+
+def request_body(content: dict[str, Any]) -> dict[str, Any]:
+    """The ``openapi_extra`` of a required body in these media types (``{media type: {"schema": ...}}``)."""
+    return {"requestBody": {"required": True, "content": content}}
+
+
+def object_schema(properties: dict[str, Any], required: list[str]) -> dict[str, Any]:
+    """A media type's entry in ``request_body``: an object of these fields."""
+    return {"schema": {"type": "object", "properties": properties, "required": required}}
+
+
+def multipart_body(properties: dict[str, Any], required: list[str]) -> dict[str, Any]:
+    """The ``openapi_extra`` of an upload: a multipart form of these fields (a file is
+    ``{"type": "string", "format": "binary"}``)."""
+    return request_body({MULTIPART: object_schema(properties, required)})
+
 
 def form_schema(schema: dict[str, Any]) -> dict[str, Any]:
     """``schema`` as a form can carry it: a field is text or repeated text, never null (an optional
@@ -49,13 +67,6 @@ def openapi_body(model: type[BaseModel]) -> dict[str, Any]:
     # A form carries the glossary as JSON text, which no JSON Schema keyword can describe (any
     # other string is a 422): the form's schema leaves it out; its JSON description says how.
     form["schema"]["properties"].pop("glossary", None)
-    return {
-        "requestBody": {
-            "required": True,
-            "content": {
-                "application/json": {"schema": schema},
-                "application/x-www-form-urlencoded": form,
-                "multipart/form-data": form,
-            },
-        }
-    }
+    return request_body(
+        {"application/json": {"schema": schema}, "application/x-www-form-urlencoded": form, MULTIPART: form}
+    )

@@ -8,20 +8,24 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Annotated, Any, TypeVar
 
-from fastapi import HTTPException, Request
+from fastapi import Depends, HTTPException, Request
 from starlette.types import Receive
 
-from app.key_limits import client_identity
-from app.served import Rendered, ServedModel
+from app.config import Settings
+from app.deps import MemoryDep, SegmentCacheDep, SettingsDep
+from app.key_limits import client_identity, key_owner
+from app.served import ServedModel
 from app.serving.errors import DeadlineExceeded, EngineError, EngineStopped, QueueFull, TooLarge
 from app.serving.frontend.pipeline import Translation
 from app.serving.frontend.router import Route
 from app.serving.frontend.scheduler import Scheduler
+from app.serving.protocol import SentenceResult
 from app.shedding import RETRY_AFTER_S, passed
-from app.terminology.answers import MemoryLookup, answer, cache_key, memory_lookup, segment_cache
+from app.terminology.answers import MemoryLookup, answer, cache_key, memory_lookup
 from app.terminology.cache import SegmentCache
+from app.terminology.memory import TranslationMemory
 from app.terminology.service import SentenceTerms
 
 T = TypeVar("T")
@@ -34,10 +38,21 @@ class SearchPlan:
 
 
 @dataclass(frozen=True)
-class SentenceResult:
-    hypotheses: list[str]  # n-best translations, best first
-    placed: tuple[tuple[int, int, int], ...] = ()  # its terms in hypotheses[0]: (term, start, end)
-    memory: bool = False  # the translation memory's text (then the only hypothesis), not the model's
+class Recall:
+    """What may answer a request's sentences before the model (``app.terminology.answers``): the
+    translation memory, where the request's owner may use it (``stores_on``: ``settings``), and
+    the segment cache."""
+
+    settings: Settings
+    memory: TranslationMemory
+    cache: SegmentCache[Any]
+
+
+async def get_recall(settings: SettingsDep, memory: MemoryDep, cache: SegmentCacheDep) -> Recall:
+    return Recall(settings, memory, cache)
+
+
+RecallDep = Annotated[Recall, Depends(get_recall)]
 
 
 def engine_error(exc: EngineError) -> HTTPException:
@@ -115,7 +130,7 @@ async def decode_sentences(
     translation must contain; ``background``: a document job's, which take what typed requests
     leave of the workers."""
     todo = [i for i, s in enumerate(sentences) if s.strip()]
-    results = [SentenceResult([""] * plan.n_best)] * len(sentences)
+    results = [SentenceResult.of_texts([""] * plan.n_best)] * len(sentences)
     if not todo:
         if disconnected is not None:
             disconnected.close()
@@ -136,7 +151,7 @@ async def decode_sentences(
             disconnected.close()
         raise engine_error(e) from e
     try:
-        found: list[Rendered] | None
+        found: list[SentenceResult] | None
         if disconnected is None:
             finished, found = True, await translation.result()
         else:
@@ -147,8 +162,8 @@ async def decode_sentences(
         translation.withdraw()
     if not finished or found is None:
         return None
-    for i, rendered in zip(todo, found, strict=True):
-        results[i] = SentenceResult(rendered.texts, rendered.placed)
+    for i, result in zip(todo, found, strict=True):
+        results[i] = result
     return results
 
 
@@ -162,16 +177,17 @@ async def answer_sentences(
     plan: SearchPlan,
     timeout_s: float,
     terms: SentenceTerms,
+    recall: Recall,
 ) -> list[SentenceResult] | None:
     """``translate_sentences``, after the owner's translation memory and the segment cache
-    (``app.terminology.answers``); ``languages[i]``: sentence i's source language."""
+    (``recall``); ``languages[i]``: sentence i's source language."""
 
     def decode(part: list[str], own: list[Route[ServedModel]], constraints: list[list[str]] | None) -> Any:
         return translate_sentences(request, part, own, scheduler, plan, timeout_s, constraints)
 
-    lookup = memory_lookup(request, languages, target)
-    owner, cache = client_identity(request), segment_cache(request)
-    return await answer_with(sentences, routes, plan, terms, decode, owner, lookup, cache)
+    lookup = memory_lookup(recall.memory, recall.settings, key_owner(request), languages, target)
+    owner = client_identity(request)
+    return await answer_with(sentences, routes, plan, terms, decode, owner, lookup, recall.cache)
 
 
 Decode = Callable[
@@ -202,6 +218,6 @@ async def answer_with(
         return decode([sentences[i] for i in asked], [routes[i] for i in asked], constraints)
 
     def remembered(text: str) -> SentenceResult:
-        return SentenceResult([text], memory=True)
+        return SentenceResult.of_texts([text], memory=True)
 
     return await answer(sentences, keys, decode_asked, remembered, lookup=lookup, cache=cache)

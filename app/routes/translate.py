@@ -21,7 +21,7 @@ from fastapi import APIRouter, HTTPException, Request, Response
 
 from app.body import parse_translate_request
 from app.config import Settings
-from app.deps import RouterDep, SchedulerDep, SettingsDep
+from app.deps import GlossariesDep, KeysDep, RouterDep, SchedulerDep, SettingsDep
 from app.errors import ApiError, missing_parameter
 from app.formats import Layout, PlainText, parse
 from app.formats.html import HtmlDocument, HtmlError
@@ -30,8 +30,8 @@ from app.langid import detect
 from app.languages import language_name, served_pairs, source_languages, supported_pairs, target_languages
 from app.routes.openapi import openapi_body
 from app.routes.sentences import (
+    RecallDep,
     SearchPlan,
-    SentenceResult,
     answer_sentences,
 )
 from app.schemas import (
@@ -45,6 +45,7 @@ from app.schemas import (
 )
 from app.served import ServedModel
 from app.serving.frontend.router import Route, Router
+from app.serving.protocol import SentenceResult
 from app.terminology.service import (
     INLINE_CHARS,
     SentenceTerms,
@@ -56,7 +57,7 @@ from model.decoding.terms import Glossary
 
 T = TypeVar("T")
 
-router = APIRouter(tags=["translate"])
+api = APIRouter(tags=["translate"])
 
 CLIENT_CLOSED_REQUEST = 499  # nginx's status for "the client went away before the answer"
 AUTO = "auto"
@@ -238,7 +239,8 @@ def route_of(router: Router[ServedModel], source: str, target: str) -> Route[Ser
 
 def hypothesis(result: SentenceResult, k: int) -> str:
     """The k-th best translation, or the best when the search found fewer distinct ones."""
-    return result.hypotheses[k] if k < len(result.hypotheses) else result.hypotheses[0]
+    texts = result.texts
+    return texts[k] if k < len(texts) else texts[0]
 
 
 def assemble(layouts: Sequence[Layout], results: Sequence[SentenceResult], n_best: int) -> list[list[str]]:
@@ -335,7 +337,7 @@ def prepare(
     return Prepared(detected, layouts, sentences, routes, sources, terms)
 
 
-@router.post(
+@api.post(
     "/translate",
     response_model=TranslateResponse,
     response_model_exclude_none=True,
@@ -344,9 +346,15 @@ def prepare(
     summary="Translate text (LibreTranslate-compatible)",
 )
 async def translate(
-    request: Request, settings: SettingsDep, router: RouterDep, scheduler: SchedulerDep
+    request: Request,
+    settings: SettingsDep,
+    router: RouterDep,
+    scheduler: SchedulerDep,
+    keys: KeysDep,
+    glossaries: GlossariesDep,
+    recall: RecallDep,
 ) -> Response:
-    admit_given_key(request)  # a key in a header or the query: refused before the body is read
+    admit_given_key(request, keys)  # a key in a header or the query: refused before the body is read
     req = await parse_translate_request(request, settings.max_body_bytes)
     texts = req.texts
     check_limits(texts, settings)
@@ -354,13 +362,14 @@ async def translate(
     # LibreTranslate's cost: a list q counts as one request per text.
     admit_key(
         request,
+        keys,
         req.api_key,
         requests=max(1, len(texts)) if req.is_batch else 1,
         text_lengths=list(map(len, texts)),
     )
     candidates = check_languages(req.source, req.target, router)
     plan = search_plan(req, settings)
-    glossary = await request_glossary(request, req, settings)
+    glossary = await request_glossary(request, req, settings, glossaries)
     work = partial(prepare, req, candidates, glossary, router, settings.max_terms_per_sentence)
     if glossary is None and sum(map(len, texts)) <= INLINE_CHARS:
         prepared = work()
@@ -369,7 +378,16 @@ async def translate(
     timeout_s = settings.request_timeout_s
     sentences, terms, layouts = prepared.sentences, prepared.terms, prepared.layouts
     results = await answer_sentences(
-        request, sentences, prepared.routes, prepared.sources, req.target, scheduler, plan, timeout_s, terms
+        request,
+        sentences,
+        prepared.routes,
+        prepared.sources,
+        req.target,
+        scheduler,
+        plan,
+        timeout_s,
+        terms,
+        recall,
     )
     if results is None:
         return Response(status_code=CLIENT_CLOSED_REQUEST)

@@ -23,24 +23,60 @@ worker -> front end (``FromWorker``):
 - ``Loaded``: the models it holds now, after it loaded or evicted one (the scheduler prefers a
   worker that holds a sentence's model).
 
-Every worker serves every model (``ModelSpec``s, given when it starts); a ``SentenceJob`` names its
+Every worker serves every model (``ModelSpec``s, given when it starts); a ``Sentence`` names its
 model, and the worker loads it on demand when it does not hold it (``app.serving.worker.models``).
 """
 
 from __future__ import annotations
 
 import pickle
+from collections.abc import Sequence
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
 
-# A finished sentence's n-best: (token ids without bos/eos, length-normalised log-probability).
-Hypotheses = list[tuple[list[int], float]]
-# Where one hypothesis realised its constraints: (start, end, constraint index), token indices into
-# its ids, end exclusive (``model.decoding.search.Hypothesis.spans``).
+# Where one hypothesis realised its sentence's constraints: (start, end, constraint index), token
+# indices into its ids, end exclusive (``model.decoding.search.Hypothesis.spans``).
 Spans = tuple[tuple[int, int, int], ...]
+# Where the best text put each term: (term index, start, end) in characters, end exclusive, in
+# text order (the response's terminology, ``app.terminology.service.text_terminology``).
+Placed = tuple[tuple[int, int, int], ...]
 # A sentence's constraints: target token-id sequences (no bos/eos) its translation must contain.
 Constraints = tuple[tuple[int, ...], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Hypothesis:
+    """One translation of a sentence: the worker finds its tokens, score and spans, the front end
+    writes its text (``app.served.ServedModel.render``)."""
+
+    # Target ids, without bos and eos: the worker's. The front end drops them once it has written
+    # ``text`` (nothing after needs them, and a cached answer then costs its text alone: 447 bytes
+    # for a 15-token sentence against 995 with them).
+    tokens: list[int]
+    score: float  # length-normalised log-probability
+    spans: Spans = ()  # where it realised the sentence's constraints (none without)
+    text: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class SentenceResult:
+    """A sentence's answer, from the worker to the response (as CTranslate2's
+    ``TranslationResult``): its n-best, best first; where the best text put the sentence's terms;
+    and whether the translation memory answered it instead of a model."""
+
+    hypotheses: tuple[Hypothesis, ...]
+    placed: Placed = ()
+    memory: bool = False  # the memory's text (then the only hypothesis, with no tokens)
+
+    @property
+    def texts(self) -> list[str]:
+        return [h.text for h in self.hypotheses]
+
+    @classmethod
+    def of_texts(cls, texts: Sequence[str], *, memory: bool = False) -> SentenceResult:
+        """An answer no model decoded: a blank sentence's (``[""] * n_best``), the memory's."""
+        return cls(tuple(Hypothesis([], 0.0, text=text) for text in texts), memory=memory)
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,7 +103,7 @@ class ModelDescription:
 
 
 @dataclass(frozen=True, slots=True)
-class SentenceJob:
+class Sentence:
     """One sentence for a worker to translate: the scheduler's unit of work, and the worker's."""
 
     id: int  # unique in the front end's scheduler: both sides' name for the sentence
@@ -82,7 +118,7 @@ class SentenceJob:
     # (``model.decoding.constraints.beam_for``).
     constraints: Constraints = ()
     # A document job's (``app.jobs``): it fills what typed requests leave of a worker's batch
-    # (``app.serving.worker.Inbox``), never the other way round.
+    # (``app.serving.worker.inbox.Inbox``), never the other way round.
     background: bool = False
 
     def past_deadline(self, now: float) -> bool:
@@ -92,12 +128,12 @@ class SentenceJob:
 # -- front end -> worker ---------------------------------------------------------------------------
 @dataclass(frozen=True, slots=True)
 class Translate:
-    jobs: tuple[SentenceJob, ...]
+    sentences: tuple[Sentence, ...]
 
 
 @dataclass(frozen=True, slots=True)
 class Cancel:
-    ids: tuple[int, ...]  # ``SentenceJob.id``s
+    ids: tuple[int, ...]  # ``Sentence.id``s
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,8 +159,7 @@ class StartFailed:
 @dataclass(frozen=True, slots=True)
 class Done:
     id: int
-    nbest: Hypotheses
-    spans: tuple[Spans, ...] = ()  # each hypothesis's, when the job had constraints
+    result: SentenceResult  # its hypotheses' texts are the front end's to write
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,7 +14,7 @@ a request).
 Blank sentences are neither looked up nor cached: the caller's decoding answers them without
 model work anyway, and counting them would only inflate the cache's hit rate.
 
-Generic over the caller's per-sentence result (``app.routes.sentences.SentenceResult``), so that
+Generic over the caller's per-sentence result (``app.serving.protocol.SentenceResult``), so that
 nothing here depends on HTTP routes.
 """
 
@@ -24,9 +24,8 @@ import asyncio
 from collections.abc import Awaitable, Callable, Hashable, Sequence
 from typing import Any, TypeVar
 
-from fastapi import Request
-
-from app.key_limits import key_owner, stores_on
+from app.config import Settings
+from app.key_limits import stores_on
 from app.serving.frontend.router import Route
 from app.terminology.cache import SegmentCache
 from app.terminology.database import StoreUnavailable, unavailable
@@ -54,13 +53,13 @@ def cache_key(
     return (owner, hops, beam_size, n_best, tuple(targets), sentence)
 
 
-def memory_lookup(request: Request, languages: Sequence[str], target: str) -> MemoryLookup | None:
-    """The request owner's memory for its sentences (``languages[i]``: sentence i's source
-    language); None without a memory (no store, or none to use: no keys, and the stores not
-    shared, ``stores_on``)."""
-    memory: TranslationMemory | None = getattr(request.app.state, "memory", None)
-    owner = key_owner(request)
-    if memory is None or not stores_on(request.app.state.settings, owner):
+def memory_lookup(
+    memory: TranslationMemory, settings: Settings, owner: str, languages: Sequence[str], target: str
+) -> MemoryLookup | None:
+    """``owner``'s memory (a request's: ``key_owner``) for its sentences (``languages[i]``: sentence
+    i's source language); None where it has none to use (no keys, and the stores not shared,
+    ``stores_on``)."""
+    if not stores_on(settings, owner):
         return None
     return owner_lookup(memory, owner, languages, target)
 
@@ -87,10 +86,6 @@ def owner_lookup(
         return found
 
     return lookup
-
-
-def segment_cache(request: Request) -> SegmentCache[Any] | None:
-    return getattr(request.app.state, "segment_cache", None)
 
 
 async def answer(

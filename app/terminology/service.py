@@ -19,6 +19,7 @@ from fastapi import HTTPException, Request
 from app.config import Settings
 from app.key_limits import store_owner
 from app.schemas import GlossaryEntryBody, Span, Terminology, TermMark
+from app.terminology.glossaries import GlossaryStore
 from app.text import SplitText
 from model.decoding.terms import Glossary, GlossaryEntry, Term, TooManyTerms
 from model.decoding.terms import sentence_terms as choose_terms
@@ -33,15 +34,16 @@ class StoredGlossary(Protocol):
     def entries(self) -> Sequence[Any]: ...  # each with ``source`` and ``target``
 
 
-def stored_glossary(request: Request, glossary_id: str, settings: Settings) -> StoredGlossary:
-    """The glossary ``glossary_id`` of the request's owner; 404 if there is none (or no store), 403
+def stored_glossary(
+    request: Request, store: GlossaryStore, glossary_id: str, settings: Settings
+) -> StoredGlossary:
+    """The glossary ``glossary_id`` of the request's owner in ``store``; 404 if there is none, 403
     without keys where stored glossaries are not shared (``store_owner``)."""
     owner = store_owner(request, settings)
-    store = getattr(request.app.state, "glossaries", None)
-    found = store.get(owner, glossary_id) if store is not None else None
+    found = store.get(owner, glossary_id)
     if found is None:
         raise HTTPException(404, f"unknown glossary: {glossary_id[:64]!r}")
-    return found  # type: ignore[no-any-return]
+    return found
 
 
 def primary(code: str) -> str:
@@ -93,25 +95,29 @@ INLINE_ENTRIES = 100
 INLINE_CHARS = 2_000
 
 
-async def request_glossary(request: Request, req: TerminologyFields, settings: Settings) -> Glossary | None:
-    """The request's glossary: its inline entries, then the stored glossary's (an inline entry
-    wins over a stored one of the same source); None without either.
+async def request_glossary(
+    request: Request, req: TerminologyFields, settings: Settings, store: GlossaryStore
+) -> Glossary | None:
+    """The request's glossary: its inline entries, then the stored glossary's (from ``store``; an
+    inline entry wins over a stored one of the same source); None without either.
 
     A stored glossary is read (SQLite) and made ready for matching (~20 ms for 10,000 entries) on
     a thread, so that the event loop answers other requests meanwhile; so is a large inline one."""
     if req.glossary is None and req.glossary_id is None:
         return None
     if req.glossary_id is None and len(req.glossary or ()) <= INLINE_ENTRIES:
-        return make_glossary(request, req, settings)
-    return await asyncio.to_thread(make_glossary, request, req, settings)
+        return make_glossary(request, req, settings, store)
+    return await asyncio.to_thread(make_glossary, request, req, settings, store)
 
 
-def make_glossary(request: Request, req: TerminologyFields, settings: Settings) -> Glossary:
+def make_glossary(
+    request: Request, req: TerminologyFields, settings: Settings, store: GlossaryStore
+) -> Glossary:
     """``request_glossary``'s work, where it runs (4xx for a glossary refused)."""
     entries = [GlossaryEntry(e.source, e.target) for e in req.glossary or ()]
     check_entries(entries, settings)
     if req.glossary_id is not None:
-        found = stored_glossary(request, req.glossary_id, settings)
+        found = stored_glossary(request, store, req.glossary_id, settings)
         check_pair(found, req.source, req.target)
         entries += [GlossaryEntry(e.source, e.target) for e in found.entries]
     return Glossary(entries)

@@ -23,10 +23,11 @@ import asyncio
 import time
 from collections.abc import Sequence
 
-from app.served import Rendered, ServedModel
+from app.served import ServedModel
 from app.serving.errors import DeadlineExceeded
 from app.serving.frontend.router import Route
 from app.serving.frontend.scheduler import Request, Scheduler
+from app.serving.protocol import SentenceResult
 
 
 class Translation:
@@ -101,10 +102,10 @@ class Translation:
         self.requests.append(request)
         return request
 
-    async def result(self) -> list[Rendered]:
+    async def result(self) -> list[SentenceResult]:
         """The n-best translations of every sentence, in order, with where its terms were put
         (the first failure is raised)."""
-        out: list[Rendered] = [Rendered([]) for _ in range(self.size)]
+        out: list[SentenceResult] = [SentenceResult(()) for _ in range(self.size)]
         legs = await asyncio.gather(
             *(
                 self._follow(route, first, [self.terms[i] for i in indices])
@@ -118,23 +119,23 @@ class Translation:
 
     async def _follow(
         self, route: Route[ServedModel], first: Request, terms: Sequence[Sequence[str]]
-    ) -> list[Rendered]:
+    ) -> list[SentenceResult]:
         """One route's sentences through its hops: each hop's best translations are the next's
         input (a blank one stays blank, without model work, as a blank sentence does)."""
         hops = len(route.hops)
         results = await first.future
-        rendered = route.hops[0].model.render(results, first.spans, terms if hops == 1 else ())
+        rendered = route.hops[0].model.render(results, terms if hops == 1 else ())
         for hop in range(1, hops):
             last = hop == hops - 1
             inputs = [one.texts[0] for one in rendered]
-            rendered = [Rendered([""] * (self.n_best if last else 1)) for _ in inputs]
+            rendered = [SentenceResult.of_texts([""] * (self.n_best if last else 1)) for _ in inputs]
             todo = [i for i, text in enumerate(inputs) if text.strip()]
             if not todo:
                 continue
             mine = [terms[i] for i in todo] if last else []
             request = self._submit(route, hop, [inputs[i] for i in todo], admitted=True, terms=mine)
             model = route.hops[hop].model
-            for i, one in zip(todo, model.render(await request.future, request.spans, mine), strict=True):
+            for i, one in zip(todo, model.render(await request.future, mine), strict=True):
                 rendered[i] = one
         return rendered
 

@@ -11,7 +11,7 @@ from typing import Any, Protocol
 from app.metrics import Metrics
 from app.serving.fairqueue import FairQueue
 from app.serving.frontend.handle import Listener
-from app.serving.protocol import Hypotheses, SentenceJob, Spans, ToWorker
+from app.serving.protocol import Sentence, SentenceResult, ToWorker
 
 
 class Worker(Protocol):
@@ -39,15 +39,13 @@ class Request:
     id: int
     beam_size: int
     n_best: int
-    future: asyncio.Future[list[Hypotheses]]  # the n-best of each sentence, or why it failed
-    results: list[Hypotheses | None]
+    future: asyncio.Future[list[SentenceResult]]  # each sentence's, or why it failed
+    results: list[SentenceResult | None]  # each sentence's, once its worker answered
     model: ModelQueue  # the model that translates it
     left: int = 0  # sentences not finished yet
     deadline: float | None = None  # time.monotonic()
     timer: asyncio.TimerHandle | None = None
-    sentences: list[JobState] = field(default_factory=list)  # all of them, in order
-    # Each sentence's hypotheses' constraint spans (``Done.spans``; empty without constraints).
-    spans: list[tuple[Spans, ...]] = field(default_factory=list)
+    sentences: list[SentenceState] = field(default_factory=list)  # all of them, in order
     background: bool = False  # a document job's: it takes what typed requests leave
 
     @property
@@ -56,11 +54,11 @@ class Request:
 
 
 @dataclass(eq=False)
-class JobState:
-    """A sentence of a request, as the scheduler tracks it: what a worker is sent (``job``), and
-    where it is."""
+class SentenceState:
+    """A sentence of a request, as the scheduler tracks it: what a worker is sent (``message``),
+    and where it is."""
 
-    job: SentenceJob
+    message: Sentence
     request: Request
     index: int  # its position in the request
     worker: WorkerState | None = None  # where it is being translated
@@ -68,11 +66,11 @@ class JobState:
 
     @property
     def id(self) -> int:
-        return self.job.id
+        return self.message.id
 
     @property
     def rows(self) -> int:
-        return self.job.beam_size
+        return self.message.beam_size
 
 
 @dataclass(eq=False)
@@ -81,17 +79,17 @@ class ModelQueue:
     of it the workers have in hand (its share of them)."""
 
     name: str
-    queue: FairQueue[JobState]  # admitted, not given to a worker yet
+    queue: FairQueue[SentenceState]  # admitted, not given to a worker yet
     metrics: Metrics | None = None  # labelled with the model (``Metrics.of_model``)
     rows: int = 0  # given to workers, not finished
     # Document jobs' sentences, given only where the typed ones of ``queue`` leave room.
-    background: FairQueue[JobState] = field(default_factory=FairQueue)
+    background: FairQueue[SentenceState] = field(default_factory=FairQueue)
 
     @property
     def waiting(self) -> int:
         return len(self.queue) + len(self.background)
 
-    def queue_of(self, request: Request) -> FairQueue[JobState]:
+    def queue_of(self, request: Request) -> FairQueue[SentenceState]:
         return self.background if request.background else self.queue
 
 
@@ -99,7 +97,7 @@ class ModelQueue:
 class WorkerState:
     worker: Worker
     capacity: int  # rows it may hold, every model's together
-    sentences: dict[int, JobState] = field(default_factory=dict)  # given to it, not finished
+    sentences: dict[int, SentenceState] = field(default_factory=dict)  # given to it, not finished
     rows: int = 0
     # Rows kept for typed requests: document jobs' sentences fill at most capacity - reserved.
     reserved: int = 0
@@ -121,7 +119,7 @@ class WorkerState:
     def takes(self, model: str, rows: int, background: bool = False) -> bool:
         """Whether it may be given a sentence of ``model`` of ``rows`` rows: it has room, or it is
         idle, or it holds nothing of that model (one sentence however full it is). A document
-        job's only within its share, so that a typed line always finds room."""
+        sentence's only within its share, so that a typed line always finds room."""
         if background:
             room = self.background_rows + rows <= self.capacity - self.reserved
             return self.usable and (not self.rows or (room and self.free >= rows))

@@ -47,22 +47,22 @@ from typing import Any
 from app.metrics import Metrics
 from app.serving.errors import DeadlineExceeded, EngineError, EngineStopped, QueueFull, TooLarge
 from app.serving.fairqueue import FairQueue
-from app.serving.frontend.placement import JobState, ModelQueue, Request, Worker, WorkerState
+from app.serving.frontend.placement import ModelQueue, Request, SentenceState, Worker, WorkerState
 from app.serving.protocol import (
     Answers,
     Cancel,
     Constraints,
     Done,
-    Hypotheses,
     Loaded,
-    SentenceJob,
+    Sentence,
+    SentenceResult,
     Translate,
 )
 from model.decoding.constraints import beam_for
 
 log = logging.getLogger("uvicorn.error").getChild("scheduler")
 
-__all__ = ["Hypotheses", "ModelQueue", "Request", "Scheduler", "Worker"]
+__all__ = ["ModelQueue", "Request", "Scheduler", "Worker"]
 
 MAX_ATTEMPTS = 3  # workers a sentence may be given to, when the ones before exited with it
 RESTART_DELAYS_S = (0.0, 1.0, 2.0, 5.0, 10.0, 30.0)  # before each try to start a worker again
@@ -194,7 +194,7 @@ class Scheduler:
         full queue, so that work already done is not thrown away (the queue may then hold up to
         these sentences more than ``max_queue``, until they leave it). ``constraints``: each
         source's (terminology); a constrained sentence takes the rows of the beam it needs
-        (``beam_for``), and ``Request.spans`` says where its hypotheses realised them.
+        (``beam_for``), and its result's hypotheses say where they realised them (``spans``).
         ``background``: a document job's sentences, which take what typed requests leave."""
         if self._stopping:
             raise EngineStopped("the translation service is shutting down")
@@ -212,15 +212,14 @@ class Scheduler:
         loop = asyncio.get_running_loop()
         now = time.monotonic()
         request = Request(next(self._ids), beam_size, n_best, loop.create_future(), [None] * n, queue, left=n)
-        request.spans = [()] * n
         request.background = background
         if timeout_s is not None:
             request.deadline = now + timeout_s
             request.timer = loop.call_later(timeout_s, self._expire, request, timeout_s)
         rid, deadline, name = request.id, request.deadline, queue.name
         request.sentences = [
-            JobState(
-                SentenceJob(next(self._ids), rid, s, beam, n_best, deadline, now, name, c, background),
+            SentenceState(
+                Sentence(next(self._ids), rid, s, beam, n_best, deadline, now, name, c, background),
                 request,
                 k,
             )
@@ -254,7 +253,7 @@ class Scheduler:
         n_best: int,
         timeout_s: float | None = None,
         model: str | None = None,
-    ) -> list[Hypotheses]:
+    ) -> list[SentenceResult]:
         """``submit`` and wait for the answer (withdrawn if the caller is cancelled)."""
         request = self.submit(sources, beam_size=beam_size, n_best=n_best, timeout_s=timeout_s, model=model)
         try:
@@ -268,7 +267,7 @@ class Scheduler:
         the fewest rows in the workers' hands (the first in turn among equals, which then goes last),
         in its queue's order, to the worker that holds the model loaded, then to the one with the
         most free rows."""
-        batches: dict[int, tuple[WorkerState, list[JobState]]] = {}
+        batches: dict[int, tuple[WorkerState, list[SentenceState]]] = {}
         candidates = [m for m in self._turns if m.waiting]
         touched: list[ModelQueue] = []
         while candidates:
@@ -304,7 +303,7 @@ class Scheduler:
         for model in touched:
             self._queued(model)
         for state, given in batches.values():
-            if not state.worker.send(Translate(tuple(s.job for s in given))):
+            if not state.worker.send(Translate(tuple(s.message for s in given))):
                 state.unreachable = True  # gone meanwhile: its exit is on its way
                 for sentence in given:
                     sentence.attempts -= 1  # it never reached the worker
@@ -327,7 +326,7 @@ class Scheduler:
         if model.metrics is not None:
             model.metrics.queue_depth.set(model.waiting)
 
-    def _release(self, state: WorkerState, sentence: JobState) -> None:
+    def _release(self, state: WorkerState, sentence: SentenceState) -> None:
         """``sentence`` is no longer in ``state``'s hands (answered, withdrawn or lost)."""
         del state.sentences[sentence.id]
         state.rows -= sentence.rows
@@ -356,8 +355,7 @@ class Scheduler:
             if request.done:
                 continue
             if isinstance(answer, Done):
-                request.results[sentence.index] = answer.nbest
-                request.spans[sentence.index] = answer.spans
+                request.results[sentence.index] = answer.result
                 request.left -= 1
                 if not request.left:
                     self._finish(request)
@@ -395,7 +393,7 @@ class Scheduler:
             if state is not None and state.sentences.get(sentence.id) is sentence:
                 self._release(state, sentence)
                 cancels.setdefault(id(state), (state, []))[1].append(sentence.id)
-        # JobState.request and Request.sentences form cycles: broken here, so that a finished
+        # SentenceState.request and Request.sentences form cycles: broken here, so that a finished
         # request is freed at once rather than by the cyclic garbage collector, whose full passes
         # over the objects of thousands of open connections held the event loop for 0.3-0.4 s
         # every 1.5 s under overload.
@@ -421,7 +419,7 @@ class Scheduler:
     def _lost(self, state: WorkerState) -> None:
         """The worker is gone with its sentences, of every model: back to the head of their model's
         queue, in order, for the other workers (or this one once it is back)."""
-        lost: dict[Request, list[JobState]] = {}
+        lost: dict[Request, list[SentenceState]] = {}
         for sentence in sorted(state.sentences.values(), key=lambda s: (s.request.id, s.index)):
             lost.setdefault(sentence.request, []).append(sentence)
         for sentence in list(state.sentences.values()):

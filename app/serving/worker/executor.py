@@ -18,8 +18,8 @@ not a cache. ``max_batch_size`` bounds the rows of all the running batches toget
 their caches and the time of a round), except that a model with no rows running always takes one
 sentence: no model waits for another model's batch to drain.
 
-Document jobs (``Job.background``): a model's job sentences run in a batch of their own, a second
-lane, which steps only when the model has no typed sentence running or waiting, or one step in
+Document jobs (``Held.background``): a model's document sentences run in a batch of their own, a
+second lane, which steps only when the model has no typed sentence running or waiting, or one step in
 ``BACKGROUND_EVERY`` when it has (a step of a full batch of documents costs several typed steps:
 1 in 8 slowed a lone typed line 2.3x, 1 in 32 1.8x): a typed line never decodes beside a
 document's rows, and a document still moves under a steady stream of them. Each kind's batches
@@ -36,7 +36,8 @@ from typing import Protocol
 
 from app.config import Settings
 from app.metrics import Metrics
-from app.serving.protocol import Hypotheses, Spans
+from app.serving.protocol import Hypothesis as Found
+from app.serving.protocol import SentenceResult
 from app.serving.worker.models import LoadedModel, ModelTable
 from model.decoding.batch import JOIN_RATIO, JOIN_WAIT_STEPS, RunningBatch, Source
 from model.decoding.search import Hypothesis
@@ -48,8 +49,8 @@ __all__ = [
     "JOIN_RATIO",
     "JOIN_WAIT_STEPS",
     "Executor",
-    "Job",
-    "JobSource",
+    "Held",
+    "SentenceSource",
     "Lane",
     "Outcome",
 ]
@@ -57,7 +58,7 @@ __all__ = [
 BACKGROUND_EVERY = 32  # with typed sentences running, a document's batch steps once in this many
 
 
-class Job(Protocol):
+class Held(Protocol):
     """One sentence to translate, as the worker's inbox holds it."""
 
     id: int
@@ -67,27 +68,27 @@ class Job(Protocol):
     n_best: int
     enqueued: float  # time.monotonic() when the service admitted it
     constraints: tuple[tuple[int, ...], ...]  # target id sequences its translation must contain
-    spans: tuple[Spans, ...]  # set when it finishes: each hypothesis's constraint spans
     background: bool  # a document job's sentence
 
     def expired(self, now: float) -> bool: ...  # cancelled, or past its deadline
 
 
-class JobSource(Protocol):
-    """Where jobs wait to join a batch, one queue per model (``app.serving.worker.Inbox``)."""
+class SentenceSource(Protocol):
+    """Where sentences wait to join a batch, one queue per model (``app.serving.worker.inbox.Inbox``)."""
 
     @property
     def waiting(self) -> int: ...  # every model's
 
     def waiting_for(self, model: str, background: bool | None = None) -> int: ...  # None: both kinds
 
-    def take(self, fits: Callable[[Job], bool], model: str = "", background: bool = False) -> list[Job]: ...
+    def take(self, fits: Callable[[Held], bool], model: str = "", background: bool = False) -> list[Held]: ...
 
-    def release(self, job: Job) -> bool: ...  # the job left the batch; False if nobody waits for it
+    # The sentence left the batch; False if nobody waits for it.
+    def release(self, sentence: Held) -> bool: ...
 
 
-# What one iteration produced: finished jobs with their n-best, and jobs that failed.
-Outcome = tuple[Job, Hypotheses | BaseException]
+# What one iteration produced: finished sentences with their result, and sentences that failed.
+Outcome = tuple[Held, SentenceResult | BaseException]
 
 
 class Lane:
@@ -100,7 +101,7 @@ class Lane:
         self.background = background  # document jobs' sentences
         # Room for the largest batch, or for one input's beams; greedy hypotheses' scores are not
         # returned by the service, so greedy rows skip the normalisation.
-        self.running: RunningBatch[Job] = RunningBatch(
+        self.running: RunningBatch[Held] = RunningBatch(
             translator.model,
             translator.runner,
             capacity=translator.capacity,
@@ -109,7 +110,7 @@ class Lane:
             # A completed term is never glued to the next piece ("fangen" + "de"), as in the library.
             word_continuations=translator.tokenizer.word_continuations(),
         )
-        self.joining: list[Job] = []  # taken from the source, being encoded into the batch
+        self.joining: list[Held] = []  # taken from the source, being encoded into the batch
 
     @property
     def name(self) -> str:
@@ -120,7 +121,7 @@ class Executor:
     def __init__(
         self,
         models: ModelTable,
-        source: JobSource,
+        source: SentenceSource,
         *,
         max_batch_size: int = 64,
         max_batch_tokens: int = 8192,
@@ -129,10 +130,10 @@ class Executor:
         """
         Args:
             models: the models, loaded or loaded on demand, each with its decoding step (eager or
-                compiled, chosen when it was loaded) and its ``DecodeOptions`` (a job's beam size
+                compiled, chosen when it was loaded) and its ``DecodeOptions`` (a sentence's beam size
                 and n-best are its own).
             max_batch_size: rows (sequences, each beam counted) in the running batches, all models
-                together (a model with none running takes one job however many rows).
+                together (a model with none running takes one sentence however many rows).
             max_batch_tokens: padded source tokens x rows in a model's running batch (bounds the
                 cross-attention of a step).
             metrics: the process's metrics; each model records with its ``model`` label.
@@ -144,11 +145,11 @@ class Executor:
         self.metrics = metrics
         self.lanes: dict[tuple[str, bool], Lane] = {}  # (model, background): the running batches
         self._turns = deque(models.names)  # round-robin: the model at the left steps next
-        self._shared = 0  # steps taken while both kinds had work (one in BACKGROUND_EVERY: a job's)
+        self._shared = 0  # steps taken while both kinds had work (one in BACKGROUND_EVERY: a sentence's)
 
     @classmethod
     def from_settings(
-        cls, models: ModelTable, source: JobSource, settings: Settings, *, metrics: Metrics | None
+        cls, models: ModelTable, source: SentenceSource, settings: Settings, *, metrics: Metrics | None
     ) -> Executor:
         return cls(
             models,
@@ -168,7 +169,7 @@ class Executor:
         return sum(lane.running.rows for lane in self.lanes.values() if lane.background == background)
 
     @property
-    def running(self) -> RunningBatch[Job]:
+    def running(self) -> RunningBatch[Held]:
         """The running batch of a worker's only model (tests, benchmarks)."""
         [name] = self.models.names
         return self.lane(name).running
@@ -199,7 +200,7 @@ class Executor:
         return background
 
     def _next(self) -> str | None:
-        """The next model in turn with rows running or jobs waiting; None when there is none."""
+        """The next model in turn with rows running or sentences waiting; None when there is none."""
         for _ in range(len(self._turns)):
             name = self._turns[0]
             self._turns.rotate(-1)
@@ -209,8 +210,8 @@ class Executor:
 
     def iteration(self) -> list[Outcome]:
         """One step of the next model in turn: admit its newcomers, drop what nobody waits for, one
-        decoding step, remove what finished. A failed step fails that model's running jobs (and
-        only those) instead of raising; a model that cannot be loaded fails its waiting jobs."""
+        decoding step, remove what finished. A failed step fails that model's running sentences (and
+        only those) instead of raising; a model that cannot be loaded fails its waiting sentences."""
         name = self._next()
         if name is None:
             return []
@@ -219,22 +220,24 @@ class Executor:
         if key not in self.lanes:
             try:
                 self.lane(name, background)
-            except Exception as e:  # its weights, its step: every job for it fails with the reason
+            except Exception as e:  # its weights, its step: every sentence for it fails with the reason
                 log.exception("cannot load model %s; failing its sentences", name)
                 failed = RuntimeError(f"cannot load model {name}: {type(e).__name__}: {e}")
-                jobs = [j for kind in (False, True) for j in self.source.take(lambda job: True, name, kind)]
-                return [(job, failed) for job in jobs]
+                sentences = [
+                    j for kind in (False, True) for j in self.source.take(lambda sentence: True, name, kind)
+                ]
+                return [(sentence, failed) for sentence in sentences]
         lane = self.lanes[key]
         try:
             outcomes = self._iteration(lane)
         except Exception as e:  # a failed step must not take the worker down with it
             log.exception("decoding step failed; failing the running batch of %s", name)
             failed = RuntimeError(f"translation failed: {e}")
-            jobs = [e.key for e in lane.running.entries]
-            jobs += [j for j in lane.joining if j not in jobs]
+            sentences = [e.key for e in lane.running.entries]
+            sentences += [j for j in lane.joining if j not in sentences]
             self.lanes.pop(key)
             self._gauge(lane, 0)
-            return [(job, failed) for job in jobs]
+            return [(sentence, failed) for sentence in sentences]
         if not len(lane.running) and not self.source.waiting_for(name, background):
             del self.lanes[key]  # idle: its cache goes, its weights stay (until ``trim``)
             self.models.trim(busy={n for n, _ in self.lanes})
@@ -250,7 +253,9 @@ class Executor:
             self._gauge(lane)
             return []
         rows = run.rows
-        outcomes: list[Outcome] = [(job, self._finish(job, hyps, lane)) for job, hyps in run.step()]
+        outcomes: list[Outcome] = [
+            (sentence, self._finish(sentence, hyps, lane)) for sentence, hyps in run.step()
+        ]
         if lane.metrics is not None:
             lane.metrics.batch_size.observe(rows)
             lane.metrics.decode_steps.inc()
@@ -261,8 +266,8 @@ class Executor:
         if lane.metrics is not None:
             lane.metrics.active_sequences.set(len(lane.running) if value is None else value)
 
-    def _take(self, lane: Lane) -> list[Job]:
-        """Waiting jobs of the lane's model that fit beside the running batches, in the scheduler's
+    def _take(self, lane: Lane) -> list[Held]:
+        """Waiting sentences of the lane's model that fit beside the running batches, in the scheduler's
         order."""
         run = lane.running
         # Newcomers are encoded as one batch, so while a batch runs they join in groups rather than
@@ -273,46 +278,48 @@ class Executor:
         rows, width = run.rows, run.width
         capacity = lane.model.translator.capacity
 
-        def fits(job: Job) -> bool:
+        def fits(sentence: Held) -> bool:
             nonlocal rows, width
-            new_width = max(width, len(job.src))
-            new_rows = rows + job.beam_size
+            new_width = max(width, len(sentence.src))
+            new_rows = rows + sentence.beam_size
             if rows and (
                 new_rows > capacity
                 or others + new_rows > self.max_batch_size
                 or new_rows * new_width > self.max_batch_tokens
             ):
-                return False  # an empty batch takes any one job, however large
+                return False  # an empty batch takes any one sentence, however large
             rows, width = new_rows, new_width
             return True
 
         return self.source.take(fits, lane.name, lane.background)
 
-    def _admit(self, jobs: list[Job], lane: Lane) -> None:
-        """Encode ``jobs`` as one padded batch and add their rows to the lane's running batch."""
-        if not jobs:
+    def _admit(self, sentences: list[Held], lane: Lane) -> None:
+        """Encode ``sentences`` as one padded batch and add their rows to the lane's running batch."""
+        if not sentences:
             return
         if lane.metrics is not None:
             now = time.monotonic()
-            for job in jobs:
-                lane.metrics.queue_wait.observe(now - job.enqueued)
-            lane.metrics.input_tokens.inc(sum(len(j.src) for j in jobs))
-        lane.running.add([Source(job, job.src, job.beam_size, job.n_best, job.constraints) for job in jobs])
+            for sentence in sentences:
+                lane.metrics.queue_wait.observe(now - sentence.enqueued)
+            lane.metrics.input_tokens.inc(sum(len(j.src) for j in sentences))
+        lane.running.add(
+            [
+                Source(sentence, sentence.src, sentence.beam_size, sentence.n_best, sentence.constraints)
+                for sentence in sentences
+            ]
+        )
 
     def _drop_expired(self, lane: Lane) -> None:
-        """Remove jobs whose request was cancelled or whose deadline passed from the running batch."""
+        """Remove sentences whose request was cancelled or whose deadline passed from the running batch."""
         now = time.monotonic()
-        dropped = lane.running.drop(lambda job: job.expired(now))
-        for job in dropped:
-            self.source.release(job)
+        dropped = lane.running.drop(lambda sentence: sentence.expired(now))
+        for sentence in dropped:
+            self.source.release(sentence)
         if dropped and lane.metrics is not None:
             lane.metrics.sentences.labels("abandoned").inc(len(dropped))
 
-    def _finish(self, job: Job, hyps: list[Hypothesis], lane: Lane) -> Hypotheses:
+    def _finish(self, sentence: Held, hyps: list[Hypothesis], lane: Lane) -> SentenceResult:
         if lane.metrics is not None:
             lane.metrics.generated_tokens.inc(len(hyps[0].tokens) + 1 if hyps else 0)
             lane.metrics.sentences.labels("translated").inc()
-        if job.constraints:
-            # Where each constraint landed in each hypothesis (the constrained search's spans).
-            job.spans = tuple(h.spans for h in hyps)
-        return [(h.tokens, h.score) for h in hyps]
+        return SentenceResult(tuple(Found(h.tokens, h.score, h.spans) for h in hyps))

@@ -10,17 +10,17 @@ from collections.abc import Callable, Iterable, Sequence
 
 from app.metrics import Metrics
 from app.serving.fairqueue import FairQueue
-from app.serving.protocol import SentenceJob, Spans
-from app.serving.worker.executor import Job
+from app.serving.protocol import Sentence
+from app.serving.worker.executor import Held
 
 
-class HeldJob:
-    """A ``SentenceJob`` in this worker's hands, as the executor runs it (``executor.Job``): the
+class HeldSentence:
+    """A ``Sentence`` in this worker's hands, as the executor runs it (``executor.Held``): the
     message is frozen, and ``cancelled`` is set here when the front end withdraws it, so that the
     executor drops it at its next step even while it runs."""
 
     __slots__ = (
-        "job",
+        "message",
         "id",
         "model",
         "src",
@@ -28,21 +28,28 @@ class HeldJob:
         "n_best",
         "enqueued",
         "constraints",
-        "spans",
         "cancelled",
         "background",
     )
 
-    def __init__(self, job: SentenceJob) -> None:
-        self.job = job
-        self.id, self.model, self.src, self.beam_size = job.id, job.model, job.src, job.beam_size
-        self.n_best, self.enqueued, self.constraints = job.n_best, job.enqueued, job.constraints
-        self.spans: tuple[Spans, ...] = ()  # the executor's, when it finishes
+    def __init__(self, sentence: Sentence) -> None:
+        self.message = sentence
+        self.id, self.model, self.src, self.beam_size = (
+            sentence.id,
+            sentence.model,
+            sentence.src,
+            sentence.beam_size,
+        )
+        self.n_best, self.enqueued, self.constraints = (
+            sentence.n_best,
+            sentence.enqueued,
+            sentence.constraints,
+        )
         self.cancelled = False
-        self.background = job.background
+        self.background = sentence.background
 
     def expired(self, now: float) -> bool:
-        return self.cancelled or self.job.past_deadline(now)
+        return self.cancelled or self.message.past_deadline(now)
 
 
 class Inbox:
@@ -52,47 +59,47 @@ class Inbox:
     after a document must still join before the rest of the document. The pipe's reader thread
     adds and cancels; the model thread takes. ``metrics``: the process's (each model's label).
 
-    Document jobs' sentences (``SentenceJob.background``) wait in queues of their own, for the
-    executor's batches of documents (``app.serving.executor``: they step only when no typed
+    Document jobs' sentences (``Sentence.background``) wait in queues of their own, for the
+    executor's batches of documents (``app.serving.worker.executor``: they step only when no typed
     sentence runs or waits, or one step in ``BACKGROUND_EVERY``)."""
 
     def __init__(self, metrics: Metrics | None = None) -> None:
         self.metrics = metrics
-        self._queues: dict[str, FairQueue[HeldJob]] = {}  # by model
-        self._background: dict[str, FairQueue[HeldJob]] = {}  # by model: document jobs'
-        self._size = 0  # jobs in the queues
-        self._rows = 0  # rows of the jobs in the queues
-        self._by_id: dict[int, HeldJob] = {}  # every job given and not finished
+        self._queues: dict[str, FairQueue[HeldSentence]] = {}  # by model
+        self._background: dict[str, FairQueue[HeldSentence]] = {}  # by model: document jobs'
+        self._size = 0  # sentences in the queues
+        self._rows = 0  # rows of the sentences in the queues
+        self._by_id: dict[int, HeldSentence] = {}  # every sentence given and not finished
         self._cond = threading.Condition()
         self._stopping = False
 
-    def add(self, jobs: Sequence[SentenceJob]) -> None:
+    def add(self, sentences: Sequence[Sentence]) -> None:
         with self._cond:
-            by_request: dict[tuple[str, int], list[HeldJob]] = {}
-            for job in jobs:
-                held = self._by_id[job.id] = HeldJob(job)
-                by_request.setdefault((job.model, job.request), []).append(held)
+            by_request: dict[tuple[str, int], list[HeldSentence]] = {}
+            for sentence in sentences:
+                held = self._by_id[sentence.id] = HeldSentence(sentence)
+                by_request.setdefault((sentence.model, sentence.request), []).append(held)
             for (model, rid), mine in by_request.items():
                 background = mine[0].background
                 queues = self._background if background else self._queues
                 queues.setdefault(model, FairQueue()).push(rid, mine)
-            self._size += len(jobs)
-            self._rows += sum(j.beam_size for j in jobs)
+            self._size += len(sentences)
+            self._rows += sum(j.beam_size for j in sentences)
             self._cond.notify()
 
     def cancel(self, ids: Iterable[int]) -> None:
-        """Drop these jobs: waiting ones when they come up, running ones at the executor's next step."""
+        """Drop these sentences: waiting ones when they come up, running ones at the executor's next step."""
         with self._cond:
-            for jid in ids:
-                job = self._by_id.pop(jid, None)
-                if job is not None:
-                    job.cancelled = True
+            for sid in ids:
+                sentence = self._by_id.pop(sid, None)
+                if sentence is not None:
+                    sentence.cancelled = True
             self._cond.notify()
 
-    def release(self, job: Job) -> bool:
-        """Forget a job that left the batch; False if it had been cancelled (nobody waits for it)."""
+    def release(self, sentence: Held) -> bool:
+        """Forget a sentence that left the batch; False if it had been cancelled (nobody waits for it)."""
         with self._cond:
-            return self._by_id.pop(job.id, None) is not None
+            return self._by_id.pop(sentence.id, None) is not None
 
     def stop(self) -> None:
         with self._cond:
@@ -102,52 +109,52 @@ class Inbox:
     # -- what the executor uses ------------------------------------------------------------------------
     @property
     def waiting(self) -> int:
-        """Jobs waiting, every model's."""
+        """Sentences waiting, every model's."""
         return self._size
 
     def waiting_for(self, model: str, background: bool | None = None) -> int:
-        """``model``'s jobs waiting: typed ones, documents' (``background``), or both (None)."""
+        """``model``'s sentences waiting: typed ones, documents' (``background``), or both (None)."""
         kinds = (False, True) if background is None else (background,)
         queues = [(self._background if kind else self._queues).get(model) for kind in kinds]
         return sum(len(q) for q in queues if q is not None)
 
     def wait(self, busy: Callable[[], bool]) -> bool:
-        """Block until jobs wait or ``busy()`` (a batch is running); False once stopping."""
+        """Block until sentences wait or ``busy()`` (a batch is running); False once stopping."""
         with self._cond:
             self._cond.wait_for(lambda: self._stopping or self._size > 0 or busy())
             return not self._stopping
 
     def quiet(self, seconds: float) -> bool:
-        """Whether ``seconds`` pass with no job arriving and no stop (returns early otherwise)."""
+        """Whether ``seconds`` pass with no sentence arriving and no stop (returns early otherwise)."""
         with self._cond:
             return not self._cond.wait_for(lambda: self._stopping or self._size > 0, seconds)
 
     def wait_for_more(self, rows: int, timeout: float) -> None:
-        """Block until ``rows`` rows' worth of jobs wait, for at most ``timeout`` seconds."""
+        """Block until ``rows`` rows' worth of sentences wait, for at most ``timeout`` seconds."""
         with self._cond:
             self._cond.wait_for(lambda: self._stopping or self._rows >= rows, timeout)
 
-    def take(self, fits: Callable[[Job], bool], model: str = "", background: bool = False) -> list[Job]:
-        """``model``'s jobs (typed ones, or documents') in the queue's order for as long as
-        ``fits(job)``; cancelled or expired ones are dropped on the way."""
-        taken: list[Job] = []
+    def take(self, fits: Callable[[Held], bool], model: str = "", background: bool = False) -> list[Held]:
+        """``model``'s sentences (typed ones, or documents') in the queue's order for as long as
+        ``fits(sentence)``; cancelled or expired ones are dropped on the way."""
+        taken: list[Held] = []
         now = time.monotonic()
         with self._cond:
             queue = (self._background if background else self._queues).get(model)
-            while queue is not None and (job := queue.peek()) is not None:
-                if job.expired(now):
+            while queue is not None and (sentence := queue.peek()) is not None:
+                if sentence.expired(now):
                     self._pop(queue)
-                    self._by_id.pop(job.id, None)
+                    self._by_id.pop(sentence.id, None)
                     if self.metrics is not None:
-                        self.metrics.sentences.labels(job.model, "abandoned").inc()
+                        self.metrics.sentences.labels(sentence.model, "abandoned").inc()
                     continue
-                if not fits(job):
+                if not fits(sentence):
                     break
                 taken.append(self._pop(queue))
         return taken
 
-    def _pop(self, queue: FairQueue[HeldJob]) -> HeldJob:
-        job = queue.pop()
+    def _pop(self, queue: FairQueue[HeldSentence]) -> HeldSentence:
+        sentence = queue.pop()
         self._size -= 1
-        self._rows -= job.beam_size
-        return job
+        self._rows -= sentence.beam_size
+        return sentence

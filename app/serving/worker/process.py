@@ -102,13 +102,13 @@ def serve_worker(
                 if cores is not None:
                     use_threads(cores.update(busy=True))
                 answers: list[Done | Failed] = []
-                for job, result in executor.iteration():
-                    if not inbox.release(job):
+                for sentence, result in executor.iteration():
+                    if not inbox.release(sentence):
                         continue
                     if isinstance(result, BaseException):
-                        answers.append(Failed(job.id, str(result)))
+                        answers.append(Failed(sentence.id, str(result)))
                     else:
-                        answers.append(Done(job.id, result, job.spans))
+                        answers.append(Done(sentence.id, result))
                 if cores is not None and not executor.busy and not inbox.waiting:
                     use_threads(cores.update(busy=False))  # asleep: its core is free for the others
                 with contextlib.suppress(OSError):  # the front end is gone: the reader stops us
@@ -130,15 +130,15 @@ def use_threads(threads: int) -> None:
 
 
 def _read(conn: Connection, inbox: Inbox) -> None:
-    """The pipe's reader: jobs and cancellations go to the inbox at once."""
+    """The pipe's reader: sentences and cancellations go to the inbox at once."""
     while True:
         try:
             message: ToWorker = conn.recv()
         except (EOFError, OSError):  # the front end is gone
             message = Stop()
         match message:
-            case Translate(jobs):
-                inbox.add(jobs)
+            case Translate(sentences):
+                inbox.add(sentences)
             case Cancel(ids):
                 inbox.cancel(ids)
             case Stop():
