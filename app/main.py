@@ -262,7 +262,9 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         models = []
         descriptions = workers[0].descriptions  # the models loaded at start (the first one at least)
         for spec, model_info, tokenizer in opened:
-            description = descriptions.get(spec.name) or on_demand(settings, descriptions)
+            description = descriptions.get(spec.name) or on_demand(
+                settings, descriptions, after_start=spec.name in workers[0].queued
+            )
             on_cpu_as_if_gpu = count == 1 < len(os.sched_getaffinity(0)) and not settings.replicas
             if on_cpu_as_if_gpu and not description.device.startswith("cuda"):
                 logger.warning(
@@ -320,7 +322,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
                     model.name,
                     ", ".join(f"{s}->{t}" for s, t in model.info.directions),
                     model.description.device,
-                    "loaded" if model.description.at_start else "loaded on its first request",
+                    f"loaded {model.description.loaded}",
                 )
             logger.info(
                 "%d worker(s), each serving every model, started in %.1f s", count, scheduler.start_seconds
@@ -348,16 +350,19 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
                 store.close()
 
 
-def on_demand(settings: Settings, loaded: dict[str, ModelDescription]) -> ModelDescription:
-    """The description of a model the workers load on its first request (it did not fit in
-    ``NMT_WORKER_MODEL_MEMORY_MB`` beside those loaded at start): where and in what it will run, as
-    for those (one torch build, one device, the same settings)."""
+def on_demand(
+    settings: Settings, loaded: dict[str, ModelDescription], *, after_start: bool
+) -> ModelDescription:
+    """The description of a model the workers load after start, in the background, or on its
+    first request (it did not fit in ``NMT_WORKER_MODEL_MEMORY_MB`` beside those): where and in
+    what it will run, as for those loaded at start (one torch build, one device, the same
+    settings)."""
     like = next(iter(loaded.values()))
     return replace(
         like,
         decoding="compiled" if settings.compile else "eager",
         compile_seconds=0.0,
-        at_start=False,
+        loaded="after start" if after_start else "on first request",
         load_seconds=0.0,
         weight_bytes=0,
     )

@@ -163,6 +163,13 @@ class Metrics:
             [MODEL],
             registry=None,
         )
+        self.model_load_wait = Histogram(
+            "nmt_model_load_wait_seconds",
+            "Time sentences waited for the model to load in a worker (it was not held when they came)",
+            [MODEL],
+            buckets=LATENCY_BUCKETS,
+            registry=None,
+        )
         self.model_evictions = Counter(
             "nmt_model_evictions_total",
             "Times a worker evicted the model to keep its models within NMT_WORKER_MODEL_MEMORY_MB",
@@ -251,6 +258,7 @@ class Metrics:
         "active_sequences",
         "model_load",
         "model_loads",
+        "model_load_wait",
         "model_evictions",
     )
 

@@ -37,11 +37,14 @@ def describe_model(model: ServedModel) -> dict[str, Any]:
         # on CPU).
         "decoding": description.decoding,
         "compile_seconds": description.compile_seconds,
-        # "at start": every worker loaded it before the service was ready; "on first request": it
-        # did not fit in NMT_WORKER_MODEL_MEMORY_MB beside those, and a worker loads it when a
-        # sentence needs it (that request waits for the load, about load_seconds of a model this
-        # size; a worker evicts its least recently used idle model to make room).
-        "loaded": "at start" if description.at_start else "on first request",
+        # "at start": every worker loaded it before the service was ready (the first model);
+        # "after start": the workers load it in the background once ready, one model at a time;
+        # "on first request": it did not fit in NMT_WORKER_MODEL_MEMORY_MB beside those, and a
+        # worker loads it when a sentence needs it. A sentence whose model is not loaded yet waits
+        # for the load (about load_seconds of a model this size; nmt_model_load_wait_seconds),
+        # while the worker's other models go on; a worker evicts its least recently used idle
+        # model to make room.
+        "loaded": description.loaded,
         "load_seconds": description.load_seconds,  # in a worker, at start (0: not loaded yet)
         "weight_mb": round(description.weight_bytes / 2**20, 1),  # in each worker that holds it
     }

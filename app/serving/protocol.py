@@ -96,8 +96,10 @@ class ModelDescription:
     quantization: str
     decoding: str = "eager"  # or "compiled": the step runner it chose (model.runtime.runners)
     compile_seconds: float = 0.0  # how long compiling the decoding step took at start-up
-    # Loaded when the workers started (False: on its first sentence, which waits for the load).
-    at_start: bool = True
+    # When a worker loads it: "at start" (before it is ready), "after start" (in the background,
+    # once ready; a sentence that comes first waits for the load), or "on first request" (it did
+    # not fit in the worker's budget beside those).
+    loaded: str = "at start"
     load_seconds: float = 0.0  # loading it (weights, step, warm-up) in a worker, when measured
     weight_bytes: int = 0  # what its loaded weights take in a worker (packed copies included)
 
@@ -147,8 +149,9 @@ ToWorker = Translate | Cancel | Stop
 # -- worker -> front end ---------------------------------------------------------------------------
 @dataclass(frozen=True, slots=True)
 class Ready:
-    # Each model it loaded at start, by name (at least the first); the others load on demand.
+    # Each model it loaded at start, by name (the first); the others load on demand.
     models: tuple[tuple[str, ModelDescription], ...]
+    queued: tuple[str, ...] = ()  # those it loads next, in the background ("after start")
 
 
 @dataclass(frozen=True, slots=True)

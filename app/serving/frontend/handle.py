@@ -86,6 +86,7 @@ class WorkerProcess:
         self.process: multiprocessing.process.BaseProcess | None = None
         # The models it loaded at start, as it described them when ready (the others load on demand).
         self.descriptions: dict[str, ModelDescription] = {}
+        self.queued: tuple[str, ...] = ()  # the models it loads in the background once ready
         self.running = False  # ready, and not stopped or exited since
         self._conn: Connection | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -167,8 +168,9 @@ class WorkerProcess:
 
     def _dispatch(self, message: FromWorker) -> None:
         match message:
-            case Ready(models):
+            case Ready(models, queued):
                 if self._ready is not None and not self._ready.done():
+                    self.queued = queued
                     self._ready.set_result(dict(models))
             case StartFailed(reason):
                 if self._ready is not None and not self._ready.done():

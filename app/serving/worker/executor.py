@@ -164,6 +164,17 @@ class Executor:
         """Some batch is running."""
         return any(len(lane.running) for lane in self.lanes.values())
 
+    def runnable(self) -> bool:
+        """An iteration has something to do: a batch is running, sentences wait for a model that
+        is not being loaded (one whose model loads waits for the load, not for a step), or the
+        loader finished a load (the worker then holds it, and tells the front end)."""
+        loader = self.models.loader
+        return (
+            self.busy
+            or (loader is not None and loader.finished)
+            or any(self.source.waiting_for(n) and not self.models.loading(n) for n in self.models.names)
+        )
+
     def rows(self, background: bool = False) -> int:
         """Rows running, every model's typed (or document) ones."""
         return sum(lane.running.rows for lane in self.lanes.values() if lane.background == background)
@@ -172,14 +183,18 @@ class Executor:
     def running(self) -> RunningBatch[Held]:
         """The running batch of a worker's only model (tests, benchmarks)."""
         [name] = self.models.names
-        return self.lane(name).running
+        lane = self.lane(name)
+        assert lane is not None, "its model is loading"
+        return lane.running
 
-    def lane(self, name: str, background: bool = False) -> Lane:
-        """``name``'s lane (of typed sentences, or of documents'), made (and the model loaded:
-        ``ModelTable.load``) if it has none."""
+    def lane(self, name: str, background: bool = False) -> Lane | None:
+        """``name``'s lane (of typed sentences, or of documents'), made if it has none; None while
+        its model loads (``ModelTable.begin``: on the worker's loader, or here without one)."""
         lane = self.lanes.get((name, background))
         if lane is None:
-            model = self.models.load(name, busy={n for n, _ in self.lanes})
+            model = self.models.begin(name, busy={n for n, _ in self.lanes})
+            if model is None:
+                return None
             bound = self.metrics.of_model(name) if self.metrics is not None else None
             lane = self.lanes[name, background] = Lane(model, bound, background)
         else:
@@ -200,7 +215,9 @@ class Executor:
         return background
 
     def _next(self) -> str | None:
-        """The next model in turn with rows running or sentences waiting; None when there is none."""
+        """The next model in turn with rows running or sentences waiting; None when there is none.
+        (One being loaded takes its turn too: its load is asked for again, before those loaded
+        ahead of need.)"""
         for _ in range(len(self._turns)):
             name = self._turns[0]
             self._turns.rotate(-1)
@@ -208,28 +225,34 @@ class Executor:
                 return name
         return None
 
+    def _fail_waiting(self, name: str, error: BaseException) -> list[Outcome]:
+        """Every sentence waiting for ``name`` fails with ``error`` (its model could not be loaded;
+        the loader, or ``iteration``, logged why)."""
+        failed = RuntimeError(f"cannot load model {name}: {type(error).__name__}: {error}")
+        sentences = [s for kind in (False, True) for s in self.source.take(lambda sentence: True, name, kind)]
+        return [(sentence, failed) for sentence in sentences]
+
     def iteration(self) -> list[Outcome]:
         """One step of the next model in turn: admit its newcomers, drop what nobody waits for, one
         decoding step, remove what finished. A failed step fails that model's running sentences (and
         only those) instead of raising; a model that cannot be loaded fails its waiting sentences."""
+        # Loads the worker's loader finished: the models join, or their sentences fail.
+        failures = [o for name, error in self.models.collect() for o in self._fail_waiting(name, error)]
         name = self._next()
         if name is None:
-            return []
+            return failures
         background = self._kind(name)
         key = (name, background)
         if key not in self.lanes:
             try:
-                self.lane(name, background)
+                if self.lane(name, background) is None:
+                    return failures  # loading: the other models step meanwhile
             except Exception as e:  # its weights, its step: every sentence for it fails with the reason
                 log.exception("cannot load model %s; failing its sentences", name)
-                failed = RuntimeError(f"cannot load model {name}: {type(e).__name__}: {e}")
-                sentences = [
-                    j for kind in (False, True) for j in self.source.take(lambda sentence: True, name, kind)
-                ]
-                return [(sentence, failed) for sentence in sentences]
+                return failures + self._fail_waiting(name, e)
         lane = self.lanes[key]
         try:
-            outcomes = self._iteration(lane)
+            outcomes = failures + self._iteration(lane)
         except Exception as e:  # a failed step must not take the worker down with it
             log.exception("decoding step failed; failing the running batch of %s", name)
             failed = RuntimeError(f"translation failed: {e}")
@@ -237,7 +260,7 @@ class Executor:
             sentences += [j for j in lane.joining if j not in sentences]
             self.lanes.pop(key)
             self._gauge(lane, 0)
-            return [(sentence, failed) for sentence in sentences]
+            return failures + [(sentence, failed) for sentence in sentences]
         if not len(lane.running) and not self.source.waiting_for(name, background):
             del self.lanes[key]  # idle: its cache goes, its weights stay (until ``trim``)
             self.models.trim(busy={n for n, _ in self.lanes})

@@ -120,9 +120,19 @@ class Inbox:
 
     def wait(self, busy: Callable[[], bool]) -> bool:
         """Block until sentences wait or ``busy()`` (a batch is running); False once stopping."""
+        return self.wait_until(lambda: self._size > 0 or busy())
+
+    def wait_until(self, runnable: Callable[[], bool]) -> bool:
+        """Block until ``runnable()`` (checked when sentences come, are cancelled, or ``wake`` is
+        called: the executor's, which a model being loaded does not satisfy); False once stopping."""
         with self._cond:
-            self._cond.wait_for(lambda: self._stopping or self._size > 0 or busy())
+            self._cond.wait_for(lambda: self._stopping or runnable())
             return not self._stopping
+
+    def wake(self) -> None:
+        """Look again at what ``wait_until`` waits for (the loader finished a load)."""
+        with self._cond:
+            self._cond.notify_all()
 
     def quiet(self, seconds: float) -> bool:
         """Whether ``seconds`` pass with no sentence arriving and no stop (returns early otherwise)."""

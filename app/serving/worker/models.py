@@ -1,17 +1,19 @@
 """A worker's model table: every served model, loaded when a sentence first needs it, the least
 recently used idle one evicted when the loaded models' weights would exceed the worker's budget
-(``NMT_WORKER_MODEL_MEMORY_MB``; 0: no budget, every model loaded at start).
+(``NMT_WORKER_MODEL_MEMORY_MB``; 0: no budget, every model loaded: the first before the worker is
+ready, the others after, in the background).
 
 Every worker serves every model, so the workers are one per core whatever the number of models
 (they were one per core *per model*: 20 models on 2 cores were 40 processes, each with its own
 torch runtime). A worker's memory is then the torch runtime once, plus the weights of the models it
 holds, plus the running batches' caches.
 
-Loading runs on the worker's model thread, between two decoding steps: the other models' running
-batches wait meanwhile (the time of one load: weights read, linear layers packed, the step made,
-one sentence translated; ``BENCHMARKS.md``, "Many models on one machine"). What a model's weights
-take is measured once it is loaded (packed and int8 copies included); before its first load, the
-size of its weights file stands for it.
+In a worker, models are opened on a thread of their own (``app.serving.worker.loader``): the other
+models' running batches go on stepping meanwhile, and the table takes the opened model between two
+steps (``begin``, then ``collect``). Without a loader (tests, benchmarks, the library's callers)
+``load`` opens it on the calling thread. What a model's weights take is measured once it is loaded
+(packed and int8 copies included); before its first load, the size of its weights file stands for
+it.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import torch
 from app.config import Settings
 from app.metrics import Metrics
 from app.serving.protocol import ModelDescription, ModelSpec
+from app.serving.worker.loader import Loader
 from model.decoding.constraints import beam_for
 from model.decoding.translator import Translator
 
@@ -81,6 +84,7 @@ class ModelTable:
         *,
         budget_bytes: int = 0,
         metrics: Metrics | None = None,
+        loader: Loader | None = None,
     ) -> None:
         if not specs:
             raise ValueError("a worker needs at least one model")
@@ -91,6 +95,8 @@ class ModelTable:
         self.loaded: OrderedDict[str, LoadedModel] = OrderedDict()
         self.changes = 0  # loads and evictions so far (the worker tells the front end after each)
         self._sizes: dict[str, int] = {}  # measured when loaded once
+        self.loader = loader  # None: models are opened on the calling thread
+        self._asked: dict[str, float] = {}  # models a sentence waits for: since when
 
     @classmethod
     def single(cls, translator: Translator, name: str = "") -> ModelTable:
@@ -124,27 +130,70 @@ class ModelTable:
         return model
 
     def load(self, name: str, busy: Collection[str] = ()) -> LoadedModel:
-        """Hold ``name``, loading it if needed; first, the least recently used models not in ``busy``
-        are evicted while its weights would not fit in the budget beside theirs. (When the busy
-        ones alone leave no room, it is loaded all the same, over the budget until they are idle:
-        ``trim``.) Raises what loading raised."""
+        """Hold ``name``, opening it on this thread if needed; first, the least recently used
+        models not in ``busy`` are evicted while its weights would not fit in the budget beside
+        theirs. (When the busy ones alone leave no room, it is loaded all the same, over the budget
+        until they are idle: ``trim``.) Raises what loading raised."""
         held = self.get(name)
         if held is not None:
             return held
-        if name not in self.specs:
-            raise KeyError(f"no model {name!r} in this worker (models: {', '.join(self.specs)})")
-        if self.budget:
-            need = self.estimate(name)
-            for other in [n for n in self.loaded if n not in busy]:
-                if self.loaded_bytes + need <= self.budget:
-                    break
-                self.evict(other)
+        self._make_room(name, busy)
         started = time.monotonic()
         # Outside inference mode, which the worker's loop runs in: weights made under it are
         # inference tensors, and exporting the step to compile it fails on those.
         with torch.inference_mode(False):
             translator = self.opener(self.specs[name])
-        seconds = time.monotonic() - started
+        return self._install(name, translator, time.monotonic() - started)
+
+    def begin(self, name: str, busy: Collection[str] = (), urgent: bool = True) -> LoadedModel | None:
+        """``name`` if held; else its load begun on the loader (room made for it as ``load``
+        does) and None: ``collect`` takes it once opened. ``urgent``: a sentence waits for it (it
+        goes before the loads queued ahead of need, and its wait is recorded). Without a loader,
+        ``load``."""
+        held = self.get(name)
+        if held is not None or self.loader is None:
+            return held or self.load(name, busy)
+        if urgent:
+            self._asked.setdefault(name, time.monotonic())
+        if not self.loader.loading(name):
+            self._make_room(name, busy)
+        self.loader.want(self.specs[name], urgent)
+        return None
+
+    def loading(self, name: str) -> bool:
+        return self.loader is not None and self.loader.loading(name)
+
+    def collect(self) -> list[tuple[str, BaseException]]:
+        """Hold the models the loader opened since the last call; those it could not open, with
+        the reason (their waiting sentences fail with it)."""
+        if self.loader is None:
+            return []
+        failed = []
+        for opened in self.loader.done():
+            asked = self._asked.pop(opened.name, None)
+            if isinstance(opened.result, BaseException):
+                failed.append((opened.name, opened.result))
+                continue
+            self._install(opened.name, opened.result, opened.seconds)
+            if asked is not None and self.metrics is not None:
+                self.metrics.of_model(opened.name).model_load_wait.observe(time.monotonic() - asked)
+        return failed
+
+    def _make_room(self, name: str, busy: Collection[str]) -> None:
+        """Evict the least recently used idle models while ``name``'s weights (and those of the
+        loads under way) would not fit in the budget beside the models held."""
+        if name not in self.specs:
+            raise KeyError(f"no model {name!r} in this worker (models: {', '.join(self.specs)})")
+        if not self.budget:
+            return
+        pending = [n for n in self.loader.pending if n != name] if self.loader is not None else []
+        need = self.estimate(name) + sum(self.estimate(n) for n in pending)
+        for other in [n for n in self.loaded if n not in busy]:
+            if self.loaded_bytes + need <= self.budget:
+                break
+            self.evict(other)
+
+    def _install(self, name: str, translator: Translator, seconds: float) -> LoadedModel:
         size = self._sizes[name] = weight_bytes(translator.model)
         runner = translator.runner
         description = ModelDescription(
@@ -189,11 +238,19 @@ class ModelTable:
             self.evict(name)
 
     def load_at_start(self) -> list[LoadedModel]:
-        """The models loaded before the worker reports ready: all of them without a budget, else
-        those that fit in it, in order (the first one always)."""
+        """The models loaded before the worker reports ready: the first one; the others that fit
+        in the budget (all without one), in order, are opened then too without a loader, and with
+        one are queued behind any model a sentence waits for (loaded ahead of need, while the
+        worker serves)."""
         loaded: list[LoadedModel] = []
+        queued = 0  # the bytes of the models queued on the loader
         for name in self.specs:
-            if loaded and self.budget and self.loaded_bytes + self.estimate(name) > self.budget:
+            need = self.estimate(name)
+            if loaded and self.budget and self.loaded_bytes + queued + need > self.budget:
+                continue
+            if loaded and self.loader is not None:
+                self.loader.want(self.specs[name], urgent=False)
+                queued += need
                 continue
             loaded.append(self.load(name))
         return loaded
@@ -223,12 +280,24 @@ def open_translator(settings: Settings, model_dir: Path) -> Translator:
     return translator
 
 
-def model_table(settings: Settings, models: Sequence[ModelSpec], metrics: Metrics | None) -> ModelTable:
+def model_table(
+    settings: Settings,
+    models: Sequence[ModelSpec],
+    metrics: Metrics | None,
+    wake: Callable[[], None] | None = None,
+) -> ModelTable:
+    """The worker's table; with ``wake`` (the inbox's), models are opened on a loader thread that
+    calls it after each load."""
+
+    def opener(spec: ModelSpec) -> Translator:
+        return open_translator(settings, spec.path)
+
     return ModelTable(
         models,
-        lambda spec: open_translator(settings, spec.path),
+        opener,
         budget_bytes=settings.worker_model_memory_mb << 20,
         metrics=metrics,
+        loader=None if wake is None else Loader(opener, wake),
     )
 
 

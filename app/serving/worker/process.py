@@ -77,7 +77,7 @@ def serve_worker(
     try:
         metrics = process_metrics(metrics_dir)
         inbox = Inbox(metrics)
-        table = model_table(settings, models, metrics)
+        table = model_table(settings, models, metrics, wake=inbox.wake)
         loaded = table.load_at_start()
         executor = Executor.from_settings(table, inbox, settings, metrics=metrics)
     except Exception as e:  # the front end fails its start-up with this reason
@@ -85,7 +85,8 @@ def serve_worker(
             send_message(conn, StartFailed(f"{type(e).__name__}: {e}"))
         conn.close()
         return
-    send_message(conn, Ready(tuple((m.name, m.description) for m in loaded)))
+    queued = tuple(table.loader.pending) if table.loader is not None else ()
+    send_message(conn, Ready(tuple((m.name, m.description) for m in loaded), queued))
     told = table.changes  # what the front end knows of the models held
     threading.Thread(target=_read, args=(conn, inbox), name="nmt-worker-inbox", daemon=True).start()
     if cores is not None:
@@ -97,7 +98,7 @@ def serve_worker(
                     # Idle: what the last burst's peak left in the heap goes back to the OS
                     # (kept for reuse while busy: model.runtime.allocator).
                     release_freed_memory()
-                if not inbox.wait(lambda: executor.busy):
+                if not inbox.wait_until(executor.runnable):
                     break
                 if cores is not None:
                     use_threads(cores.update(busy=True))
@@ -118,6 +119,8 @@ def serve_worker(
                     if answers:
                         send_message(conn, Answers(tuple(answers)))
     finally:
+        if table.loader is not None:
+            table.loader.close()
         if cores is not None:
             cores.update(busy=False)
         conn.close()

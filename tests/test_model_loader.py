@@ -1,0 +1,186 @@
+"""Models opened off the decode loop (``app.serving.worker.loader``): while one model loads on the
+worker's loader thread, the models it holds keep stepping and answer as alone; a model a sentence
+waits for goes before those loaded ahead of need; a load that fails fails that model's sentences
+only; the worker waits for a load without spinning; and the wait is recorded."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from conftest import synthetic_sentences
+from test_many_models import alone, de_en, en_de, job, two_dirs  # noqa: F401 - fixtures
+
+from app.metrics import Metrics, process_metrics
+from app.serving.protocol import ModelSpec, Sentence, SentenceResult
+from app.serving.worker.executor import Executor
+from app.serving.worker.inbox import Inbox
+from app.serving.worker.loader import Loader
+from app.serving.worker.models import ModelTable
+from model.translator import Translator
+
+WAIT_S = 60.0  # a bound for a load of the tiny model on a loaded machine, not a timing
+
+
+class Gated:
+    """An opener that opens a model only once its gate is open, and records the order of loads."""
+
+    def __init__(self, translators: dict[str, Translator], failing: str = "") -> None:
+        self.translators = translators
+        self.failing = failing
+        self.opened: list[str] = []
+        self.gates = {name: threading.Event() for name in translators}
+        self.started = {name: threading.Event() for name in translators}
+
+    def __call__(self, spec: ModelSpec) -> Translator:
+        self.started[spec.name].set()
+        assert self.gates[spec.name].wait(WAIT_S), f"{spec.name}'s gate never opened"
+        self.opened.append(spec.name)
+        if spec.name == self.failing:
+            raise OSError("model.safetensors: not weights")
+        return self.translators[spec.name]
+
+
+def loading(opener: Gated, inbox: Inbox, metrics: Metrics | None = None) -> Executor:
+    """An executor whose table opens models on a loader, as a worker's does."""
+    specs = [ModelSpec(name, Path("nowhere")) for name in opener.translators]
+    table = ModelTable(specs, opener, metrics=metrics, loader=Loader(opener, inbox.wake))
+    return Executor(table, inbox)
+
+
+Results = dict[int, SentenceResult | BaseException]
+
+
+def run_until(executor: Executor, inbox: Inbox, done: Callable[[Results], bool]) -> Results:
+    """Iterate as the worker's loop does (``wait_until`` while nothing can run) until ``done``."""
+    results: Results = {}
+    deadline = time.monotonic() + WAIT_S
+    with torch.inference_mode():
+        while not done(results):
+            assert time.monotonic() < deadline, "the executor does not finish"
+            waited = threading.Thread(target=inbox.wait_until, args=(executor.runnable,), daemon=True)
+            waited.start()
+            waited.join(WAIT_S)
+            assert not waited.is_alive(), "the worker would wait for ever"
+            for sentence, result in executor.iteration():
+                inbox.release(sentence)
+                results[sentence.id] = result
+    return results
+
+
+def finished(*sentences: Sentence) -> Callable[[Results], bool]:
+    return lambda results: all(s.id in results for s in sentences)
+
+
+def test_held_models_keep_stepping_and_answer_as_alone_while_another_loads(
+    de_en: Translator,  # noqa: F811
+    en_de: Translator,  # noqa: F811
+) -> None:
+    opener = Gated({"de-en": de_en, "en-de": en_de})
+    inbox = Inbox()
+    executor = loading(opener, inbox)
+    opener.gates["de-en"].set()
+    executor.models.load("de-en")  # held; en-de is not
+    texts = synthetic_sentences(6, seed=3)
+    mine = [job(de_en, "de-en", t, beam_size=2) for t in texts]
+    other = job(en_de, "en-de", "A dog runs.")
+    inbox.add([other, *mine])
+    results = run_until(executor, inbox, finished(*mine))  # en-de's gate is still shut
+    assert opener.started["en-de"].is_set() and other.id not in results
+    for sentence, text in zip(mine, texts, strict=True):
+        result = results[sentence.id]
+        assert isinstance(result, SentenceResult)
+        assert result.hypotheses[0].tokens == alone(de_en, text, 2)
+    opener.gates["en-de"].set()
+    result = run_until(executor, inbox, finished(other))[other.id]
+    assert isinstance(result, SentenceResult)
+    assert result.hypotheses[0].tokens == alone(en_de, "A dog runs.", 1)
+    assert opener.opened == ["de-en", "en-de"]
+
+
+def test_the_worker_does_not_spin_while_its_only_work_waits_for_a_load(
+    de_en: Translator,  # noqa: F811
+) -> None:
+    opener = Gated({"de-en": de_en})
+    inbox = Inbox()
+    executor = loading(opener, inbox)
+    sentence = job(de_en, "de-en", "Ein Hund.")
+    inbox.add([sentence])
+    with torch.inference_mode():
+        assert executor.iteration() == []  # the load begins
+    assert opener.started["de-en"].wait(WAIT_S)
+    assert not executor.runnable()  # nothing to step: the loop would block in wait_until
+    woken = threading.Event()
+    waiter = threading.Thread(target=lambda: inbox.wait_until(executor.runnable) and woken.set(), daemon=True)
+    waiter.start()
+    assert not woken.wait(0.2)  # still loading: asleep
+    opener.gates["de-en"].set()  # the loader finishes and wakes the inbox
+    assert woken.wait(WAIT_S)
+    results = run_until(executor, inbox, finished(sentence))
+    assert isinstance(results[sentence.id], SentenceResult)
+
+
+def test_a_model_a_sentence_waits_for_loads_before_those_loaded_ahead_of_need(
+    de_en: Translator,  # noqa: F811
+) -> None:
+    opener = Gated({name: de_en for name in ("a", "b", "c", "d")})
+    inbox = Inbox()
+    executor = loading(opener, inbox)
+    opener.gates["a"].set()
+    held = executor.models.load_at_start()  # a now; b, c, d queued behind any need
+    assert [m.name for m in held] == ["a"]
+    assert opener.started["b"].wait(WAIT_S)  # b is being opened, c and d wait
+    wanted = job(de_en, "d", "Ein Hund.")
+    inbox.add([wanted])
+    with torch.inference_mode():
+        assert executor.iteration() == []  # d's load is asked for, while b's is under way
+    for name in "bcd":
+        opener.gates[name].set()
+    run_until(executor, inbox, finished(wanted))
+    assert opener.opened[:3] == ["a", "b", "d"]  # d before c: a sentence waited for it
+
+
+def test_a_failed_load_fails_that_models_sentences_and_the_others_go_on(
+    de_en: Translator,  # noqa: F811
+) -> None:
+    opener = Gated({"good": de_en, "broken": de_en}, failing="broken")
+    inbox = Inbox()
+    executor = loading(opener, inbox)
+    for gate in opener.gates.values():
+        gate.set()
+    bad, good = job(de_en, "broken", "Ein Hund."), job(de_en, "good", "Ein Hund.")
+    inbox.add([bad, good])
+    results = run_until(executor, inbox, finished(bad, good))
+    assert isinstance(results[bad.id], RuntimeError) and "not weights" in str(results[bad.id])
+    assert isinstance(results[good.id], SentenceResult)
+    assert "broken" not in executor.models.loaded
+
+
+def test_the_wait_for_a_load_is_recorded_per_model(de_en: Translator) -> None:  # noqa: F811
+    metrics = process_metrics()
+    opener = Gated({"waited-for": de_en})
+    inbox = Inbox()
+    executor = loading(opener, inbox, metrics)
+    sentence = job(de_en, "waited-for", "Ein Hund.")
+    inbox.add([sentence])
+    with torch.inference_mode():
+        executor.iteration()
+    time.sleep(0.05)  # at least this long waited
+    opener.gates["waited-for"].set()
+    run_until(executor, inbox, finished(sentence))
+    text = metrics.collect().decode()
+    count = next(
+        line
+        for line in text.splitlines()
+        if line.startswith("nmt_model_load_wait_seconds_count{") and 'model="waited-for"' in line
+    )
+    assert float(count.rsplit(" ", 1)[1]) == 1.0
+    total = next(
+        line
+        for line in text.splitlines()
+        if line.startswith("nmt_model_load_wait_seconds_sum{") and 'model="waited-for"' in line
+    )
+    assert float(total.rsplit(" ", 1)[1]) >= 0.05
