@@ -260,10 +260,13 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         fail(f"cannot start a model worker: {e}")
     try:
         models = []
-        descriptions = workers[0].descriptions  # the models loaded at start (the first one at least)
+        # The models the workers loaded at start (each its first own one), and those they load
+        # in the background once ready (their other own ones that fit in their budgets).
+        descriptions = {name: d for worker in reversed(workers) for name, d in worker.descriptions.items()}
+        queued = {name for worker in workers for name in worker.queued}
         for spec, model_info, tokenizer in opened:
             description = descriptions.get(spec.name) or on_demand(
-                settings, descriptions, after_start=spec.name in workers[0].queued
+                settings, descriptions, after_start=spec.name in queued
             )
             on_cpu_as_if_gpu = count == 1 < len(os.sched_getaffinity(0)) and not settings.replicas
             if on_cpu_as_if_gpu and not description.device.startswith("cuda"):

@@ -251,7 +251,7 @@ def test_two_workers_serve_both_models_as_each_alone(
         expected = [r.hypotheses[0] for r in translator.translate_batch(texts, beam_size=5)]
         assert answer.json()["translatedText"] == expected
     info = shared_workers.get("/info").json()
-    assert [m["loaded"] for m in info["models"]] == ["at start", "after start"]
+    assert [m["loaded"] for m in info["models"]] == ["at start", "at start"]
     assert all(m["workers"] == 2 for m in info["models"])
 
 

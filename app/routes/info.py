@@ -37,8 +37,9 @@ def describe_model(model: ServedModel) -> dict[str, Any]:
         # on CPU).
         "decoding": description.decoding,
         "compile_seconds": description.compile_seconds,
-        # "at start": every worker loaded it before the service was ready (the first model);
-        # "after start": the workers load it in the background once ready, one model at a time;
+        # "at start": a worker that owns it (each model is one worker's own, a single model every
+        # worker's) loaded it before the service was ready, as each its first own model;
+        # "after start": its owner loads it in the background once ready, one model at a time;
         # "on first request": it did not fit in NMT_WORKER_MODEL_MEMORY_MB beside those, and a
         # worker loads it when a sentence needs it. A sentence whose model is not loaded yet waits
         # for the load (about load_seconds of a model this size; nmt_model_load_wait_seconds),

@@ -87,6 +87,9 @@ class WorkerProcess:
         # The models it loaded at start, as it described them when ready (the others load on demand).
         self.descriptions: dict[str, ModelDescription] = {}
         self.queued: tuple[str, ...] = ()  # the models it loads in the background once ready
+        # Its own models (``placement.homes``, set by the scheduler): the first loaded at start,
+        # the others in the background; () for every model, in order.
+        self.home: tuple[str, ...] = ()
         self.running = False  # ready, and not stopped or exited since
         self._conn: Connection | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -113,6 +116,7 @@ class WorkerProcess:
                 self.metrics_dir,
                 child_conn,
                 self.cores,
+                self.home,
             ),
             name=self.name,
             daemon=True,

@@ -5,6 +5,7 @@ Plain data, no decisions but the one a worker's own state answers (``WorkerState
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -21,6 +22,7 @@ class Worker(Protocol):
     name: str
     running: bool  # started, ready, and not stopped or exited since
     listener: Listener | None  # told of its answers and its exit: the scheduler
+    home: tuple[str, ...]  # the models it loads when it starts (``homes``): set by the scheduler
 
     @property
     def pid(self) -> int | None: ...
@@ -32,6 +34,17 @@ class Worker(Protocol):
     async def start(self) -> Any: ...
 
     def stop(self) -> None: ...
+
+
+def homes(models: Sequence[str], workers: int) -> list[tuple[str, ...]]:
+    """Each worker's own models: those it loads when it starts (the first before it is ready, the
+    others in the background) and is given first. The models go to the workers in turn, so that
+    the machine holds each once (20 models in every worker of two were twice the memory); a worker
+    left without one takes a model in turn too (one model, two workers: both hold it). Any worker
+    still translates any model: one whose owners are saturated takes its sentences too
+    (``Scheduler._worker_for``), and loads it."""
+    own = [tuple(m for i, m in enumerate(models) if i % workers == w) for w in range(workers)]
+    return [mine or (models[w % len(models)],) for w, mine in enumerate(own)]
 
 
 @dataclass(eq=False)
@@ -104,6 +117,7 @@ class WorkerState:
     background_rows: int = 0  # of ``rows``, document jobs'
     held: dict[str, int] = field(default_factory=dict)  # of ``rows``, each model's
     loaded: frozenset[str] = frozenset()  # the models it holds loaded, as it last said
+    home: frozenset[str] = frozenset()  # the models it loads when it starts (``homes``)
     # A send failed: the process is gone, but the event loop has not read its end of file yet
     # (``on_exit`` will). Nothing more is given to it until it is started again.
     unreachable: bool = False
@@ -115,6 +129,10 @@ class WorkerState:
     @property
     def free(self) -> int:
         return self.capacity - self.rows if self.usable else 0
+
+    def owns(self, model: str) -> bool:
+        """It holds ``model``, or is loading it (its own, or a sentence of it is in its hands)."""
+        return model in self.loaded or model in self.home or self.held.get(model, 0) > 0
 
     def takes(self, model: str, rows: int, background: bool = False) -> bool:
         """Whether it may be given a sentence of ``model`` of ``rows`` rows: it has room, or it is

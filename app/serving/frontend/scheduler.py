@@ -47,7 +47,7 @@ from typing import Any
 from app.metrics import Metrics
 from app.serving.errors import DeadlineExceeded, EngineError, EngineStopped, QueueFull, TooLarge
 from app.serving.fairqueue import FairQueue
-from app.serving.frontend.placement import ModelQueue, Request, SentenceState, Worker, WorkerState
+from app.serving.frontend.placement import ModelQueue, Request, SentenceState, Worker, WorkerState, homes
 from app.serving.protocol import (
     Answers,
     Cancel,
@@ -89,8 +89,11 @@ class Scheduler:
         }
         self._turns: list[ModelQueue] = list(self.models.values())  # who goes first among equals
         self.workers = [WorkerState(worker, capacity, reserved=max_batch_size) for worker in workers]
-        for worker in workers:
-            worker.listener = self
+        for state, home in zip(self.workers, homes(list(models), len(self.workers)), strict=True):
+            state.home = frozenset(home)
+            state.worker.home = home
+            state.worker.listener = self
+        self.max_batch_size = max_batch_size
         self.max_queue = max_queue
         self.metrics = metrics
         self.start_seconds = 0.0  # how long the workers took to start (load, compile, warm up)
@@ -310,17 +313,22 @@ class Scheduler:
                 self._lost(state)
 
     def _worker_for(self, model: str, rows: int, background: bool = False) -> WorkerState | None:
-        """The worker a sentence of ``model`` goes to: among those that may take it, one that holds
-        the model loaded, then the one with the most free rows (the first among equals)."""
-        best: WorkerState | None = None
-        best_key = (False, 0)
-        for state in self.workers:
-            if not state.takes(model, rows, background):
-                continue
-            key = (model in state.loaded, state.free)
-            if best is None or key > best_key:
-                best, best_key = state, key
-        return best
+        """The worker a sentence of ``model`` goes to, among those that may take it: one that owns
+        the model (holds it, or is loading it: ``WorkerState.owns``), the one with the most free
+        rows; another only while every owner has a batch's worth of rows in hand and it has less
+        (it then loads the model: a hot model spreads, a cold one stays in one worker's memory),
+        or when no worker owns the model."""
+        owners = [s for s in self.workers if s.usable and s.owns(model)]
+        takers = [s for s in self.workers if s.takes(model, rows, background)]
+        owning = [s for s in takers if s in owners]
+        if owning and (
+            min(s.rows for s in owners) < self.max_batch_size
+            or not any(s.rows < self.max_batch_size for s in takers if s not in owners)
+        ):
+            takers = owning
+        elif owners:
+            takers = [s for s in takers if s not in owners and s.rows < self.max_batch_size] or owning
+        return max(takers, key=lambda s: s.free, default=None)
 
     def _queued(self, model: ModelQueue) -> None:
         if model.metrics is not None:

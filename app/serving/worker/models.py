@@ -237,14 +237,14 @@ class ModelTable:
                 return
             self.evict(name)
 
-    def load_at_start(self) -> list[LoadedModel]:
-        """The models loaded before the worker reports ready: the first one; the others that fit
-        in the budget (all without one), in order, are opened then too without a loader, and with
-        one are queued behind any model a sentence waits for (loaded ahead of need, while the
-        worker serves)."""
+    def load_at_start(self, own: Sequence[str] = ()) -> list[LoadedModel]:
+        """The models loaded before the worker reports ready: the first of ``own`` (of every model
+        without); the others of ``own`` that fit in the budget (all without one), in order, are
+        opened then too without a loader, and with one are queued behind any model a sentence
+        waits for (loaded ahead of need, while the worker serves)."""
         loaded: list[LoadedModel] = []
         queued = 0  # the bytes of the models queued on the loader
-        for name in self.specs:
+        for name in own or self.specs:
             need = self.estimate(name)
             if loaded and self.budget and self.loaded_bytes + queued + need > self.budget:
                 continue

@@ -65,10 +65,12 @@ def serve_worker(
     metrics_dir: str,
     conn: Connection,
     cores: CoreShare | None = None,
+    home: Sequence[str] = (),
 ) -> None:
-    """The child process: load the models it holds at start (all of them, or those that fit in
-    ``NMT_WORKER_MODEL_MEMORY_MB``), report ready, then translate what the front end gives, for any
-    of ``models``, until it says stop or goes away. ``cores``: its slot on the front end's
+    """The child process: load the first of its own models (``home``; every model without), report
+    ready, load its other own models that fit in ``NMT_WORKER_MODEL_MEMORY_MB`` in the background,
+    and translate what the front end gives, for any of ``models`` (loaded when a sentence needs
+    it), until it says stop or goes away. ``cores``: its slot on the front end's
     ``CoreBoard`` (on CPU), to run on the idle workers' cores too while it is the only one at work."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
@@ -78,7 +80,7 @@ def serve_worker(
         metrics = process_metrics(metrics_dir)
         inbox = Inbox(metrics)
         table = model_table(settings, models, metrics, wake=inbox.wake)
-        loaded = table.load_at_start()
+        loaded = table.load_at_start(home)
         executor = Executor.from_settings(table, inbox, settings, metrics=metrics)
     except Exception as e:  # the front end fails its start-up with this reason
         with contextlib.suppress(OSError):
