@@ -13,8 +13,9 @@ same for every run.
 For each set (the first 2 models, then all N) a server is started as deployed (``uvicorn
 app.main:app``, the default settings: one worker per core, int8; ``NMT_COMPILE=false`` unless
 ``--compile``), and reported: seconds to /health/ready, the resident memory (RSS, from /proc) of
-the front end and of each worker once ready and after the load, beside the weights each worker
-holds (``/info``: weight_mb), and sentences/s under ``wrk`` with ``--connections`` connections
+the front end and of each worker once ready, once every model is loaded (each by the worker that
+owns it, in the background; idle), and after the load, beside the weights each worker holds
+(``/info``: weight_mb), and sentences/s under ``wrk`` with ``--connections`` connections
 whose requests (one sentence each, greedy) cycle over every pair served. ``--before REPO``: the
 2-model point again with the server of another checkout (main, before this change).
 
@@ -166,6 +167,15 @@ def point(
             )
             first[f"{source}-{target}"] = (status, round(time.perf_counter() - t0, 3))
         result["first_request_s"] = first
+        # Every model held by a worker (its owner loads it in the background once ready).
+        while any(
+            m["held_by"] == 0 for m in json.loads(http_get(f"{server.url}/info", timeout_s=30)[1])["models"]
+        ):
+            assert time.perf_counter() - started < benchmarks.load.START_TIMEOUT_S, "the models never loaded"
+            time.sleep(0.5)
+        result["all_loaded_s"] = round(time.perf_counter() - started, 1)
+        time.sleep(3.0)  # idle: a worker gives back what loading freed (app.serving.worker.process)
+        result["memory_all_loaded_idle"] = memory(pid)
         wait_idle(server)
         wrk = run_wrk(
             server.url,

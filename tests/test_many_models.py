@@ -253,6 +253,7 @@ def test_two_workers_serve_both_models_as_each_alone(
     info = shared_workers.get("/info").json()
     assert [m["loaded"] for m in info["models"]] == ["at start", "at start"]
     assert all(m["workers"] == 2 for m in info["models"])
+    assert [m["held_by"] for m in info["models"]] == [1, 1]  # each model is one worker's own
 
 
 def test_models_beyond_the_budget_load_on_demand_and_the_idle_one_is_evicted(bigger_dirs: Path) -> None:

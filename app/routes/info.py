@@ -67,12 +67,17 @@ def resident_mb(pid: int | None) -> float | None:
 
 @api.get("/info", summary="Models, routes, device, batching and limits")
 async def info(settings: SettingsDep, router: RouterDep, scheduler: SchedulerDep) -> dict[str, Any]:
-    workers = [resident_mb(getattr(state.worker, "pid", None)) for state in scheduler.workers]
+    workers = [resident_mb(state.worker.pid) for state in scheduler.workers]
     front_end = resident_mb(os.getpid())
     known = [m for m in (front_end, *workers) if m is not None]
     return {
         "version": service_version(),
-        "models": [describe_model(model) for model in router.models],
+        "models": [
+            # held_by: the workers that hold it loaded now, as they last said (0: none yet; a
+            # sentence for it waits for a load).
+            {**describe_model(model), "held_by": sum(model.name in s.loaded for s in scheduler.workers)}
+            for model in router.models
+        ],
         # Resident memory now, in MiB: the front end's process and each worker's (a model's own
         # share is its weight_mb in each worker that holds it). None where the OS does not say.
         "memory": {
@@ -102,7 +107,8 @@ async def info(settings: SettingsDep, router: RouterDep, scheduler: SchedulerDep
             "max_queue": settings.max_queue,  # all models together
             # worker processes, each serving every model with a batch per model (0: one per core)
             "replicas": settings.replicas,
-            # the models' weights one worker may hold, in MiB (0: no limit, all loaded at start)
+            # the models' weights one worker may hold, in MiB (0: no limit: each worker loads all
+            # its own models, and any other a sentence brings it)
             "worker_model_memory_mb": settings.worker_model_memory_mb,
         },
         "decoding": asdict(settings.decode_options()),
