@@ -15,11 +15,15 @@ app.main:app``, the default settings: one worker per core, int8; ``NMT_COMPILE=f
 ``--compile``), and reported: seconds to /health/ready, the resident memory (RSS, from /proc) of
 the front end and of each worker once ready, once every model is loaded (each by the worker that
 owns it, in the background; idle), and after the load, beside the weights each worker holds
-(``/info``: weight_mb), and sentences/s under ``wrk`` with ``--connections`` connections
-whose requests (one sentence each, greedy) cycle over every pair served. ``--before REPO``: the
-2-model point again with the server of another checkout (main, before this change).
+(``/info``: weight_mb), and sentences/s and latency under ``wrk`` with ``--connections``
+connections, each request one sentence of a pair drawn at random (``loads``): uniformly over the
+pairs for each of ``--beams``; one pair alone; and skewed, 80 % of the requests on two pairs.
+Then, with the server stopped, the LibreTranslate-style reference on the uniform loads
+(``benchmarks.many_reference``: two processes, a CTranslate2 int8 translator per pair in each, one
+request at a time), and our ratio to it. ``--before REPO``: the 2-model point again with the server
+of another checkout (main, before this change).
 
-    .venv/bin/python -m benchmarks.many_models --json many.json                  # ~15 min on 2 cores
+    .venv/bin/python -m benchmarks.many_models --compile --models 20 --json many.json   # ~15 min
     .venv/bin/python -m benchmarks.many_models --models 2 --before /work/main
 """
 
@@ -37,9 +41,11 @@ from typing import Any
 import benchmarks.load
 from benchmarks.common import DEFAULT_MODEL, REPO
 from benchmarks.load import http_get, metric, process_tree, run_wrk, serve, wait_idle
+from benchmarks.many_reference import ct2_models, run_reference
 from benchmarks.models import post_json, record, write_report
 from benchmarks.opus_shape import OPUS_MT, OPUS_MT_VOCAB, random_ours
 
+MAX_TOKENS = 12  # every output, eos included: random weights never choose eos
 benchmarks.load.START_TIMEOUT_S = 1500.0  # 20 models of this size load for minutes on 2 cores
 
 LANGUAGES = ["de", "fr", "es", "it", "pt", "nl", "sv", "da", "fi", "pl", "cs", "ru", "uk", "tr", "hu"]
@@ -111,14 +117,39 @@ def memory(pid: int) -> dict[str, Any]:
     }
 
 
-def bodies(pairs: list[tuple[str, str]], path: Path, *, sentences: int = 200, seed: int = 0) -> Path:
-    """One request body per line, one sentence each (greedy), the pairs in turn."""
+# The loads of a point: (name, the pairs' weights, beam). Uniform: every pair alike; single: one
+# pair alone (the reference for the skewed load's hot pairs); skewed: 80 % of the requests on 2
+# pairs, the rest spread over all.
+def loads(pairs: list[tuple[str, str]], beams: list[int]) -> list[tuple[str, list[float], int]]:
+    uniform = [1.0] * len(pairs)
+    hot = 0.8 * (len(pairs) - 2) / (2 * 0.2)  # two pairs' weight: 80 % of the requests
+    skewed = [hot if i < 2 else 1.0 for i in range(len(pairs))]
+    single = [1.0 if i == 0 else 0.0 for i in range(len(pairs))]
+    return [
+        *((f"uniform-beam{b}", uniform, b) for b in beams),
+        ("single-beam1", single, 1),
+        ("skewed-beam1", skewed, 1),
+    ]
+
+
+def requests(
+    pairs: list[tuple[str, str]], weights: list[float], *, sentences: int = 400, seed: int = 0
+) -> list[tuple[str, str, str]]:
+    """(source, target, text) per request: a random sentence of a pair drawn by ``weights``."""
     rng = random.Random(seed)
+    out = []
+    for _ in range(sentences):
+        source, target = rng.choices(pairs, weights)[0]
+        text = " ".join(rng.choice(WORDS) for _ in range(rng.randint(6, 16))).capitalize() + "."
+        out.append((source, target, text))
+    return out
+
+
+def bodies(drawn: list[tuple[str, str, str]], beam: int, path: Path) -> Path:
+    """One request body per line, one sentence each."""
     with path.open("w", encoding="utf-8") as f:
-        for i in range(sentences):
-            source, target = pairs[i % len(pairs)]
-            text = " ".join(rng.choice(WORDS) for _ in range(rng.randint(6, 16))).capitalize() + "."
-            f.write(json.dumps({"q": text, "source": source, "target": target, "beam_size": 1}) + "\n")
+        for source, target, text in drawn:
+            f.write(json.dumps({"q": text, "source": source, "target": target, "beam_size": beam}) + "\n")
     return path
 
 
@@ -131,6 +162,7 @@ def point(
     compile: bool,
     repo: Path | None,
     extra_env: dict[str, str],
+    beams: list[int],
 ) -> dict[str, Any]:
     env = {
         **extra_env,
@@ -139,7 +171,7 @@ def point(
         "NMT_COMPILE_CACHE_DIR": str(tmp / "compiled"),
         # Random weights never choose eos: every output is cut at 12 tokens, a short sentence's length.
         "NMT_MAX_LENGTH_A": "0",
-        "NMT_MAX_LENGTH_B": "12",
+        "NMT_MAX_LENGTH_B": str(MAX_TOKENS),
         "NMT_REQUEST_TIMEOUT_S": "120",
     }
     log = tmp / f"uvicorn-{len(dirs)}-{'before' if repo else 'after'}.log"
@@ -177,22 +209,41 @@ def point(
         time.sleep(3.0)  # idle: a worker gives back what loading freed (app.serving.worker.process)
         result["memory_all_loaded_idle"] = memory(pid)
         wait_idle(server)
-        wrk = run_wrk(
-            server.url,
-            bodies(pairs, tmp / "bodies.jsonl"),  # type: ignore[arg-type]
-            connections=connections,
-            duration_s=duration_s,
-        )
-        result["wrk"] = {
-            "connections": connections,
-            "sentences_per_s": round(wrk.answered_per_s, 1),
-            "statuses": wrk.statuses,
-            "latency_ms": wrk.latency_ms,
-        }
+        result["wrk"] = {}
+        for name, weights, beam in loads(pairs, beams):  # type: ignore[arg-type]
+            wrk = run_wrk(
+                server.url,
+                bodies(requests(pairs, weights), beam, tmp / "bodies.jsonl"),  # type: ignore[arg-type]
+                connections=connections,
+                duration_s=duration_s,
+            )
+            result["wrk"][name] = {
+                "connections": connections,
+                "sentences_per_s": round(wrk.answered_per_s, 1),
+                "statuses": wrk.statuses,
+                "latency_ms": wrk.latency_ms,
+            }
+            print(name, result["wrk"][name], flush=True)
         result["memory_after_load"] = memory(pid)
         result["loads"] = metric(server, "nmt_model_loads_total")
         result["evictions"] = metric(server, "nmt_model_evictions_total")
     return result
+
+
+def reference(dirs: list[Path], out: Path, beams: list[int], duration_s: float) -> dict[str, Any]:
+    """The LibreTranslate-style reference (``benchmarks.many_reference``) on the uniform load."""
+    converted = ct2_models(dirs, out)
+    by_pair = {d.name.split("-", 1)[1]: c for d, c in zip(dirs, converted, strict=True)}
+    pairs = [tuple(p.split("-")) for p in by_pair]
+    drawn = [(f"{s}-{t}", text) for s, t, text in requests(pairs, [1.0] * len(pairs))]  # type: ignore[arg-type]
+    spm = converted[0] / "sentencepiece.model"
+    runs = {}
+    for beam in beams:
+        runs[f"beam{beam}"] = run_reference(
+            by_pair, drawn, spm=spm, beam=beam, max_tokens=MAX_TOKENS, duration_s=duration_s
+        )
+        print("reference", beam, runs[f"beam{beam}"], flush=True)
+    return runs
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -207,6 +258,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--before", type=Path, help="another checkout: its server for the 2-model point too")
     parser.add_argument("--env", action="append", default=[], help="NMT_X=VALUE for the server, repeatable")
     parser.add_argument("--json", type=Path, help="write the results here too")
+    parser.add_argument("--beams", type=int, nargs="+", default=[1, 4], help="the uniform load's beams")
+    parser.add_argument(
+        "--no-reference",
+        action="store_true",
+        help="skip the LibreTranslate-style reference (benchmarks.many_reference)",
+    )
     args = parser.parse_args(argv)
     extra_env = dict(item.split("=", 1) for item in args.env)
     dirs = generate(args.out, max(args.models))
@@ -224,7 +281,14 @@ def main(argv: list[str] | None = None) -> int:
                 compile=args.compile,
                 repo=repo,
                 extra_env=extra_env,
+                beams=args.beams,
             )
+            if not args.no_reference and repo is None:
+                result["reference"] = reference(dirs[:n], args.out / "ct2", args.beams, args.duration)
+                for beam in args.beams:
+                    ours = result["wrk"][f"uniform-beam{beam}"]["sentences_per_s"]
+                    theirs = result["reference"][f"beam{beam}"]["sentences_per_s"]
+                    result["wrk"][f"uniform-beam{beam}"]["vs_reference"] = round(ours / theirs, 2)
             record(results, {**result, "env": extra_env})
     write_report(results, args.json)
     return 0
