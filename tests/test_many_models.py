@@ -278,3 +278,27 @@ def test_models_beyond_the_budget_load_on_demand_and_the_idle_one_is_evicted(big
         assert metrics.sample("nmt_model_loads_total", {"model": "mid-en-de"}) >= 2
         [state] = client.app.state.services.scheduler.workers  # type: ignore[attr-defined]
         assert state.loaded == frozenset({"mid-en-de"})  # as the worker told the front end
+
+
+@pytest.fixture(scope="module")
+def one_corrupt(tmp_path_factory: pytest.TempPathFactory, two_dirs: Path) -> Path:
+    """The two tiny models, en-de's weights file overwritten with bytes that are not weights."""
+    root = tmp_path_factory.mktemp("one-corrupt")
+    shutil.copytree(two_dirs, root, dirs_exist_ok=True)
+    (root / "tiny-en-de" / "model.safetensors").write_bytes(b"\x00" * 4096)
+    return root
+
+
+def test_a_model_that_does_not_load_answers_503_and_the_others_keep_serving(
+    one_corrupt: Path, de_en: Translator
+) -> None:
+    # Two workers: en-de is the second one's own, which loads de-en instead to start.
+    with serve(make_settings(one_corrupt, replicas=2, threads=1)) as client:
+        for _ in range(2):  # the second fails from the worker's memory of the first failure
+            broken = client.post("/translate", json={"q": "A dog.", "source": "en", "target": "de"})
+            assert broken.status_code == 503 and "cannot load model tiny-en-de" in broken.json()["error"]
+            texts = synthetic_sentences(4, seed=16)
+            good = client.post("/translate", json={"q": texts, "source": "de", "target": "en"})
+            assert good.status_code == 200, good.text
+            expected = [r.hypotheses[0] for r in de_en.translate_batch(texts, beam_size=5)]
+            assert good.json()["translatedText"] == expected

@@ -10,12 +10,14 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
 import torch
 from conftest import synthetic_sentences
 from test_many_models import alone, de_en, en_de, job, two_dirs  # noqa: F401 - fixtures
 
 from app.metrics import Metrics, process_metrics
 from app.serving.protocol import ModelSpec, Sentence, SentenceResult
+from app.serving.worker import models as models_module
 from app.serving.worker.executor import Executor
 from app.serving.worker.inbox import Inbox
 from app.serving.worker.loader import Loader
@@ -184,3 +186,21 @@ def test_the_wait_for_a_load_is_recorded_per_model(de_en: Translator) -> None:  
         if line.startswith("nmt_model_load_wait_seconds_sum{") and 'model="waited-for"' in line
     )
     assert float(total.rsplit(" ", 1)[1]) >= 0.05
+
+
+def test_a_failed_load_is_not_tried_again_at_once(de_en: Translator, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
+    calls: list[str] = []
+
+    def opener(spec: ModelSpec) -> Translator:
+        calls.append(spec.name)
+        raise OSError("model.safetensors: not weights")
+
+    table = ModelTable([ModelSpec("broken", Path("x"))], opener)
+    for _ in range(3):
+        with pytest.raises(OSError, match="not weights"):
+            table.load("broken")
+    assert calls == ["broken"]  # the reason given again, the file not read again
+    monkeypatch.setattr(models_module, "FAILED_RETRY_S", 0.0)
+    with pytest.raises(OSError):
+        table.load("broken")
+    assert calls == ["broken", "broken"]  # past the delay it is tried again

@@ -37,6 +37,9 @@ from model.decoding.translator import Translator
 log = logging.getLogger("uvicorn.error").getChild("worker")
 
 WEIGHTS_FILE = "model.safetensors"
+# A model that could not be loaded is not tried again for this long: its sentences fail at once with
+# the reason (a corrupt 300 MB file read again for every request would cost the other models).
+FAILED_RETRY_S = 30.0
 
 # Translated once before a worker reports ready: the first request should not pay for lazy
 # initialisation (allocator, kernels, thread pools).
@@ -97,6 +100,7 @@ class ModelTable:
         self._sizes: dict[str, int] = {}  # measured when loaded once
         self.loader = loader  # None: models are opened on the calling thread
         self._asked: dict[str, float] = {}  # models a sentence waits for: since when
+        self._failed: dict[str, tuple[float, BaseException]] = {}  # loads that failed: when, why
 
     @classmethod
     def single(cls, translator: Translator, name: str = "") -> ModelTable:
@@ -137,13 +141,24 @@ class ModelTable:
         held = self.get(name)
         if held is not None:
             return held
+        self._check_failed(name)
         self._make_room(name, busy)
         started = time.monotonic()
-        # Outside inference mode, which the worker's loop runs in: weights made under it are
-        # inference tensors, and exporting the step to compile it fails on those.
-        with torch.inference_mode(False):
-            translator = self.opener(self.specs[name])
+        try:
+            # Outside inference mode, which the worker's loop runs in: weights made under it are
+            # inference tensors, and exporting the step to compile it fails on those.
+            with torch.inference_mode(False):
+                translator = self.opener(self.specs[name])
+        except Exception as e:
+            self._failed[name] = (time.monotonic(), e)
+            raise
         return self._install(name, translator, time.monotonic() - started)
+
+    def _check_failed(self, name: str) -> None:
+        """Raise why ``name`` could not be loaded, if it failed less than ``FAILED_RETRY_S`` ago."""
+        failed = self._failed.get(name)
+        if failed is not None and time.monotonic() - failed[0] < FAILED_RETRY_S:
+            raise failed[1]
 
     def begin(self, name: str, busy: Collection[str] = (), urgent: bool = True) -> LoadedModel | None:
         """``name`` if held; else its load begun on the loader (room made for it as ``load``
@@ -153,6 +168,7 @@ class ModelTable:
         held = self.get(name)
         if held is not None or self.loader is None:
             return held or self.load(name, busy)
+        self._check_failed(name)
         if urgent:
             self._asked.setdefault(name, time.monotonic())
         if not self.loader.loading(name):
@@ -172,6 +188,7 @@ class ModelTable:
         for opened in self.loader.done():
             asked = self._asked.pop(opened.name, None)
             if isinstance(opened.result, BaseException):
+                self._failed[opened.name] = (time.monotonic(), opened.result)
                 failed.append((opened.name, opened.result))
                 continue
             self._install(opened.name, opened.result, opened.seconds)
@@ -239,11 +256,14 @@ class ModelTable:
 
     def load_at_start(self, own: Sequence[str] = ()) -> list[LoadedModel]:
         """The models loaded before the worker reports ready: the first of ``own`` (of every model
-        without); the others of ``own`` that fit in the budget (all without one), in order, are
-        opened then too without a loader, and with one are queued behind any model a sentence
-        waits for (loaded ahead of need, while the worker serves)."""
+        without) that loads; the others of ``own`` that fit in the budget (all without one), in
+        order, are opened then too without a loader, and with one are queued behind any model a
+        sentence waits for (loaded ahead of need, while the worker serves). A model that does not
+        load is left out (its sentences fail with the reason); when none of ``own`` loads, the
+        first other model that does is loaded instead; raises when no model loads."""
         loaded: list[LoadedModel] = []
         queued = 0  # the bytes of the models queued on the loader
+        errors: list[str] = []
         for name in own or self.specs:
             need = self.estimate(name)
             if loaded and self.budget and self.loaded_bytes + queued + need > self.budget:
@@ -252,7 +272,20 @@ class ModelTable:
                 self.loader.want(self.specs[name], urgent=False)
                 queued += need
                 continue
-            loaded.append(self.load(name))
+            try:
+                loaded.append(self.load(name))
+            except Exception as e:  # the others may still load: this one fails on demand
+                log.exception("cannot load model %s at start", name)
+                errors.append(f"{name}: {type(e).__name__}: {e}")
+        for name in [n for n in self.specs if n not in own] if not loaded else []:
+            try:  # none of its own loads: another model, so that the worker describes what it runs
+                loaded.append(self.load(name))
+                break
+            except Exception as e:
+                log.exception("cannot load model %s at start", name)
+                errors.append(f"{name}: {type(e).__name__}: {e}")
+        if not loaded:
+            raise RuntimeError("no model could be loaded: " + "; ".join(errors))
         return loaded
 
 
