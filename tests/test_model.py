@@ -421,3 +421,23 @@ def test_learned_positions_and_output_bias_are_weights_and_sinusoids_are_not() -
     learned = Transformer(tiny_config(positions="learned", output_bias=True)).state_dict()
     assert learned["positions.table"].shape == (128, 32) and learned["output_bias"].shape == (64,)
     assert "positions.table" not in Transformer(tiny_config(positions="sinusoidal_halves")).state_dict()
+
+
+def test_a_row_first_used_late_reads_zeros_not_what_its_memory_held(make_model: MakeModel) -> None:
+    """Rows are zeroed when first used (a big cache costs the rows its batches reach): a row that
+    joins after others decoded must see finite zeros in the positions they made readable, whatever
+    its memory held before (NaN here)."""
+    model = make_model(seed=3)
+    with torch.inference_mode():
+        cache = new_cache(model, 4)
+        for buffer in (cache.self_kv, cache.cross_kv):
+            buffer.fill_(float("nan"))  # what fresh memory may hold
+        join(model, cache, sources([3]))
+        for _ in range(5):
+            step(model, cache, torch.full((1,), BOS_ID))
+        assert torch.isnan(cache.self_kv[1:, :, :, :, :5]).all()  # rows not used yet: untouched
+        join(model, cache, sources([7, 2]))  # rows 1 and 2, after five decoded positions
+        _, self_kv, cross_kv, _ = cache.views()
+        assert not torch.isnan(self_kv).any() and not torch.isnan(cross_kv).any()
+        logits = step(model, cache, torch.full((3,), BOS_ID))
+        assert torch.isfinite(logits).all()
