@@ -168,7 +168,9 @@ def point(
         **extra_env,
         "NMT_MODEL_DIR": ",".join(str(d.resolve()) for d in dirs),
         "NMT_COMPILE": "true" if compile else "false",
-        "NMT_COMPILE_CACHE_DIR": str(tmp / "compiled"),
+        # Kept beside the models: a second run starts warm, as a deployed server does after its
+        # first start (or with the image's PRECOMPILE=true); delete it for a cold start.
+        "NMT_COMPILE_CACHE_DIR": str(dirs[0].parent / "compiled"),
         # Random weights never choose eos: every output is cut at 12 tokens, a short sentence's length.
         "NMT_MAX_LENGTH_A": "0",
         "NMT_MAX_LENGTH_B": str(MAX_TOKENS),
