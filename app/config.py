@@ -45,9 +45,9 @@ class Settings(BaseSettings):
 
     # The model directories to serve: comma-separated paths, each a model directory or a directory
     # of model directories (every subdirectory with a config.json, by name; app.served). By default
-    # every model shipped in artifacts/: both directions where both are shipped. Every worker
-    # serves every model: each model adds its weights (and compiled step) to each worker's memory,
-    # not workers of its own (NMT_WORKER_MODEL_MEMORY_MB bounds it).
+    # every model shipped in artifacts/: both directions where both are shipped. Each model is one
+    # worker's own (app/serving/frontend/placement.py: the machine holds it once, more only for a
+    # hot model), not workers of its own (NMT_WORKER_MODEL_MEMORY_MB bounds what a worker holds).
     model_dir: Annotated[tuple[Path, ...], NoDecode] = (Path("artifacts"),)
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
@@ -190,11 +190,11 @@ class Settings(BaseSettings):
     # torch intra-op threads per worker; 0 = the usable cores shared out among the workers.
     threads: Annotated[int, Field(ge=0)] = 0
     # What the models' weights held by one worker may take, in MiB (measured as loaded: int8 and
-    # packed copies included). 0: no limit, every model loaded when the workers start. Otherwise
-    # the models that fit are loaded at start, the others when a sentence first needs them (that
-    # sentence waits for the load, and so do the worker's other models' batches), the least
-    # recently used idle model evicted to make room (app/serving/worker/models.py). Each worker holds its
-    # own copy: the workers' weights take up to NMT_REPLICAS times this.
+    # packed copies included). Each worker loads the first of its own models before it is ready
+    # and, in the background, its other own models: all of them with 0 (no limit), those that fit
+    # otherwise. Any other model loads when a sentence first needs it (that sentence waits for the
+    # load; the worker's other models go on), the least recently used idle model evicted to make
+    # room (app/serving/worker/models.py).
     worker_model_memory_mb: NonNegativeInt = 0
     # A worker that is the only one with work (every other idle for 50 ms) runs on the threads
     # of all the workers (replicas x threads): a lone request is not held to one core while the

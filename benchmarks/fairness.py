@@ -18,6 +18,12 @@ The clients are a few asyncio connections (a dozen requests a second in all), so
 generator they take little of the server's CPU.
 
     .venv/bin/python -m benchmarks.fairness --json fairness.json      # ~3 min on 2 cores
+
+Across pairs: the documents flood one pair (de-en) while the line asks another (each model one
+worker's own, ``app.serving.frontend.placement``):
+
+    .venv/bin/python -m benchmarks.fairness --model artifacts --line-pair en-de \
+        --line-src ../shared/data/multi30k/test_2016_flickr.en.gz
 """
 
 from __future__ import annotations
@@ -78,14 +84,16 @@ async def post(host: str, port: int, body: bytes) -> int:
     return int(data.split(b" ", 2)[1])
 
 
-def body(texts: list[str]) -> bytes:
-    return json.dumps({"q": texts, "source": "de", "target": "en", "beam_size": 1}).encode()
+def body(texts: list[str], pair: str = "de-en") -> bytes:
+    source, target = pair.split("-")
+    return json.dumps({"q": texts, "source": source, "target": target, "beam_size": 1}).encode()
 
 
 async def run_load(
     url: str, texts: list[str], args: argparse.Namespace
 ) -> tuple[list[Document], list[Line], float]:
     host, port = url.removeprefix("http://").split(":")
+    line_texts = read_lines(args.line_src) if args.line_src else texts
     documents: list[Document] = []
     lines: list[Line] = []
     stop = time.monotonic() + args.duration
@@ -108,7 +116,7 @@ async def run_load(
         while time.monotonic() < stop - 2:
             in_flight = [d for d in documents if d.done is None]
             sent = time.monotonic()
-            status = await post(host, int(port), body([texts[k % len(texts)]]))
+            status = await post(host, int(port), body([line_texts[k % len(line_texts)]], args.line_pair))
             if status != 200:
                 raise RuntimeError(f"a line got {status}")
             done = time.monotonic()
@@ -127,6 +135,7 @@ async def run_trials(url: str, texts: list[str], args: argparse.Namespace) -> li
     the same moment, one more posts a single sentence ``--line-delay`` seconds later; how many of
     the documents finish before it? Each trial starts once the previous one is over."""
     host, port = url.removeprefix("http://").split(":")
+    line_texts = read_lines(args.line_src) if args.line_src else texts
     lines: list[Line] = []
     for trial in range(args.trials):
         docs = [Document(time.monotonic()) for _ in range(args.documents)]
@@ -141,7 +150,8 @@ async def run_trials(url: str, texts: list[str], args: argparse.Namespace) -> li
         async def line(trial: int = trial, docs: list[Document] = docs) -> Line:
             await asyncio.sleep(args.line_delay)
             sent = time.monotonic()
-            if await post(host, int(port), body([texts[(trial * 7919) % len(texts)]])) != 200:
+            one = line_texts[(trial * 7919) % len(line_texts)]
+            if await post(host, int(port), body([one], args.line_pair)) != 200:
                 raise RuntimeError("a line was not translated")
             done = time.monotonic()
             in_flight = [d for d in docs if d.done is None or d.done > sent]
@@ -165,6 +175,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--trials", type=int, default=20, help="bursts of documents with one line each")
     p.add_argument("--line-delay", type=float, default=0.05, help="seconds from the documents to the line")
     p.add_argument("--env", nargs="*", default=[], help="VAR=VALUE for every server")
+    p.add_argument(
+        "--line-pair",
+        default="de-en",
+        help="the one-line requests' pair (the documents' are de-en): another pair's typed line "
+        "beside a flood of documents on one pair (with --model a directory of both models)",
+    )
+    p.add_argument("--line-src", type=Path, help="the one-line requests' sentences (default: --src)")
     p.add_argument("--json", type=Path)
     return p.parse_args(argv)
 
