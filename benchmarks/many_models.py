@@ -18,6 +18,8 @@ owns it, in the background; idle), and after the load, beside the weights each w
 (``/info``: weight_mb), and sentences/s and latency under ``wrk`` with ``--connections``
 connections, each request one sentence of a pair drawn at random (``loads``): uniformly over the
 pairs for each of ``--beams``; one pair alone; and skewed, 80 % of the requests on two pairs.
+The one-pair load runs twice: once while the workers load the other models in the background
+(right after ready), once every model is loaded.
 Then, with the server stopped, the LibreTranslate-style reference on the uniform loads
 (``benchmarks.many_reference``: two processes, a CTranslate2 int8 translator per pair in each, one
 request at a time), and our ratio to it. ``--before REPO``: the 2-model point again with the server
@@ -201,6 +203,22 @@ def point(
             )
             first[f"{source}-{target}"] = (status, round(time.perf_counter() - t0, 3))
         result["first_request_s"] = first
+        # A steady single-pair load while the workers load the other models in the background
+        # (the same load once every model is loaded: "single-beam1" below).
+        single = next(w for n, w, _ in loads(pairs, beams) if n == "single-beam1")  # type: ignore[arg-type]
+        wrk = run_wrk(
+            server.url,
+            bodies(requests(pairs, single), 1, tmp / "bodies.jsonl"),  # type: ignore[arg-type]
+            connections=connections,
+            duration_s=duration_s,
+        )
+        result["single_while_loading"] = {
+            "sentences_per_s": round(wrk.answered_per_s, 1),
+            "statuses": wrk.statuses,
+            "latency_ms": wrk.latency_ms,
+            "loads_done": metric(server, "nmt_model_loads_total"),
+        }
+        print("single-while-loading", result["single_while_loading"], flush=True)
         # Every model held by a worker (its owner loads it in the background once ready).
         while any(
             m["held_by"] == 0 for m in json.loads(http_get(f"{server.url}/info", timeout_s=30)[1])["models"]
