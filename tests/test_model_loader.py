@@ -204,3 +204,29 @@ def test_a_failed_load_is_not_tried_again_at_once(de_en: Translator, monkeypatch
     with pytest.raises(OSError):
         table.load("broken")
     assert calls == ["broken", "broken"]  # past the delay it is tried again
+
+
+def test_loads_ahead_of_need_wait_while_the_worker_is_busy_and_a_wanted_one_does_not(
+    de_en: Translator,  # noqa: F811
+) -> None:
+    opener = Gated({name: de_en for name in ("a", "b", "c")})
+    for gate in opener.gates.values():
+        gate.set()
+    busy = threading.Event()
+    busy.set()
+    done: list[str] = []
+    loader = Loader(opener, lambda: None)
+    loader.idle = lambda: not busy.is_set()
+    loader.want(ModelSpec("a", Path("x")), urgent=False)
+    assert not opener.started["a"].wait(0.3)  # busy: the load ahead of need waits
+    loader.want(ModelSpec("b", Path("x")), urgent=True)
+    assert opener.started["b"].wait(WAIT_S)  # a sentence waits for b: at once
+    deadline = time.monotonic() + WAIT_S
+    while "b" not in done:
+        assert time.monotonic() < deadline
+        done += [o.name for o in loader.done()]
+        time.sleep(0.01)
+    assert not opener.started["a"].is_set()
+    busy.clear()  # idle now: a loads
+    assert opener.started["a"].wait(WAIT_S)
+    loader.close()
