@@ -230,3 +230,22 @@ def test_loads_ahead_of_need_wait_while_the_worker_is_busy_and_a_wanted_one_does
     busy.clear()  # idle now: a loads
     assert opener.started["a"].wait(WAIT_S)
     loader.close()
+
+
+def test_a_sentence_for_a_model_queued_ahead_of_need_is_answered_while_the_worker_is_busy(
+    de_en: Translator,  # noqa: F811
+) -> None:
+    """The background load waits for an idle worker; the sentence that wants the model must not
+    wait for it (the worker is not idle while the sentence waits)."""
+    opener = Gated({"a": de_en, "b": de_en})
+    for gate in opener.gates.values():
+        gate.set()
+    inbox = Inbox()
+    executor = loading(opener, inbox)
+    assert executor.models.loader is not None
+    executor.models.loader.idle = lambda: False  # busy for good: b would never load ahead of need
+    executor.models.load_at_start()  # a now, b queued
+    wanted = job(de_en, "b", "Ein Hund.")
+    inbox.add([wanted])
+    results = run_until(executor, inbox, finished(wanted))
+    assert isinstance(results[wanted.id], SentenceResult)

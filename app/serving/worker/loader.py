@@ -77,9 +77,11 @@ class Loader:
             self._cond.notify()
 
     def loading(self, name: str) -> bool:
-        """Queued, or being opened now."""
+        """Being opened now, or queued for a sentence that waits for it. (Queued ahead of need, it
+        is not: the model thread must ask for it again, as urgent, or it would wait for an idle
+        worker that its own waiting sentence keeps busy.)"""
         with self._cond:
-            return name == self._current or any(s.name == name for s in self._queue)
+            return name == self._current or name in self._urgent
 
     @property
     def pending(self) -> list[str]:
