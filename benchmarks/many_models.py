@@ -126,12 +126,17 @@ def loads(pairs: list[tuple[str, str]], beams: list[int]) -> list[tuple[str, lis
     uniform = [1.0] * len(pairs)
     hot = 0.8 * (len(pairs) - 2) / (2 * 0.2)  # two pairs' weight: 80 % of the requests
     skewed = [hot if i < 2 else 1.0 for i in range(len(pairs))]
-    single = [1.0 if i == 0 else 0.0 for i in range(len(pairs))]
+    single = one_pair(pairs)
     return [
         *((f"uniform-beam{b}", uniform, b) for b in beams),
         ("single-beam1", single, 1),
         ("skewed-beam1", skewed, 1),
     ]
+
+
+def one_pair(pairs: list[tuple[str, str]]) -> list[float]:
+    """The weights of a load on the first pair alone."""
+    return [1.0 if i == 0 else 0.0 for i in range(len(pairs))]
 
 
 def requests(
@@ -205,7 +210,7 @@ def point(
         result["first_request_s"] = first
         # A steady single-pair load while the workers load the other models in the background
         # (the same load once every model is loaded: "single-beam1" below).
-        single = next(w for n, w, _ in loads(pairs, beams) if n == "single-beam1")  # type: ignore[arg-type]
+        single = one_pair(pairs)  # type: ignore[arg-type]
         wrk = run_wrk(
             server.url,
             bodies(requests(pairs, single), 1, tmp / "bodies.jsonl"),  # type: ignore[arg-type]

@@ -227,7 +227,7 @@ class Executor:
 
     def _fail_waiting(self, name: str, error: BaseException) -> list[Outcome]:
         """Every sentence waiting for ``name`` fails with ``error`` (its model could not be loaded;
-        the loader, or ``iteration``, logged why)."""
+        the table or its loader logged why, once per try)."""
         failed = RuntimeError(f"cannot load model {name}: {type(error).__name__}: {error}")
         sentences = [s for kind in (False, True) for s in self.source.take(lambda sentence: True, name, kind)]
         return [(sentence, failed) for sentence in sentences]
@@ -248,8 +248,7 @@ class Executor:
                 if self.lane(name, background) is None:
                     return failures  # loading: the other models step meanwhile
             except Exception as e:  # its weights, its step: every sentence for it fails with the reason
-                log.exception("cannot load model %s; failing its sentences", name)
-                return failures + self._fail_waiting(name, e)
+                return failures + self._fail_waiting(name, e)  # (logged by the table, once per try)
         lane = self.lanes[key]
         try:
             outcomes = failures + self._iteration(lane)

@@ -1,9 +1,10 @@
 """A worker's model table: every served model, loaded when a sentence first needs it, the least
 recently used idle one evicted when the loaded models' weights would exceed the worker's budget
-(``NMT_WORKER_MODEL_MEMORY_MB``; 0: no budget, every model loaded: the first before the worker is
-ready, the others after, in the background).
+(``NMT_WORKER_MODEL_MEMORY_MB``; 0: no budget). A worker loads its own models
+(``app.serving.frontend.placement.homes``): the first before it is ready, the others after, in the
+background; any other model when a sentence needs it.
 
-Every worker serves every model, so the workers are one per core whatever the number of models
+Any worker serves any model, so the workers are one per core whatever the number of models
 (they were one per core *per model*: 20 models on 2 cores were 40 processes, each with its own
 torch runtime). A worker's memory is then the torch runtime once, plus the weights of the models it
 holds, plus the running batches' caches.
@@ -150,6 +151,7 @@ class ModelTable:
             with torch.inference_mode(False):
                 translator = self.opener(self.specs[name])
         except Exception as e:
+            log.exception("cannot load model %s", name)  # once per try (``FAILED_RETRY_S``)
             self._failed[name] = (time.monotonic(), e)
             raise
         return self._install(name, translator, time.monotonic() - started)
@@ -261,10 +263,15 @@ class ModelTable:
         sentence waits for (loaded ahead of need, while the worker serves). A model that does not
         load is left out (its sentences fail with the reason); when none of ``own`` loads, the
         first other model that does is loaded instead; raises when no model loads."""
+        own = list(own or self.specs)
         loaded: list[LoadedModel] = []
         queued = 0  # the bytes of the models queued on the loader
         errors: list[str] = []
-        for name in own or self.specs:
+        # Its own models; then, only while none of them has loaded, the others in turn (so that
+        # the worker describes what it runs).
+        for name in own + [n for n in self.specs if n not in own]:
+            if loaded and name not in own:
+                break
             need = self.estimate(name)
             if loaded and self.budget and self.loaded_bytes + queued + need > self.budget:
                 continue
@@ -274,15 +281,7 @@ class ModelTable:
                 continue
             try:
                 loaded.append(self.load(name))
-            except Exception as e:  # the others may still load: this one fails on demand
-                log.exception("cannot load model %s at start", name)
-                errors.append(f"{name}: {type(e).__name__}: {e}")
-        for name in [n for n in self.specs if n not in own] if not loaded else []:
-            try:  # none of its own loads: another model, so that the worker describes what it runs
-                loaded.append(self.load(name))
-                break
-            except Exception as e:
-                log.exception("cannot load model %s at start", name)
+            except Exception as e:  # the others may still load: this one fails on demand (logged)
                 errors.append(f"{name}: {type(e).__name__}: {e}")
         if not loaded:
             raise RuntimeError("no model could be loaded: " + "; ".join(errors))
