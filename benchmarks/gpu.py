@@ -37,6 +37,7 @@ from typing import Any
 import torch
 
 from benchmarks.common import DATA, DEFAULT_MODEL, REPO
+from benchmarks.opus_shape import OPUS_MT
 from training.data import read_lines
 
 
@@ -251,6 +252,16 @@ def server(args: argparse.Namespace) -> dict[str, Any]:
 
 
 # -- training -------------------------------------------------------------------------------------
+# OPUS-MT's layers (benchmarks.opus_shape.OPUS_MT) on the shipped recipe's data and vocabulary.
+OPUS_SIZE = {
+    "d_model": OPUS_MT.d_model,
+    "n_heads": OPUS_MT.heads,
+    "encoder_layers": OPUS_MT.layers,
+    "decoder_layers": OPUS_MT.layers,
+    "d_ff": OPUS_MT.ffn,
+}
+
+
 def train(args: argparse.Namespace) -> dict[str, Any]:
     config = tomllib.loads((REPO / "training/configs/multi30k_de_en.toml").read_text())
     results: dict[str, Any] = {}
@@ -271,7 +282,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
             toml_dump(
                 {
                     "data": {**config["data"], "dir": str(args.data)},
-                    "model": config["model"],
+                    "model": {**config["model"], **OPUS_SIZE} if args.opus_size else config["model"],
                     "train": train_cfg,
                 }
             )
@@ -353,6 +364,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--steps", type=int, default=400, help="train: optimizer steps")
     p.add_argument("--max-tokens", type=int, default=8192, help="train: tokens per batch")
     p.add_argument("--log-dir", type=Path, help="train: keep each run's output here")
+    p.add_argument("--opus-size", action="store_true", help="train: OPUS-MT's layers (6+6, d_model 512)")
     p.add_argument("--json", type=Path)
     args = p.parse_args(argv)
     result = {

@@ -246,6 +246,32 @@ def test_a_runner_that_cannot_compile_decodes_eagerly(
     assert isinstance(runner, EagerRunner) and runner.kind == "eager"
 
 
+def test_under_a_torch_the_package_was_not_tested_with_the_cpu_step_is_eager_and_never_loaded(
+    translator: Translator, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A GPU machine's own torch crashed loading the CPU package (a segfault, not an exception):
+    under a release outside ``PACKAGED_TORCH`` no package is made or loaded."""
+
+    prepared: list[Path] = []  # (load_runner falls back on any exception: record, not raise)
+
+    def never(self: PackagedRunner, cache_dir: Path) -> None:
+        prepared.append(cache_dir)
+
+    assert runners.packaged_runs_under(torch.__version__)  # what CI runs: packaged
+    monkeypatch.setattr(PackagedRunner, "prepare", never)
+    monkeypatch.setattr(torch, "__version__", "2.11.0+cu130")
+    assert not runners.packaged_runs_under(torch.__version__)
+    runner = load_runner(
+        translator.model,
+        top=TOP,
+        capacity=1,
+        positions=positions(translator),
+        compile=True,
+        cache_dir=tmp_path,
+    )
+    assert runner.kind == "eager" and not prepared
+
+
 @torch.inference_mode()
 def test_garbage_in_never_written_buffer_memory_reaches_no_result(
     eager: Runner, translator: Translator

@@ -16,7 +16,6 @@ from typing import Generic, TypeVar
 import torch
 from torch import Tensor
 
-from model.cache import KVCache
 from model.decoding.constraints import ConstraintSet, beam_for
 from model.decoding.options import DecodeOptions
 from model.decoding.search import Beam, Hypothesis, Search
@@ -94,13 +93,9 @@ class RunningBatch(Generic[K]):
             greedy_scores=greedy_scores,
         )
         weight = model.embed.weight
-        self.cache = KVCache(
-            cfg,
-            capacity=capacity,
-            positions=positions or options.positions(cfg.max_positions),
-            dtype=weight.dtype,
-            device=weight.device,
-            align=runner.align,
+        # The runner's: a runner that replays captured graphs reads the same buffers every time.
+        self.cache = runner.new_cache(
+            capacity=capacity, positions=positions or options.positions(cfg.max_positions)
         )
         self.entries: list[Entry[K]] = []
         self.steps_since_join = 0  # steps decoded since inputs last joined

@@ -51,6 +51,18 @@ from model.transformer import Transformer
 
 log = logging.getLogger(__name__)
 
+# The torch releases (major.minor) the CPU package was tested under. Loading an AOTInductor package
+# is native code: under torch 2.11 (a GPU machine's own torch) ``aoti_load_package`` crashed the
+# process with a segmentation fault, which no ``except`` catches. Under any other release the CPU
+# step runs eagerly, and says why.
+PACKAGED_TORCH = ("2.13",)
+
+
+def packaged_runs_under(version: str) -> bool:
+    """Whether the CPU step may be compiled into a package under torch ``version``."""
+    return ".".join(version.split("+")[0].split(".")[:2]) in PACKAGED_TORCH
+
+
 _MODEL = Path(__file__).parent.parent
 # The modules whose code makes the graph: a change to any of them makes a new package.
 _SOURCES = (
@@ -63,7 +75,30 @@ _SOURCES = (
 )
 
 
-class EagerRunner:
+class FreshCaches:
+    """``StepRunner.new_cache`` for runners that read whatever cache they are handed: a new one."""
+
+    step: DecodeStep
+    align: int
+
+    def new_cache(self, *, capacity: int, positions: int) -> KVCache:
+        return new_cache(self.step.model, capacity=capacity, positions=positions, align=self.align)
+
+
+def new_cache(model: Transformer, *, capacity: int, positions: int, align: int = 1) -> KVCache:
+    """An empty cache for ``model``, in its weights' dtype and on their device."""
+    weight = model.embed.weight
+    return KVCache(
+        model.cfg,
+        capacity=capacity,
+        positions=positions,
+        dtype=weight.dtype,
+        device=weight.device,
+        align=align,
+    )
+
+
+class EagerRunner(FreshCaches):
     """``DecodeStep`` called as it is."""
 
     kind = "eager"
@@ -82,7 +117,7 @@ class EagerRunner:
         """Nothing to compile."""
 
 
-class PackagedRunner:
+class PackagedRunner(FreshCaches):
     """The step as an AOTInductor package (CPU): compiled once per architecture and settings, or
     loaded, then handed the model's weights."""
 
@@ -191,7 +226,7 @@ class PackagedRunner:
             log.info("decoding step compiled in %.1f s", time.perf_counter() - started)
 
 
-class CompiledRunner:
+class CompiledRunner(FreshCaches):
     """``torch.compile`` of the step with dynamic sizes (CUDA; on CPU too, where tests run it)."""
 
     kind = "compiled"
@@ -233,8 +268,15 @@ def load_runner(
     step = DecodeStep(model, top=top).eval()
     cache_dir = cache_dir or DEFAULT_CACHE_DIR
     runner: Runner = EagerRunner(step)
+    device = model.embed.weight.device.type
+    if compile and device == "cpu" and not packaged_runs_under(torch.__version__):
+        log.warning(
+            "the compiled CPU step is tested under torch %s only, not %s: decoding eagerly",
+            " and ".join(PACKAGED_TORCH),
+            torch.__version__,
+        )
+        compile = False
     if compile:
-        device = model.embed.weight.device.type
         compiled: Runner = (
             PackagedRunner(step, capacity=capacity, positions=positions)
             if device == "cpu"
@@ -331,18 +373,10 @@ def _example_cache(
     model: Transformer, rows: int, *, capacity: int, positions: int, align: int = 1
 ) -> KVCache:
     """A cache holding ``rows`` short inputs (token 5 twice, then eos)."""
-    device = model.embed.weight.device
-    src = torch.full((rows, 3), 5, dtype=torch.long, device=device)
+    src = torch.full((rows, 3), 5, dtype=torch.long, device=model.embed.weight.device)
     src[:, -1] = model.cfg.eos_id
     enc = model.encode(src)
-    cache = KVCache(
-        model.cfg,
-        capacity=capacity,
-        positions=positions,
-        dtype=model.embed.weight.dtype,
-        device=device,
-        align=align,
-    )
+    cache = new_cache(model, capacity=capacity, positions=positions, align=align)
     cache.append(model.source_kv(enc), enc.src_mask)
     return cache
 

@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from model.cache import KVCache
 from model.transformer import Transformer
 
 # (choice, top_tokens, top_lprobs, eos_lprob, new_kv, forced_lprobs): see DecodeStep.forward.
@@ -45,6 +46,11 @@ class StepRunner(Protocol):
     """``DecodeStep.forward``'s signature: what decoding calls, eager or compiled."""
 
     align: int  # the cache's views read positions in multiples of this (``KVCache.views``)
+
+    def new_cache(self, *, capacity: int, positions: int) -> KVCache:
+        """An empty cache of the step's model for ``capacity`` rows of ``positions`` positions, that
+        this runner's calls read (a graph runner hands out caches whose buffers it captured)."""
+        ...
 
     def __call__(
         self,
