@@ -3,12 +3,12 @@
     python -m benchmarks.gpu_decode --json decode.json                  # on CUDA: every setup
     python -m benchmarks.gpu_decode --device cpu --models shipped --batch-sizes 1 8 --limit 32
 
-For each model, dtype, runner (``load_runner``'s kinds: eager, compiled), beam and batch size, the
-running batch (``model.decoding.batch.decode``) decodes ``--limit`` sources (``batch`` x beam rows):
-generated tokens/s (eos excluded), steps and time per step, peak device memory; batch 1 is one
-``decode`` per sentence, its p50 latency reported. ``--profile`` adds, at the largest batch, one
-run under torch.profiler: kernel launches per step, device→host copies per step and the share of
-wall time the device was busy (the decode is host-bound where it is low).
+For each model, dtype, runner (``load_runner``'s: eager, or compiled: CUDA graphs on CUDA), beam
+and batch size, the running batch (``model.decoding.batch.decode``) decodes ``--limit`` sources
+(``batch`` x beam rows): generated tokens/s (eos excluded), steps and time per step, peak device
+memory; batch 1 is one ``decode`` per sentence, its p50 latency reported. ``--profile`` adds, at
+the largest batch, one run under torch.profiler: kernel launches per step, device→host copies per
+step and the share of wall time the device was busy (the decode is host-bound where it is low).
 
 - ``shipped``: ``artifacts/multi30k-de-en`` on test_2016's German sentences (as the service
   tokenizes them); outputs end where the model puts eos.
@@ -135,7 +135,8 @@ def measure(
         return row
     if device == "cuda":
         torch.cuda.reset_peak_memory_stats()
-    run(sources[: 2 * batch])  # warm-up (a compiled step compiles here)
+    run(sources[: 2 * batch])  # warm-up (a compiled step compiles here; graphs are captured)
+    row["capture_s"] = getattr(runner.runner, "capture_seconds", None)
     runner.calls = 0
     seconds, tokens = run(sources)
     row.update(

@@ -161,6 +161,12 @@ class KVCache:
         for t in parts:  # gathered first, so rows both read and written are safe
             t.index_copy_(0, d, t.index_select(0, s))
 
+    def zero_all(self) -> None:
+        """Zero every row and position now, for a runner whose padding rows and positions are read
+        (``model.runtime.graphs``): all of the cache's memory is then taken."""
+        self._zero_rows(self.capacity)
+        self._zero_until(self.self_kv.size(4))
+
     def _zero_until(self, end: int) -> None:
         """Make positions up to ``end`` finite in every row used so far, zeroing the ones never
         used, KEY_ALIGN positions at a time (what is beyond ``_clean`` was never written: nothing

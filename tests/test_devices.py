@@ -3,7 +3,7 @@
 The parametrization costs nothing without a GPU (the CPU cases are cheap and run everywhere); on a
 GPU machine ``pytest tests/test_devices.py`` runs the CUDA path: weights and cache on the device,
 the search's bookkeeping on it, reduced precision, and the step that the service compiles there
-(``torch.compile``; the CPU's compiled package is covered by tests/test_runners.py).
+(CUDA graphs, model.runtime.graphs; the CPU's compiled package is covered by tests/test_runners.py).
 
 References are independent of the device under test: the CPU's float32 translation of the same
 weights, and the same translator decoding each sentence alone.
@@ -94,9 +94,12 @@ def test_bfloat16_logits_are_float32s_to_bfloat16_rounding(model_dir: Path, devi
 def test_the_compiled_step_translates_as_the_eager_one_on_each_device(
     model_dir: Path, device: str, cpu_reference: dict[int, list[list[int]]]
 ) -> None:
-    """The step the service compiles on this device (torch.compile on a GPU, the AOT package on
-    the CPU) gives the eager step's translations."""
+    """The step the service compiles on this device (CUDA graphs on a GPU, the AOT package on the
+    CPU) gives the eager step's translations, in a batch and one sentence at a time (graphs of one
+    row and of several); a second call replays the graphs the first captured."""
     t = Translator.load(model_dir, device=device, compile=True, cache_dir=compile_cache_dir())
-    assert t.runner.kind == "compiled"
+    assert t.runner.kind == ("graphs" if device == "cuda" else "compiled")
     for beam in (1, 3):
         assert tokens(t.translate_batch(TEXTS, beam_size=beam)) == cpu_reference[beam], f"beam {beam}"
+        alone = [tokens(t.translate_batch([text], beam_size=beam))[0] for text in TEXTS]
+        assert alone == cpu_reference[beam], f"beam {beam}, one at a time"

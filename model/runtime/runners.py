@@ -12,9 +12,9 @@
   copy of each weight, and one package serves every model of the same architecture. The linear
   layers call oneDNN on the weights ``model.runtime.prepack`` laid out (float32 or int8), as the
   eager step does.
-- ``CompiledRunner`` (CUDA): ``torch.compile`` of the same module with dynamic shapes, compiled on
-  its first calls (the warm-up). CUDA graphs are not used: rows and positions change at every step,
-  and a graph per shape would have to be captured for each.
+- ``GraphRunner`` (CUDA, ``model.runtime.graphs``): the eager step captured as CUDA graphs, one per
+  bucket of rows and positions, replayed with one launch (``torch.compile`` was tried there first:
+  76 s to compile the first shape, and slower than eager float32 at 256 rows on an H100).
 
 A package's name is a digest of everything its graph depends on, the weights' values excepted: the
 configuration and linear layers (float32 or int8), the names, shapes and types of the tensors it
@@ -45,6 +45,7 @@ from torch import Tensor
 from model.cache import KVCache
 from model.layers import KEY_ALIGN
 from model.runtime import DEFAULT_CACHE_DIR
+from model.runtime.graphs import GraphRunner
 from model.runtime.prepack import ACT_ZERO
 from model.runtime.step import DecodeStep, StepOutputs
 from model.transformer import Transformer
@@ -226,26 +227,7 @@ class PackagedRunner(FreshCaches):
             log.info("decoding step compiled in %.1f s", time.perf_counter() - started)
 
 
-class CompiledRunner(FreshCaches):
-    """``torch.compile`` of the step with dynamic sizes (CUDA; on CPU too, where tests run it)."""
-
-    kind = "compiled"
-    align = KEY_ALIGN  # (not checked on a GPU: read aligned, as eager)
-
-    def __init__(self, step: DecodeStep) -> None:
-        self.step = step
-        self._compiled: Any = torch.compile(step, dynamic=True)
-        self.compile_seconds = 0.0
-
-    def __call__(self, *args: Tensor) -> StepOutputs:
-        out: StepOutputs = self._compiled(*args)
-        return out
-
-    def prepare(self, cache_dir: Path) -> None:
-        """Nothing to do before the first call compiles."""
-
-
-Runner = EagerRunner | PackagedRunner | CompiledRunner
+Runner = EagerRunner | PackagedRunner | GraphRunner
 
 
 def load_runner(
@@ -258,8 +240,8 @@ def load_runner(
     cache_dir: Path | None = None,
 ) -> Runner:
     """The step of ``model`` for a cache of ``capacity`` rows and ``positions`` positions, ready to
-    call: compiled where ``compile`` and the device allow (a package on CPU, ``torch.compile`` on
-    CUDA), eager otherwise or when compiling fails (no C++ compiler, an unwritable cache...: slower,
+    call: compiled where ``compile`` and the device allow (a package on CPU, CUDA graphs on CUDA),
+    eager otherwise or when compiling fails (no C++ compiler, an unwritable cache...: slower,
     but decoding; ``runner.kind`` says which). Warmed up: greedy and beam steps on one row and on
     two (where the cache holds two), with two forced tokens per beam row and with three (decoding
     passes at least two), so that lazy initialisation (kernels, thread pools, compilation:
@@ -280,7 +262,7 @@ def load_runner(
         compiled: Runner = (
             PackagedRunner(step, capacity=capacity, positions=positions)
             if device == "cpu"
-            else CompiledRunner(step)
+            else GraphRunner(step, capture=device == "cuda")
         )
         # Where TorchInductor builds (and caches the pieces of) what it compiles, for either runner.
         os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_dir / "inductor"))
