@@ -31,6 +31,16 @@ def compile_cache_dir() -> Path:
     return Path(os.environ["NMT_COMPILE_CACHE_DIR"])
 
 
+def needs_cpu_package() -> None:
+    """Skip a test of the CPU's compiled step where it is not made: under a torch other than the
+    one it was tested with (``model.runtime.runners.PACKAGED_TORCH``; a GPU machine's own torch).
+    CI installs that torch, so there it never skips."""
+    from model.runtime.runners import PACKAGED_TORCH, packaged_runs_under
+
+    if not packaged_runs_under(torch.__version__):
+        pytest.skip(f"the CPU package is made under torch {PACKAGED_TORCH} only, not {torch.__version__}")
+
+
 def under_ci() -> bool:
     """Whether CI runs the tests: ``CI`` set and not "0"/"false" (.ci/run exports CI=1, as CI services
     do). CI provides every system tool and dataset the tests use, so there a missing one fails;

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 import pytest
 import torch
-from conftest import compile_cache_dir, random_model
+from conftest import compile_cache_dir, needs_cpu_package, random_model
 
 from model.cache import KVCache
 from model.decoding.batch import RunningBatch, Source, decode
@@ -368,6 +368,7 @@ def test_constraint_tokens_that_cannot_be_generated_are_refused(model: Transform
 def test_the_compiled_step_scores_and_chooses_as_the_eager_one(translator: Translator) -> None:
     """The AOT package (as test_runners compiles it: capacity 64, top 16) against the eager step:
     forced log-probs of any width to float rounding, and constrained decoding's tokens."""
+    needs_cpu_package()
     model = translator.model
     options = DecodeOptions(beam_size=2, n_best=2)
     positions = options.positions(model.cfg.max_positions)

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import SENTENCES, compile_cache_dir, synthetic_sentences
+from conftest import SENTENCES, compile_cache_dir, needs_cpu_package, synthetic_sentences
 
 from app.metrics import Metrics, process_metrics
 from app.serving.protocol import Sentence, SentenceResult
@@ -59,6 +59,7 @@ _KEEP: list[Translator] = []  # translators made by tests, alive so that their i
 def compiled_twin(translator: Translator) -> Translator:
     """``translator``'s model with the compiled step (one package per model for the whole run:
     tests/test_runners.py compiles the same capacity and candidates)."""
+    needs_cpu_package()
     if id(translator) not in _COMPILED:
         twin = Translator(
             translator.model,
