@@ -29,8 +29,8 @@ RUN apt-get update \
 # The compile cache and the keys' usage (NMT_DATA_DIR), owned by nmt: a volume mounted there
 # starts with this owner.
 RUN useradd --create-home --uid 10001 nmt \
-    && mkdir -p /home/nmt/.cache/nmt-service /home/nmt/.local/share/nmt-service \
-    && chown -R nmt /home/nmt/.cache /home/nmt/.local
+    && mkdir -p /home/nmt/.cache/nmt-service /home/nmt/.local/share/nmt-service /home/nmt/models \
+    && chown -R nmt /home/nmt/.cache /home/nmt/.local /home/nmt/models
 WORKDIR /app
 COPY --from=build /opt/venv /opt/venv
 COPY --from=build /app /app
@@ -41,6 +41,18 @@ ENV PATH=/opt/venv/bin:$PATH \
     PYTHONUNBUFFERED=1 \
     NMT_MODEL_DIR=/app/artifacts
 USER nmt
+# Models by name (README "Serve a real model"): docker build --build-arg NMT_MODELS=opus-mt:de-en
+# fetches and converts them into the image's store (baked in: a container starts offline); at run
+# time -e NMT_MODELS=... fetches what the store lacks at start (a volume on /home/nmt/models keeps
+# them; a new named volume starts with what the image baked). The hub's cache is left out of the
+# image: the converted directory is all that is served.
+ARG NMT_MODELS=
+ENV NMT_MODELS=${NMT_MODELS} \
+    NMT_MODEL_STORE=/home/nmt/models
+RUN if [ -n "$NMT_MODELS" ]; then \
+        HF_HUB_CACHE=/tmp/hf-cache python -m model.fetch $(echo "$NMT_MODELS" | tr ',' ' ') \
+        && rm -rf /tmp/hf-cache; \
+    fi
 # docker build --build-arg PRECOMPILE=true: the shipped models' decoding steps compiled into the
 # image (python -m app.precompile), so that a container is ready in seconds rather than compiling
 # at its first start. A compiled step is named by the CPU's features: build on the CPU kind you

@@ -20,6 +20,7 @@ from app.formats.limits import DocumentLimits
 from app.terminology.glossaries import GlossaryLimits
 from model.decoding.options import MAX_BEAM_SIZE, DecodeOptions
 from model.decoding.terms import MAX_TERMS_PER_SENTENCE
+from model.fetch import DEFAULT_ARGOS_INDEX, DEFAULT_STORE, FetchError, parse_name
 from model.runtime import DEFAULT_CACHE_DIR
 
 ENV_PREFIX = "NMT_"
@@ -49,6 +50,13 @@ class Settings(BaseSettings):
     # worker's own (app/serving/frontend/placement.py: the machine holds it once, more only for a
     # hot model), not workers of its own (NMT_WORKER_MODEL_MEMORY_MB bounds what a worker holds).
     model_dir: Annotated[tuple[Path, ...], NoDecode] = (Path("artifacts"),)
+    # Models by name, comma-separated (model/fetch.py): opus-mt:SRC-TGT (Helsinki-NLP/opus-mt-SRC-TGT),
+    # hf:OWNER/REPO[@REVISION] (any MarianMTModel repository), argos:SRC-TGT (the Argos package
+    # index's). Fetched at start into model_store (downloaded and converted once; every later start
+    # finds them there and checks their sha256s, offline too) and served with model_dir's models.
+    models: Annotated[tuple[str, ...], NoDecode] = ()
+    model_store: Path = DEFAULT_STORE
+    argos_index: str = DEFAULT_ARGOS_INDEX  # where argos: names are looked up (argostranslate's default)
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     # int8: the linear layers run in int8 (CPU with float32 only; faster, BLEU as float32's on
@@ -274,12 +282,31 @@ class Settings(BaseSettings):
             return tuple(Path(str(p).strip()) for p in value if str(p).strip())
         return value
 
-    @field_validator("model_dir")
+    @field_validator("models", mode="before")
     @classmethod
-    def _check_model_dirs(cls, value: tuple[Path, ...]) -> tuple[Path, ...]:
-        if not value:
-            raise ValueError("no model directory given")
+    def _split_models(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            value = value.split(",")
+        if isinstance(value, list | tuple):
+            return tuple(str(n).strip() for n in value if str(n).strip())
         return value
+
+    @field_validator("models")
+    @classmethod
+    def _check_models(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for name in value:
+            try:
+                parse_name(name)
+            except FetchError as e:
+                raise ValueError(str(e)) from None
+        return value
+
+    @model_validator(mode="after")
+    def _check_model_dirs(self) -> Settings:
+        # NMT_MODEL_DIR may be empty when NMT_MODELS names the models.
+        if not self.model_dir and not self.models:
+            raise ValueError("no model directory given (NMT_MODEL_DIR), and no model named (NMT_MODELS)")
+        return self
 
     @field_validator("api_keys", mode="before")
     @classmethod

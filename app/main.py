@@ -31,6 +31,7 @@ from app.config import Settings, describe_settings_error, service_version
 from app.deps import services_of
 from app.direct import DirectRoute
 from app.errors import install_error_handlers
+from app.fetched import named_model_dirs
 from app.jobs.disk import MIB
 from app.jobs.runner import JobRunner, Services
 from app.jobs.store import JobStore
@@ -67,6 +68,7 @@ from app.terminology.glossaries import GlossaryStore
 from app.terminology.memory import TranslationMemory
 from app.uploads import FileRequests
 from model.directory import ModelDirError, ModelInfo
+from model.fetch import FetchError
 from model.tokenizer import Tokenizer
 
 # A child of uvicorn's general logger: under uvicorn these lines get its handler and format
@@ -136,14 +138,22 @@ def quiet_garbage_collector() -> None:
 
 
 def open_models(settings: Settings) -> list[tuple[ModelSpec, ModelInfo, Tokenizer]]:
-    """Every model directory ``NMT_MODEL_DIR`` names, with its metadata and vocabulary; a missing or
-    broken one stops the start here, named, before any worker starts."""
+    """Every model directory ``NMT_MODEL_DIR`` names, then those of ``NMT_MODELS`` (fetched now where
+    they were not before: app/fetched.py), with their metadata and vocabulary; a missing or broken
+    one stops the start here, named, before any worker starts."""
     try:
         dirs = find_model_dirs(settings.model_dir)
+        if settings.models:
+            named = named_model_dirs(settings.models, settings.model_store, settings.argos_index)
+            # NMT_MODEL_DIR may name the store too: each directory once.
+            known = {d.resolve() for d in dirs}
+            dirs += [d for d in named if d.resolve() not in known]
         return [
             (ModelSpec(name, path), *ServedModel.open(path))
             for name, path in zip(model_names(dirs), dirs, strict=True)
         ]
+    except FetchError as e:
+        fail(str(e))
     except ModelDirError as e:
         fail(f"cannot load model: {e}")
 

@@ -18,14 +18,19 @@ from model.tokenizer import Tokenizer
 def find_model_dirs(paths: Sequence[Path]) -> list[Path]:
     """The model directories that ``paths`` (``NMT_MODEL_DIR``) name, in order: each path is a
     model directory (it holds config.json), or a directory of them (every subdirectory that holds
-    one, by name: ``artifacts/``). ``ModelDirError`` for a directory with neither; a path that does
+    one, by name: ``artifacts/``; hidden ones, such as model.fetch's unfinished ``.NAME.partial``,
+    are skipped). ``ModelDirError`` for a directory with neither; a path that does
     not exist is left for ``ServedModel.open`` to name its missing config.json."""
     found: list[Path] = []
     for path in paths:
         if (path / CONFIG_FILE).is_file() or not path.is_dir():
             found.append(path)
             continue
-        inside = sorted(d for d in path.iterdir() if d.is_dir() and (d / CONFIG_FILE).is_file())
+        inside = sorted(
+            d
+            for d in path.iterdir()
+            if d.is_dir() and not d.name.startswith(".") and (d / CONFIG_FILE).is_file()
+        )
         if not inside:
             raise ModelDirError(f"{path}: no {CONFIG_FILE}, and no model directory in it")
         found += inside
