@@ -2,25 +2,28 @@
 
 One driver for every caller: ``Translator`` feeds it a whole list of sentences (``decode``); the
 service's executor feeds it what its scheduler lets in, drops what was cancelled, and returns what
-finished after every step. Each step: the runner (eager or compiled, one signature) computes it
-over the cache's views, the search chooses tokens, the cache is reordered for beams that changed
-parents, and finished inputs leave (the last rows move into their places).
+finished. Each step: the runner (eager or compiled, one signature) computes it over the cache's
+views, the search chooses tokens (on the device, ``Search.step_rows``; with constraints or the
+repetition guard in Python, ``Search.step``), and the beams' rows take their parents' prefixes.
+Every ``sync_every`` steps (``read``) the batch learns which inputs finished, and they leave (the
+last rows move into their places).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 import torch
 from torch import Tensor
 
 from model.decoding.constraints import ConstraintSet, beam_for
+from model.decoding.device_search import Group, SearchRows, reorder_cache
 from model.decoding.options import DecodeOptions
 from model.decoding.search import Beam, Hypothesis, Search
 from model.layers import aligned
-from model.runtime.step import StepChoice, StepRunner
+from model.runtime.step import StepChoice, StepOutputs, StepRunner
 from model.transformer import Transformer
 
 K = TypeVar("K")  # what the caller knows an input by
@@ -30,16 +33,23 @@ K = TypeVar("K")  # what the caller knows an input by
 # waiting_served_ratio) beats encoding one or two at every step.
 JOIN_RATIO = 0.3
 JOIN_WAIT_STEPS = 8
+# Steps between reads of which inputs finished, on an accelerator (``RunningBatch``'s sync_every).
+SYNC_EVERY = 8
 
 
 @dataclass
 class Entry(Generic[K]):
-    """One input in the batch: the caller's key, its search state, its cache rows, its n-best."""
+    """One input in the batch: the caller's key, its cache rows, its n-best and length limit; its
+    search state is on the device (``SearchRows``, at its rows) or, with constraints or the
+    repetition guard, a ``Beam``."""
 
     key: K
-    beam: Beam
+    beam: Beam | None  # None: searched on the device
     rows: list[int]  # its beams' cache rows (wherever the cache keeps them: not always consecutive)
     n_best: int
+    k: int = 1  # beam size
+    limit: int = 1  # output length limit, eos included
+    steps: int = 0  # steps taken: every row advances one per step, so the host knows without a read
 
 
 @dataclass(frozen=True)
@@ -67,7 +77,15 @@ def pad_batch(sources: Sequence[Sequence[int]], pad_id: int, device: torch.devic
 
 
 class RunningBatch(Generic[K]):
-    """Inputs being decoded together, in a cache of ``capacity`` rows (each beam a row)."""
+    """Inputs being decoded together, in a cache of ``capacity`` rows (each beam a row).
+
+    The search state of inputs without constraints lives on the model's device (``SearchRows``)
+    and a step reads nothing back: every ``sync_every`` steps (and before an input could pass its
+    length limit) one read tells which inputs finished, and they leave then. Until that read a
+    finished input stays, frozen, its rows stepped and ignored: on a GPU a read waits for every
+    kernel launched so far, and reading at every step kept the GPU idle while Python chose tokens.
+    Inputs with constraints or under the repetition guard keep ``Beam`` (Python, a read per step);
+    while the batch holds one, every step reads, and finished inputs leave at once."""
 
     def __init__(
         self,
@@ -79,10 +97,13 @@ class RunningBatch(Generic[K]):
         greedy_scores: bool = True,
         positions: int | None = None,
         word_continuations: frozenset[int] = frozenset(),
+        sync_every: int | None = None,
     ) -> None:
         """``positions``: the cache's (the step's, when compiled for it); default ``options``'.
         ``word_continuations``: the target ids that may not follow a met constraint
-        (``Tokenizer.word_continuations``, ``ConstraintSet``)."""
+        (``Tokenizer.word_continuations``, ``ConstraintSet``). ``sync_every``: steps between reads
+        of which inputs finished (default ``sync_steps``: SYNC_EVERY on an accelerator, 1 on the
+        CPU)."""
         self.model, self.runner, self.options = model, runner, options
         self.word_continuations = word_continuations
         cfg = model.cfg
@@ -97,11 +118,15 @@ class RunningBatch(Generic[K]):
         self.cache = runner.new_cache(
             capacity=capacity, positions=positions or options.positions(cfg.max_positions)
         )
+        self.sync_every = sync_every if sync_every is not None else sync_steps(weight.device)
+        self.state = SearchRows(capacity, self.cache.positions, weight.device)
         self.entries: list[Entry[K]] = []
         self.steps_since_join = 0  # steps decoded since inputs last joined
+        self.steps_since_read = 0  # steps decoded since finished inputs were last read
         self.tokens = torch.zeros(0, dtype=torch.long, device=weight.device)  # (R,) next token per row
         self.constrained = 0  # inputs with constraints: while 0, no step asks for forced tokens
         self._unforced: dict[int, Tensor] = {}  # beam rows -> the dummy ``forced`` (B, 2) of pad
+        self._layout: _Layout | None = None  # the step's index tensors, made when the rows change
 
     @property
     def rows(self) -> int:
@@ -126,7 +151,10 @@ class RunningBatch(Generic[K]):
 
         Raises ValueError, before anything changes, for a constraint token the step cannot score
         (outside the vocabulary: it would fail the whole batch's step) or that cannot be generated
-        inside an output (pad, bos, eos)."""
+        inside an output (pad, bos, eos).
+
+        Nothing is read here: finished inputs still in the batch leave at the next read (``step``
+        returns them; ``add`` could not)."""
         if not sources:
             return
         cfg = self.model.cfg
@@ -152,52 +180,143 @@ class RunningBatch(Generic[K]):
         self.cache.append(kv, mask)
         bos = torch.full((sum(ks),), cfg.bos_id, dtype=torch.long, device=src.device)
         self.tokens = torch.cat([self.tokens[:first], bos])
-        for s in sources:
-            limit = self.options.output_limit(len(s.ids), cfg.max_positions)
+        limits = [self.options.output_limit(len(s.ids), cfg.max_positions) for s in sources]
+        self.state.start(first, ks, limits)
+        for s, limit in zip(sources, limits, strict=True):
             rows_of = list(range(first, first + s.beam_size))
             constraints = ConstraintSet(s.constraints, self.word_continuations) if s.constraints else None
             self.constrained += constraints is not None
-            self.entries.append(Entry(s.key, Beam.start(s.beam_size, limit, constraints), rows_of, s.n_best))
+            beam = None if self.search.on_device(constraints) else Beam.start(s.beam_size, limit, constraints)
+            self.entries.append(Entry(s.key, beam, rows_of, s.n_best, s.beam_size, limit))
             first += s.beam_size
+        self._layout = self._lay_out()  # (uploads: a join reads already, a step need not)
 
     def step(self) -> list[tuple[K, list[Hypothesis]]]:
-        """One token for every input; returns the inputs that finished (they have left), with their
-        n-best hypotheses, best first."""
-        entries = self.entries
-        rows = [r for e in entries for r in e.rows]  # rows in input order, as the search reads them
-        index = None if rows == list(range(len(rows))) else torch.tensor(rows, device=self.tokens.device)
-        # The rows whose best candidates the search needs, in input order (at least one row).
-        wanted = [r for e in entries if self.search.wants_candidates(e.beam) for r in e.rows] or [0]
-        beams = [e.beam for e in entries]
-        device = self.tokens.device
-        forced = self._forced(beams, len(wanted))
-        out = self.runner(self.tokens, *self.cache.views(), torch.tensor(wanted, device=device), forced)
+        """One token for every input; returns the inputs found finished (they have left), with their
+        n-best hypotheses, best first: at a read (``read``), else none."""
+        if not self.entries:
+            return []
+        layout = self._layout or self._lay_out()  # (made by add and keep: uploads wait for the device)
+        hosted = layout.hosted
+        forced = self._forced([e.beam for e in hosted if e.beam is not None], layout)
+        out = self.runner(self.tokens, *self.cache.views(), layout.wanted, forced)
         self.cache.advance(out[4])
         self.steps_since_join += 1
-        choice = out[0] if index is None else out[0].index_select(0, index)
-        scored = StepChoice(choice, *out[1:4], out[5] if self.constrained else None)
-        keep, tokens = self.search.step(beams, scored)
-        self._place(rows, keep, tokens)
-        done = [i for i, e in enumerate(entries) if e.beam.done]
-        finished = [(entries[i].key, entries[i].beam.best(entries[i].n_best)) for i in done]
-        if done:  # finished inputs leave at once: only the rows that take their places are copied
-            self.keep([i for i, e in enumerate(entries) if not e.beam.done])
+        self.steps_since_read += 1
+        for e in self.entries:
+            e.steps += 1
+        n = layout.on_device
+        scored = StepChoice(out[0], out[1][:n], out[2][:n], out[3][:n])
+        moved = self.search.step_rows(self.state, layout.groups, scored, self.tokens)
+        if moved is not None:
+            reorder_cache(self.cache, *moved)
+        if hosted:
+            self._step_hosted(layout, out)
+        due = self.steps_since_read >= self.sync_every or any(
+            e.steps >= e.limit for e in self.entries if e.beam is None
+        )
+        return self.read() if due or hosted else []
+
+    def read(self) -> list[tuple[K, list[Hypothesis]]]:
+        """Which inputs finished (one read of the device's flags, one of their hypotheses); they
+        leave, and are returned with their n-best, best first, in the batch's order."""
+        self.steps_since_read = 0
+        device = [e for e in self.entries if e.beam is None]
+        flags = self.state.finished([e.rows[0] for e in device]) if device else []
+        done = {id(e) for e, f in zip(device, flags, strict=True) if f}
+        for e in device:  # (the host knows this much: an input at its limit has ended)
+            assert id(e) in done or e.steps < e.limit, "an input passed its length limit"
+        ended = [e for e in device if id(e) in done]
+        found = dict(zip(map(id, ended), self.state.hypotheses([e.rows for e in ended]), strict=True))
+        done |= {id(e) for e in self.entries if e.beam is not None and e.beam.done}
+        finished = [
+            (e.key, self.search.results(found[id(e)], e.n_best) if e.beam is None else e.beam.best(e.n_best))
+            for e in self.entries
+            if id(e) in done
+        ]
+        if done:  # only the rows that take the finished inputs' places are copied
+            self.keep([i for i, e in enumerate(self.entries) if id(e) not in done])
         return finished
 
-    def _forced(self, beams: list[Beam], rows: int) -> Tensor:
-        """The step's ``forced`` (B, F): the tokens the constrained inputs need scored whatever their
-        rank; without constrained inputs two dummy columns (pad: ``Search.forced``'s least width),
-        made once per number of rows."""
+    def _step_hosted(self, layout: _Layout, out: StepOutputs) -> None:
+        """``Search.step`` for the inputs that keep a ``Beam`` (constraints, the repetition guard):
+        their rows' part of the step, as today, read at once; their beams' rows reordered."""
+        hosted = layout.hosted
+        beams = [e.beam for e in hosted if e.beam is not None]
+        n = layout.on_device
+        choice = out[0].index_select(0, layout.hosted_rows)
+        scored = StepChoice(
+            choice, out[1][n:], out[2][n:], out[3][n:], out[5][n:] if self.constrained else None
+        )
+        keep, tokens = self.search.step(beams, scored)
+        rows = [r for e in hosted for r in e.rows]  # as ``keep``/``tokens`` index them
+        if keep is None:  # nothing finished or moved: every row takes its new token in place
+            self.tokens.index_copy_(0, layout.hosted_rows, tokens)
+            return
+        still = [rows[r] for r in keep.tolist()]  # old rows feeding the live inputs' new rows, in order
+        targets = [r for e in hosted if e.beam is not None and not e.beam.done for r in e.rows]
+        if not targets:
+            return
         device = self.tokens.device
+        self.tokens[torch.tensor(targets, device=device)] = tokens
+        pairs = [(t, s) for t, s in zip(targets, still, strict=True) if t != s]
+        if pairs:  # beams moved: their rows' self-attention prefixes are copied
+            dst, src = (torch.tensor(x, device=device) for x in zip(*pairs, strict=True))
+            reorder_cache(self.cache, dst, src)
+
+    def _lay_out(self) -> _Layout:
+        """The index tensors of the step (made once per change of rows, not per step): each beam
+        size's inputs on the device and their rows; the rows whose candidates the step returns,
+        theirs first, then the hosted inputs'. Made where the rows change (``add``, ``keep``), which
+        read the device anyway: an upload from the host waits for the device too (CUDA copies
+        pageable memory synchronously), and a step between reads must not."""
+        device = self.tokens.device
+        on_device: dict[int, list[Entry[K]]] = {}
+        for e in self.entries:
+            if e.beam is None:
+                on_device.setdefault(e.k, []).append(e)
+        groups: list[Group] = []
+        wanted: list[int] = []
+        for k, members in sorted(on_device.items()):
+            rows = [e.rows for e in members]
+            top = len(wanted) if self.search.wants_rows(k) else None
+            if top is not None:
+                wanted += [r for rs in rows for r in rs]
+            groups.append(Group(k, torch.tensor(rows, dtype=torch.long, device=device), top))
+        n = len(wanted)
+        hosted = [e for e in self.entries if e.beam is not None]
+        hosted_rows = [r for e in hosted for r in e.rows]
+        wanted += [
+            r for e in hosted if e.beam is not None and self.search.wants_candidates(e.beam) for r in e.rows
+        ]
+        self._layout = _Layout(
+            groups,
+            torch.tensor(wanted or [0], dtype=torch.long, device=device),
+            n,
+            hosted,
+            torch.tensor(hosted_rows, dtype=torch.long, device=device),
+        )
+        return self._layout
+
+    def _forced(self, beams: list[Beam], layout: _Layout) -> Tensor:
+        """The step's ``forced`` (B, F): the tokens the constrained inputs need scored whatever their
+        rank (after the rows of the inputs on the device, which need none); without constrained
+        inputs two dummy columns (pad: ``Search.forced``'s least width), made once per number of
+        rows."""
+        device = self.tokens.device
+        rows = layout.wanted.size(0)
         if self.constrained:
-            return torch.tensor(self.search.forced(beams), dtype=torch.long, device=device)
+            hosted = self.search.forced(beams)
+            width = len(hosted[0]) if hosted else 2
+            return torch.tensor([[0] * width] * layout.on_device + hosted, dtype=torch.long, device=device)
         unforced = self._unforced.get(rows)
         if unforced is None:
             unforced = self._unforced[rows] = torch.zeros((rows, 2), dtype=torch.long, device=device)
         return unforced
 
     def drop(self, gone: Callable[[K], bool]) -> list[K]:
-        """Remove the inputs whose key is ``gone`` (cancelled, expired); returns their keys."""
+        """Remove the inputs whose key is ``gone`` (cancelled, expired); returns their keys (finished
+        or not: those that finished since the last read are not read)."""
         leaving = [gone(e.key) for e in self.entries]
         if any(leaving):
             dropped = [e.key for e, out in zip(self.entries, leaving, strict=True) if out]
@@ -210,7 +329,8 @@ class RunningBatch(Generic[K]):
         self.keep([])
 
     def keep(self, keep: list[int]) -> None:
-        """Only the inputs at positions ``keep`` stay; the others' rows are overwritten by the last."""
+        """Only the inputs at positions ``keep`` stay; the others' rows are overwritten by the last
+        (their search state on the device moves with them)."""
         kept = set(keep)
         leaving = [r for i, e in enumerate(self.entries) if i not in kept for r in e.rows]
         moves = self.cache.remove(leaving)
@@ -218,34 +338,37 @@ class RunningBatch(Generic[K]):
             dst = torch.tensor(list(moves.values()), device=self.tokens.device)
             src = torch.tensor(list(moves.keys()), device=self.tokens.device)
             self.tokens[dst] = self.tokens[src]
+            self.state.move(moves)
         self.tokens = self.tokens[: self.cache.rows]
         for i in keep:
             e = self.entries[i]
             e.rows = [moves.get(r, r) for r in e.rows]
         # Inputs in the order of their rows: with one row per input (greedy), rows then follow
-        # input order and a step's choice needs no reordering for the search.
+        # input order.
         self.entries = sorted((self.entries[i] for i in keep), key=lambda e: e.rows[0])
         if self.constrained:
-            self.constrained = sum(e.beam.constraints is not None for e in self.entries)
+            self.constrained = sum(
+                e.beam is not None and e.beam.constraints is not None for e in self.entries
+            )
+        self._layout = self._lay_out()  # (uploads wait for the device: done where it was read)
 
-    def _place(self, rows: list[int], keep: Tensor | None, tokens: Tensor) -> None:
-        """Put the search's result (``keep``/``tokens`` index ``rows``, every input's rows in input
-        order) back into the batch: beams reordered within their input's rows; finished inputs'
-        rows are left alone (they leave right after)."""
-        if keep is None:  # nothing finished or moved: every row takes its new token in place
-            if rows == list(range(len(self.tokens))):
-                self.tokens = tokens
-            else:
-                self.tokens[torch.tensor(rows, device=tokens.device)] = tokens
-            return
-        index = list(range(self.rows))  # new row r reads old row index[r]
-        still = [rows[r] for r in keep.tolist()]  # old rows feeding the live inputs' new rows, in order
-        targets = [r for e in self.entries if not e.beam.done for r in e.rows]
-        for target, source in zip(targets, still, strict=True):
-            index[target] = source
-        if targets:
-            self.tokens[torch.tensor(targets, device=tokens.device)] = tokens
-        self.cache.reorder(index)  # beams moved: their rows' self-attention prefixes are copied
+
+@dataclass(frozen=True)
+class _Layout:
+    """What a step needs of the batch's rows, as index tensors (``RunningBatch._lay_out``)."""
+
+    groups: list[Group]  # the inputs on the device, by beam size
+    wanted: Tensor  # (B,) the step's ``beam_rows``: the groups' (in order), then the hosted inputs'
+    on_device: int  # the first of them that are the hosted inputs'
+    hosted: list[Any]  # the entries that keep a ``Beam``
+    hosted_rows: Tensor  # their rows, in their order
+
+
+def sync_steps(device: torch.device) -> int:
+    """Steps between reads of which inputs finished: SYNC_EVERY on an accelerator, where a read
+    waits for the queue of launched kernels; 1 on the CPU, where a read costs nothing and a
+    finished input's rows stepped on would cost a step's arithmetic."""
+    return 1 if device.type == "cpu" else SYNC_EVERY
 
 
 def decode(
@@ -260,6 +383,7 @@ def decode(
     max_batch_tokens: int | None = None,
     constraints: Sequence[Sequence[Sequence[int]]] | None = None,
     word_continuations: frozenset[int] = frozenset(),
+    sync_every: int | None = None,
 ) -> list[list[Hypothesis]]:
     """Decode every source (ids ending in eos) with ``options``; the n-best of each, in order.
 
@@ -268,7 +392,7 @@ def decode(
     which others share its steps. ``max_rows``: rows decoded together (default ``capacity``).
     ``constraints``: per source, target token sequences its hypotheses must contain; such a source
     decodes with ``beam_for(options.beam_size, its number of constraints)``, and no met constraint
-    is followed by one of ``word_continuations`` (``RunningBatch``)."""
+    is followed by one of ``word_continuations``; ``sync_every``: ``RunningBatch``'s."""
     batch: RunningBatch[int] = RunningBatch(
         model,
         runner,
@@ -276,6 +400,7 @@ def decode(
         options=options,
         positions=positions,
         word_continuations=word_continuations,
+        sync_every=sync_every,
     )
     order = sorted(range(len(sources)), key=lambda i: len(sources[i]), reverse=True)
     results: dict[int, list[Hypothesis]] = {}

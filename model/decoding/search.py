@@ -6,6 +6,10 @@ best candidates of the rows that asked for them) and advances a list of beams by
 whatever their sizes and however many steps each has taken: the same code serves a batch decoded
 from start to end and the service's running batch that inputs join and leave at any step.
 
+Inputs without constraints or the repetition guard are searched on the device instead
+(``Search.step_rows``, ``model.decoding.device_search``): the same rules as tensor ops, nothing read
+back per step; ``Beam`` stays their reference, and the path of the inputs that need Python.
+
 An input with constraints (``model.decoding.constraints``) keeps a ``ConstraintState`` per beam and
 is advanced by dynamic beam allocation (``Beam.advance_constrained``), from the same step's
 candidates plus the log-probs of the tokens it forced (``Search.forced``); inputs without
@@ -21,6 +25,7 @@ import torch
 from torch import Tensor
 
 from model.decoding.constraints import ConstraintSet, ConstraintState
+from model.decoding.device_search import Found, Group, SearchRows, advance
 from model.runtime.step import StepChoice
 
 
@@ -238,6 +243,32 @@ class Search:
         return (
             beam.k > 1 or self.greedy_scores or self.no_repeat_ngram_size > 0 or beam.constraints is not None
         )
+
+    def on_device(self, constraints: ConstraintSet | None) -> bool:
+        """Whether an input's search state lives on the device (``model.decoding.device_search``):
+        without constraints or the repetition guard, whose rules need Python at every step."""
+        return constraints is None and self.no_repeat_ngram_size <= 0
+
+    def wants_rows(self, k: int) -> bool:
+        """``wants_candidates`` for the inputs on the device, of beam size ``k``."""
+        return k > 1 or self.greedy_scores
+
+    def step_rows(
+        self, rows: SearchRows, groups: list[Group], step: StepChoice, tokens: Tensor
+    ) -> tuple[Tensor, Tensor] | None:
+        """``step`` for the inputs on the device: the same rules (``Beam.advance``, ``Beam.extend``)
+        as tensor ops over all of them, reading nothing back (``device_search.advance``); their
+        next tokens go into ``tokens`` (by cache row). Returns the beams' cache reorder (dst, src)."""
+        return advance(rows, groups, step, tokens, eos=self.eos, scored=self.greedy_scores)
+
+    def results(self, found: list[Found], n_best: int) -> list[Hypothesis]:
+        """An input's n-best, best first, from its finished hypotheses as read back from the device
+        (in the order they ended, as ``Beam.finished``; normalized here, in Python, as ``advance``)."""
+        hyps = [
+            Hypothesis(tokens, length_normalized(lprob, length, self.length_penalty), lprob)
+            for tokens, lprob, length in found
+        ]
+        return sorted(hyps, key=lambda h: h.score, reverse=True)[:n_best]
 
     def forced(self, beams: list[Beam]) -> list[list[int]]:
         """The tokens whose log-probs the step must return (``DecodeStep``'s ``forced``) for each
