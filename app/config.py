@@ -211,9 +211,9 @@ class Settings(BaseSettings):
     warmup: bool = True
     # Each decoding step as one compiled graph (model.runtime.runners): on CPU exported and compiled
     # ahead of time by AOTInductor when a worker starts, before /health/ready (~1-2 min the first
-    # time on 2 cores), loaded from the cache in a second afterwards; on CUDA torch.compile. Where
-    # compiling fails, and with false, the eager step (/info says which). On float32 the compiled
-    # step's translations are the eager ones for all 1,000 test_2016 sentences.
+    # time on 2 cores), loaded from the cache in a second afterwards; on CUDA captured and replayed
+    # as CUDA graphs. Where compiling fails, and with false, the eager step (/info says which). On
+    # float32 the compiled step's translations are the eager ones for all 1,000 test_2016 sentences.
     compile: bool = True
     # Where compiled steps are kept between starts (one .pt2 file per architecture and settings, shared
     # by models of the same shape; TorchInductor builds in its inductor/ folder): a volume in Docker
