@@ -270,8 +270,13 @@ def _beams(
 
 def reorder_cache(cache: KVCache, dst: Tensor, src: Tensor) -> None:
     """Row ``dst[i]`` takes the self-attention prefix of row ``src[i]`` (beams of one input: the
-    same source, so only the decoded part), from device indices: no host decision about which
-    rows changed (``KVCache.reorder`` takes a host list)."""
+    same source and length, so only the decoded keys/values), from device indices: on an
+    accelerator every beam row is copied, moved or not, since choosing the moved ones would read
+    the device (``KVCache.reorder`` takes a host list); on the CPU there is no device to wait for,
+    and only the rows that change parents are copied (beam 5 at 64 rows: 1.98 -> 1.81 s for 256
+    sentences, int8, one thread, AVX-512 VNNI)."""
+    if dst.device.type == "cpu":
+        moved = dst != src
+        dst, src = dst[moved], src[moved]
     kv = cache.self_kv[:, :, :, :, : cache.max_length]
     kv.index_copy_(0, dst, kv.index_select(0, src))
-    cache.lengths.index_copy_(0, dst, cache.lengths.index_select(0, src))
