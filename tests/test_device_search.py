@@ -102,7 +102,13 @@ def run_plan(
     """Decode ``plan`` in one running batch (the inputs join before the steps their plan says)."""
     capacity = sum(s.beam_size for _, group in plan for s in group)
     batch: RunningBatch[int] = RunningBatch(
-        model, runner, capacity=capacity, options=options, greedy_scores=greedy_scores, sync_every=sync_every
+        model,
+        runner,
+        capacity=capacity,
+        options=options,
+        greedy_scores=greedy_scores,
+        sync_every=sync_every,
+        device_search=True,  # (on the CPU the default is Beam's path: the device path is tested here)
     )
     waiting = sorted(plan, key=lambda p: p[0])
     run = Run({}, [], [])
@@ -337,7 +343,7 @@ def test_dropped_inputs_leave_the_others_unchanged(monkeypatch: pytest.MonkeyPat
             scripted = ScriptedModel(hashed)
             runner = EagerRunner(DecodeStep(as_model(scripted), top=8))
             batch: RunningBatch[int] = RunningBatch(
-                as_model(scripted), runner, capacity=16, options=options, sync_every=8
+                as_model(scripted), runner, capacity=16, options=options, sync_every=8, device_search=True
             )
             batch.add(plan_sources)
             done: dict[int, list[Hypothesis]] = {}

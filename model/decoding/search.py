@@ -240,9 +240,7 @@ class Search:
 
     def wants_candidates(self, beam: Beam) -> bool:
         """Whether ``beam``'s rows need their best candidates from the step (``beam_rows``)."""
-        return (
-            beam.k > 1 or self.greedy_scores or self.no_repeat_ngram_size > 0 or beam.constraints is not None
-        )
+        return self.wants_rows(beam.k) or self.no_repeat_ngram_size > 0 or beam.constraints is not None
 
     def on_device(self, constraints: ConstraintSet | None) -> bool:
         """Whether an input's search state lives on the device (``model.decoding.device_search``):
