@@ -49,22 +49,10 @@ def shipped(device: str, dtype: str, limit: int, data: Path) -> Work:
 
 
 def opus(device: str, dtype: str, limit: int, length: int) -> Work:
-    from benchmarks.opus_shape import OPUS_MT, OPUS_MT_VOCAB
-    from model.config import ModelConfig
+    from benchmarks.opus_shape import OPUS_MT, OPUS_MT_VOCAB, random_ours
 
-    cfg = ModelConfig(
-        vocab_size=OPUS_MT_VOCAB,
-        d_model=OPUS_MT.d_model,
-        n_heads=OPUS_MT.heads,
-        encoder_layers=OPUS_MT.layers,
-        decoder_layers=OPUS_MT.layers,
-        d_ff=OPUS_MT.ffn,
-        max_positions=OPUS_MT.positions,
-        dropout=0.0,
-        output_bias=True,
-    )
-    torch.manual_seed(0)
-    model = Transformer(cfg).eval()
+    model = random_ours(OPUS_MT, vocab_size=OPUS_MT_VOCAB, seed=0, output_bias=True)
+    cfg = model.cfg
     assert model.output_bias is not None
     with torch.no_grad():
         model.output_bias[cfg.eos_id] = -1e4  # never ends early: every output is `length` tokens

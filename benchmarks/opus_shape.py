@@ -77,15 +77,15 @@ def random_marian(
     return MarianMTModel(marian)
 
 
-def random_ours(shape: Shape, *, vocab_size: int, seed: int) -> Transformer:
-    """Our Transformer of ``shape`` (model.config's defaults otherwise, no dropout), in eval mode,
-    with the weights ``seed`` draws; its config is ``.cfg``."""
+def random_ours(shape: Shape, *, vocab_size: int, seed: int, **config: Any) -> Transformer:
+    """Our Transformer of ``shape`` (model.config's defaults otherwise, no dropout; ``config``: any
+    other ModelConfig field), in eval mode, with the weights ``seed`` draws; its config is ``.cfg``."""
     import torch
 
     from model.config import ModelConfig
     from model.transformer import Transformer
 
-    config = ModelConfig(
+    cfg = ModelConfig(
         vocab_size=vocab_size,
         d_model=shape.d_model,
         n_heads=shape.heads,
@@ -94,9 +94,10 @@ def random_ours(shape: Shape, *, vocab_size: int, seed: int) -> Transformer:
         d_ff=shape.ffn,
         max_positions=shape.positions,
         dropout=0.0,
+        **config,
     )
     torch.manual_seed(seed)
-    return Transformer(config).eval()
+    return Transformer(cfg).eval()
 
 
 def train_spm(texts: Iterable[str], prefix: Path, vocab_size: int, **trainer: Any) -> Path:

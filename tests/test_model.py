@@ -18,6 +18,7 @@ from torch import Tensor
 from model import transformer
 from model.cache import KVCache
 from model.layers import KEY_ALIGN
+from model.runtime import runners
 from model.tokenizer import BOS_ID, EOS_ID, PAD_ID
 from model.transformer import Transformer
 
@@ -57,15 +58,7 @@ def max_diff(a: Tensor, b: Tensor) -> float:
 
 def new_cache(model: Transformer, capacity: int, positions: int = POSITIONS) -> KVCache:
     """A cache for the eager step: views read whole multiples of KEY_ALIGN (``EagerRunner.align``)."""
-    weight = model.embed.weight
-    return KVCache(
-        model.cfg,
-        capacity=capacity,
-        positions=positions,
-        dtype=weight.dtype,
-        device=weight.device,
-        align=KEY_ALIGN,
-    )
+    return runners.new_cache(model, capacity=capacity, positions=positions, align=KEY_ALIGN)
 
 
 def join(model: Transformer, cache: KVCache, src: Tensor) -> None:
