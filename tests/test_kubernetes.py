@@ -19,6 +19,7 @@ import http.server
 import importlib.util
 import io
 import json
+import os
 import subprocess
 import sys
 import tarfile
@@ -36,12 +37,16 @@ from kubernetes_validate.utils import latest_version
 from test_deploy import tool
 
 from app.config import ENV_PREFIX, Settings
+from app.main import open_models
 from app.routes import health
 from app.routes import metrics as metrics_route
-from model.checkpoint import CONFIG_FILE, SPM_FILE, WEIGHTS_FILE, read_info_and_tokenizer
+from model.directory import CONFIG_FILE, SPM_FILE, WEIGHTS_FILE, read_info_and_tokenizer
+from model.fetch import verify
+from tests.test_fetch import COMMIT, Hub, argos_package, hub, marian, translate  # noqa: F401 - fixtures
 
 REPO = Path(__file__).resolve().parents[1]
 KUBE = REPO / "deploy" / "kubernetes"
+SCRIPT = KUBE / "base" / "fetch_model.py"  # the init container's command
 OVERLAYS = ("cpu", "gpu")
 DASHBOARD = REPO / "deploy" / "grafana" / "dashboards" / "nmt.json"
 ADAPTER_VALUES = KUBE / "prometheus-adapter" / "values.yaml"
@@ -254,28 +259,66 @@ def test_what_the_service_writes_is_on_writable_volumes(docs: tuple[Doc, ...]) -
     assert "PROMETHEUS_MULTIPROC_DIR" not in settings  # app/metrics.py sets it itself
 
 
-def test_the_model_comes_from_a_volume_filled_by_the_init_container(docs: tuple[Doc, ...]) -> None:
+def value_of(container: Doc, name: str) -> Any:
+    """The value (or valueFrom) of ``name`` in ``container``'s environment."""
+    (found,) = [e for e in container["env"] if e["name"] == name]
+    return found.get("value", found.get("valueFrom"))
+
+
+def test_the_models_come_from_a_volume_filled_by_the_init_container(docs: tuple[Doc, ...]) -> None:
     spec, container = pod_spec(docs), translator(docs)
     volumes = {v["name"]: v for v in spec["volumes"]}
-    model_dir = env(container)["NMT_MODEL_DIR"]
-    mount, volume = mount_of(container, volumes, model_dir)
+    settings = env(container)
+    (fetcher,) = spec["initContainers"]
+    # The translator serves every model directory of the volume, and finds the named ones there
+    # again (verified against their records) in the store the init container fetched them into.
+    store = value_of(fetcher, "NMT_MODEL_STORE")
+    assert settings["NMT_MODEL_DIR"] == settings["NMT_MODEL_STORE"] == store
+    mount, volume = mount_of(container, volumes, store)
     assert mount.get("readOnly") is True  # the translator only reads it
     assert "emptyDir" in volume or "persistentVolumeClaim" in volume  # not the image
-    (fetcher,) = spec["initContainers"]
-    assert {e["name"]: e.get("value") for e in fetcher["env"]}["MODEL_DEST"] == model_dir
-    assert mount_of(fetcher, volumes, model_dir)[1] is volume
+    fetcher_mount, fetcher_volume = mount_of(fetcher, volumes, store)
+    assert fetcher_volume is volume and not fetcher_mount.get("readOnly", False)
+    # Both read the same names; the translator never downloads (a model missing from the volume
+    # stops its start with one line).
+    assert value_of(container, "NMT_MODELS") == value_of(fetcher, "NMT_MODELS")
+    assert settings["HF_HUB_OFFLINE"] == "1"
+    # What the fetch writes (huggingface_hub's cache and home, $HOME, $TMPDIR) is on writable
+    # volumes: the root filesystem is read-only.
+    for name in ("HF_HOME", "HF_HUB_CACHE", "HOME", "TMPDIR"):
+        path = value_of(fetcher, name)
+        written, written_volume = mount_of(fetcher, volumes, path)
+        assert not written.get("readOnly", False) and "emptyDir" in written_volume, name
+        # The hub's downloads, in the models volume, are hidden from the translator's listing.
+        if name.startswith("HF_") and written_volume is volume:
+            assert Path(path).relative_to(store).parts[0].startswith("."), name
     # The init container runs the script of base/fetch_model.py, carried by a generated ConfigMap
-    # mounted where the command expects it.
+    # mounted where the command expects it, with the image's Python: the project's own fetcher.
+    assert fetcher["command"][:-1] == ["python"]
+    assert "ENV PATH=/opt/venv/bin:$PATH" in (REPO / "Dockerfile").read_text()  # the project's venv
     script = Path(fetcher["command"][-1])
     script_mount, script_volume = mount_of(fetcher, volumes, str(script))
     configmap = one(docs, "ConfigMap", script_volume["configMap"]["name"])
     assert configmap["data"][script.name] == (KUBE / "base" / "fetch_model.py").read_text()
-    # Its source: a ConfigMap whose name carries a hash of its content (configMapGenerator),
-    # so that a new model URL rolls the pods out.
-    sources = {e["valueFrom"]["configMapKeyRef"]["name"] for e in fetcher["env"] if "valueFrom" in e}
+    imported = {
+        node.module
+        for node in ast.walk(ast.parse(configmap["data"][script.name]))
+        if isinstance(node, ast.ImportFrom)
+    }
+    assert {"model.fetch", "model.directory"} <= imported
+    # Its source: a ConfigMap whose name carries a hash of its content (configMapGenerator), so
+    # that new names or a new URL roll the pods out.
+    sources = {
+        e["valueFrom"]["configMapKeyRef"]["name"]
+        for c in (fetcher, container)
+        for e in c["env"]
+        if "configMapKeyRef" in e.get("valueFrom", {})
+    }
     (source,) = sources
-    assert set(one(docs, "ConfigMap", source)["data"]) == {"url", "sha256"}
+    assert one(docs, "ConfigMap", source)["data"] == {"models": "", "url": "", "sha256": ""}
     assert source.startswith("nmt-model-")
+    # A token for gated repositories, when its Secret exists; the pod starts without it.
+    assert value_of(fetcher, "HF_TOKEN")["secretKeyRef"]["optional"] is True
 
 
 def test_settings_and_resources_fit_the_device(docs: tuple[Doc, ...]) -> None:
@@ -474,7 +517,7 @@ def test_adapter_queries_give_each_pod_its_average_over_a_minute(tmp_path: Path)
 
 @pytest.fixture(scope="module")
 def fetcher() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("fetch_model", KUBE / "base" / "fetch_model.py")
+    spec = importlib.util.spec_from_file_location("fetch_model", SCRIPT)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -521,9 +564,17 @@ def serve_bytes() -> Iterator[dict[str, bytes]]:
         server.server_close()
 
 
-def test_fetcher_requires_what_the_model_loader_requires(fetcher: ModuleType) -> None:
-    assert set(fetcher.REQUIRED) == {CONFIG_FILE, WEIGHTS_FILE, SPM_FILE}
-    assert fetcher.REQUIRED[0] == CONFIG_FILE
+def test_fetcher_requires_what_the_model_format_requires(fetcher: ModuleType) -> None:
+    """Its required files are the format's (model/directory.py), its tokenizer checked by the
+    format's own reader: no list of file names of its own that could drift from what loads."""
+    assert fetcher.REQUIRED == (CONFIG_FILE, WEIGHTS_FILE)
+    assert fetcher.read_info_and_tokenizer is read_info_and_tokenizer
+    names = {
+        node.value
+        for node in ast.walk(ast.parse(SCRIPT.read_text()))
+        if isinstance(node, ast.Constant) and isinstance(node.value, str)
+    }
+    assert not {n for n in names if n.endswith((".json", ".spm", ".model", ".safetensors"))}
 
 
 def test_fetcher_downloads_checks_and_unpacks_a_model(
@@ -532,14 +583,17 @@ def test_fetcher_downloads_checks_and_unpacks_a_model(
     archive = model_archive(model_dir)
     serve_bytes["/models/tiny.tar.gz"] = archive
     url = serve_bytes["url"].decode() + "/models/tiny.tar.gz"
-    dest = tmp_path / "models" / "current"
-    fetcher.fetch(url, hashlib.sha256(archive).hexdigest(), dest)
+    store = tmp_path / "models"
+    (dest,) = fetcher.fill([], url, hashlib.sha256(archive).hexdigest(), store)
+    assert dest == store / "tiny-de-en"  # the archive's folder names it
     info, _ = read_info_and_tokenizer(dest)  # what the service will load
     assert (info.source_lang, info.target_lang) == ("de", "en")
     assert sorted(p.name for p in dest.iterdir()) == sorted(p.name for p in model_dir.iterdir())
-    # Run again (the init container restarted): replaced, nothing left over beside it.
-    fetcher.fetch(url, "", dest)
-    assert sorted(p.name for p in dest.parent.iterdir()) == ["current"]
+    # Run again (the init container restarted, after a run killed mid-download): replaced,
+    # nothing left over beside it.
+    (store / ".fetch-killed" / "unpacked").mkdir(parents=True)
+    fetcher.fill([], url, "", store)
+    assert sorted(p.name for p in store.iterdir()) == ["tiny-de-en"]
 
 
 def test_fetcher_refuses_bad_archives(
@@ -547,16 +601,18 @@ def test_fetcher_refuses_bad_archives(
 ) -> None:
     base = serve_bytes["url"].decode()
     serve_bytes["/ok.tgz"] = model_archive(model_dir)
-    serve_bytes["/flat.tgz"] = model_archive(model_dir, folder="")  # files at the top: fine
+    serve_bytes["/flat.tar.gz"] = model_archive(model_dir, folder="")  # files at the top: fine
     serve_bytes["/no-spm.tgz"] = model_archive(model_dir, drop=SPM_FILE)
+    serve_bytes["/no-weights.tgz"] = model_archive(model_dir, drop=WEIGHTS_FILE)
     serve_bytes["/escape.tgz"] = tarball({"../outside": b"x", "m/config.json": b"{}"})
     serve_bytes["/junk.tgz"] = b"not an archive"
-    dest = tmp_path / "current"
-    fetcher.fetch(f"{base}/flat.tgz", "", dest)
-    assert (dest / CONFIG_FILE).is_file()
+    store = tmp_path / "models"
+    (dest,) = fetcher.fill([], f"{base}/flat.tar.gz", "", store)
+    assert dest == store / "flat" and (dest / CONFIG_FILE).is_file()  # named after the file
     cases = {
         f"{base}/ok.tgz#sha": ("0" * 64, "SHA-256"),
         f"{base}/no-spm.tgz": ("", SPM_FILE),
+        f"{base}/no-weights.tgz": ("", f"lacks {WEIGHTS_FILE}"),
         f"{base}/escape.tgz": ("", "cannot unpack"),
         f"{base}/junk.tgz": ("", "cannot unpack"),
         f"{base}/missing.tgz": ("", "404"),
@@ -564,24 +620,123 @@ def test_fetcher_refuses_bad_archives(
     }
     for url, (sha, message) in cases.items():
         with pytest.raises(fetcher.FetchError, match=message):
-            fetcher.fetch(url, sha, dest)
+            fetcher.fill([], url, sha, store)
         assert (dest / CONFIG_FILE).is_file()  # the model there before is untouched
     assert not (tmp_path / "outside").exists()
+    assert sorted(p.name for p in store.iterdir()) == ["flat"]  # no temporary folder left
 
 
 def test_fetcher_copies_the_builtin_model_and_reports_failures(fetcher: ModuleType, tmp_path: Path) -> None:
-    dest = tmp_path / "current"
-    fetcher.fetch("", "", dest, builtin=REPO / "artifacts" / "multi30k-de-en")
+    builtin = REPO / "artifacts" / "multi30k-de-en"
+    (dest,) = fetcher.fill([], "", "", tmp_path / "models", builtin=builtin)
+    assert dest == tmp_path / "models" / builtin.name
     read_info_and_tokenizer(dest)
-    with pytest.raises(fetcher.FetchError, match="MODEL_URL is empty"):
-        fetcher.fetch("", "", tmp_path / "other", builtin=tmp_path / "absent")
+    with pytest.raises(fetcher.FetchError, match="MODEL_URL are empty"):
+        fetcher.fill([], "", "", tmp_path / "other", builtin=tmp_path / "absent")
     # As the init container runs it: a failure is one line and a non-zero exit.
     proc = subprocess.run(
-        [sys.executable, str(KUBE / "base" / "fetch_model.py")],
-        env={"MODEL_URL": f"file://{tmp_path}/absent.tgz", "MODEL_DEST": str(tmp_path / "m")},
+        [sys.executable, str(SCRIPT)],
+        env={"MODEL_URL": f"file://{tmp_path}/absent.tgz", "NMT_MODEL_STORE": str(tmp_path / "m")},
         capture_output=True,
         text=True,
     )
     assert proc.returncode == 1
     assert proc.stderr.startswith("fetch-model: cannot download") and proc.stderr.count("\n") == 1
     assert json.loads((dest / CONFIG_FILE).read_text())
+
+
+def run_script(environment: dict[str, str], cwd: Path) -> subprocess.CompletedProcess[str]:
+    """fetch_model.py as the init container runs it: its own process, its directory elsewhere."""
+    return subprocess.run(
+        [sys.executable, str(SCRIPT)], env=environment, cwd=cwd, capture_output=True, text=True, timeout=600
+    )
+
+
+def test_the_init_container_fetches_a_name_and_a_converted_archive_that_the_translator_serves(
+    hub: Hub,  # noqa: F811
+    marian: tuple[Path, Path],  # noqa: F811
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The script against the local hub of tests/test_fetch.py: an OPUS-MT name (downloaded,
+    converted and recorded by model.fetch) and the archive of a converted OPUS-MT directory
+    (source.spm, target.spm and their vocabulary: no sentencepiece.model), into the store; then the
+    translator's start, offline, finds both and each translates."""
+    converted = marian[1]
+    assert (converted / "source.spm").is_file() and not (converted / SPM_FILE).is_file()
+    archive = model_archive(converted, folder="converted-de-en/")
+    hub.static["/archives/converted.tar.gz"] = archive
+    store = tmp_path / "models"
+    environment = {
+        **os.environ,  # the hub fixture's HF_ENDPOINT and NMT_ARGOS_INDEX, PATH, ...
+        "NMT_MODELS": "opus-mt:de-en",
+        "MODEL_URL": f"{hub.url}/archives/converted.tar.gz",
+        "MODEL_SHA256": hashlib.sha256(archive).hexdigest(),
+        "NMT_MODEL_STORE": str(store),
+        # As deployment.yaml sets them: the hub's cache in a hidden folder of the volume.
+        "HF_HOME": str(store / ".huggingface"),
+        "HF_HUB_CACHE": str(store / ".huggingface" / "hub"),
+    }
+    proc = run_script(environment, tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr == ""
+    # The converted directories only: the hub's cache removed, no temporary folder left.
+    assert sorted(p.name for p in store.iterdir()) == ["converted-de-en", "opus-mt-de-en"]
+    assert verify(store / "opus-mt-de-en")["commit"] == COMMIT
+    # The translator's start, as deployment.yaml configures it: offline, the store read-only to it.
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    hub.requests.clear()
+    settings = Settings.model_validate(
+        {"model_dir": (store,), "models": ("opus-mt:de-en",), "model_store": store, "device": "cpu"}
+    )
+    opened = open_models(settings)
+    assert sorted(spec.name for spec, _, _ in opened) == ["converted-de-en", "opus-mt-de-en"]
+    assert hub.requests == []  # nothing asked of the network
+    expected = translate(converted)
+    assert expected and all(expected)
+    for spec, _, _ in opened:
+        assert translate(spec.path) == expected, spec.name
+    # Run again (the init container restarted): the name is verified, not downloaded again.
+    monkeypatch.delenv("HF_HUB_OFFLINE")
+    proc = run_script(environment, tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert not any(r.startswith("GET /cdn/") or "/resolve/" in r for r in hub.requests)
+
+
+@pytest.mark.parametrize(
+    ("case", "message"),
+    [
+        ("wrong-sha256", "SHA-256 is "),
+        ("no-source-spm", "source.spm"),
+        ("no-weights", f"lacks {WEIGHTS_FILE}"),
+        ("no-config", f"no single folder with {CONFIG_FILE}"),
+        ("bad-name", "not a model name"),
+    ],
+)
+def test_the_init_container_stops_with_one_line(
+    marian: tuple[Path, Path],  # noqa: F811
+    serve_bytes: dict[str, bytes],
+    tmp_path: Path,
+    case: str,
+    message: str,
+) -> None:
+    """A wrong checksum, a converted directory that lacks a file the format requires, or a name
+    that is none: exit 1 with one line naming it, nothing left in the volume."""
+    converted = marian[1]
+    drop = {"no-source-spm": "source.spm", "no-weights": WEIGHTS_FILE, "no-config": CONFIG_FILE}.get(case, "")
+    archive = model_archive(converted, folder="converted-de-en/", drop=drop)
+    serve_bytes["/m.tar.gz"] = archive
+    store = tmp_path / "models"
+    environment = {
+        "PATH": os.environ.get("PATH", ""),
+        "MODEL_URL": serve_bytes["url"].decode() + "/m.tar.gz",
+        "MODEL_SHA256": "0" * 64 if case == "wrong-sha256" else hashlib.sha256(archive).hexdigest(),
+        "NMT_MODEL_STORE": str(store),
+        "NMT_MODELS": "opus:de-en" if case == "bad-name" else "",
+        "HF_HUB_OFFLINE": "1",  # a name is never fetched here
+    }
+    proc = run_script(environment, tmp_path)
+    assert proc.returncode == 1
+    assert proc.stderr.startswith("fetch-model: ") and proc.stderr.count("\n") == 1, proc.stderr
+    assert message in proc.stderr
+    assert not store.exists() or list(store.iterdir()) == []
