@@ -19,6 +19,15 @@ A multilingual model (one model, several directions) writes "format": 2, "source
 
 ``ModelInfo.directions`` lists the pairs of either kind; ``source_prefix`` gives the ids to prepend.
 
+A model of either kind may also force the start of every output (an Argos package's
+``target_prefix``, CTranslate2's ``translate_batch(..., target_prefix=...)``):
+
+    "output_prefix": [7]    target ids decoded first, whatever the model prefers; they are part of
+                            the output's tokens (as CTranslate2 returns them) and decode to nothing
+
+(Written only when present; the format number stays: code that predates the key translates without
+forcing it.)
+
 No torch here: the HTTP front end reads a directory's metadata and vocabulary and never its
 weights, which ``model.checkpoint`` writes and loads.
 """
@@ -61,6 +70,8 @@ class ModelInfo:
     # the token ids that ask for it (put before the source ids).
     multilingual_directions: list[tuple[str, str]] = field(default_factory=list)
     target_prefix: dict[str, list[int]] = field(default_factory=dict)
+    # Target ids every output starts with, forced (``model.decoding.prefix``); empty: none.
+    output_prefix: list[int] = field(default_factory=list)
 
     @classmethod
     def multilingual(
@@ -84,7 +95,13 @@ class ModelInfo:
         return list(self.multilingual_directions) or [(self.source_lang, self.target_lang)]
 
     def check(self) -> None:
-        """``ValueError`` when the multilingual fields do not fit together."""
+        """``ValueError`` when the multilingual fields do not fit together, or the output prefix
+        holds ids the decoder cannot be made to produce."""
+        cfg = self.config
+        specials = {cfg.pad_id, cfg.bos_id, cfg.eos_id}
+        bad = [i for i in self.output_prefix if not 0 <= i < cfg.vocab_size or i in specials]
+        if bad:
+            raise ValueError(f"output_prefix {self.output_prefix}: {bad} are not word ids of the vocabulary")
         if not self.is_multilingual:
             return
         if len(set(self.multilingual_directions)) != len(self.multilingual_directions):
@@ -108,6 +125,8 @@ class ModelInfo:
         if self.is_multilingual:
             data["directions"] = [f"{s}-{t}" for s, t in self.multilingual_directions]
             data["target_prefix"] = self.target_prefix
+        if self.output_prefix:
+            data["output_prefix"] = self.output_prefix
         data["training"] = self.training
         return data
 
@@ -153,6 +172,7 @@ def read_info(path: str | Path) -> ModelInfo:
             training=dict(data.get("training", {})),
             multilingual_directions=[_direction(d) for d in data.get("directions", [])],
             target_prefix={str(k): [int(i) for i in v] for k, v in data.get("target_prefix", {}).items()},
+            output_prefix=[int(i) for i in data.get("output_prefix", [])],
         )
         info.check()
         return info
@@ -187,6 +207,9 @@ def load_tokenizer(path: str | Path, info: ModelInfo | None = None) -> Tokenizer
         unk = cfg.unk_id
         skip = {cfg.pad_id, cfg.unk_id, cfg.bos_id, cfg.eos_id}
         skip.update(i for ids in info.target_prefix.values() for i in ids)
+        # The forced output prefix (a target-language token) is in every output's tokens, never
+        # in its text: as Argos Translate strips it.
+        skip.update(info.output_prefix)
     try:
         return Tokenizer(
             source, target=target, source_vocab=vocabs[0], target_vocab=vocabs[1], unk_id=unk, skip_ids=skip

@@ -80,11 +80,15 @@ def spm_pieces(model: Path) -> list[str]:
     return [sp.id_to_piece(i) for i in range(sp.get_piece_size())]
 
 
-def make_marian(out_dir: Path, spm_model: Path, *, steps: int = 300, seed: int = 0) -> Path:
+def make_marian(
+    out_dir: Path, spm_model: Path, *, steps: int = 300, seed: int = 0, target_prefix: str = ""
+) -> Path:
     """A MarianMTModel (d_model 32, 2+2 layers, 4 heads, ffn 64, swish, tied embeddings) and its
     MarianTokenizer: vocab.json = the joint SentencePiece pieces in id order, then <pad> (last, as in
     OPUS-MT), so that it packs as an Argos model. Trained ``steps`` Adam steps on Multi30k pairs, so
-    that it ends outputs with eos; a random final_logits_bias (a bias to convert) pushing eos."""
+    that it ends outputs with eos; a random final_logits_bias (a bias to convert) pushing eos.
+    ``target_prefix``: a piece every training target starts with (a multilingual model's language
+    token, which Argos then forces: tests/test_target_prefix.py)."""
     from transformers import MarianConfig, MarianMTModel, MarianTokenizer
 
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -111,7 +115,10 @@ def make_marian(out_dir: Path, spm_model: Path, *, steps: int = 300, seed: int =
     for _ in range(steps):
         idx = torch.randint(len(src), (32,), generator=g).tolist()
         batch = tokenizer(
-            [src[i] for i in idx], text_target=[tgt[i] for i in idx], padding=True, return_tensors="pt"
+            [src[i] for i in idx],
+            text_target=[f"{target_prefix} {tgt[i]}" if target_prefix else tgt[i] for i in idx],
+            padding=True,
+            return_tensors="pt",
         )
         labels = batch["labels"].masked_fill(batch["labels"] == pad, -100)
         loss = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], labels=labels).loss
@@ -386,7 +393,7 @@ def _broken_package(work: dict[str, Any], tmp: Path, how: str) -> Path:
         ("version", "binary version 99"),
         ("size", "needs"),
         ("vocabulary", "embedding rows"),
-        ("target_prefix", "target_prefix"),
+        ("target_prefix", "not a piece of the model's target vocabulary"),
         ("activation", "GELU (tanh approximation)"),
     ],
 )

@@ -8,9 +8,11 @@ sentencepiece.model (both sides), maybe README.md (credits, licence) and stanza/
 splitter; not used: the service splits sentences itself). The CTranslate2 model is read by our own
 code (``model.convert.ct2_model``) and renamed to our weights (``model.convert.ct2_transformer``).
 
-Not supported (``ConversionError``): a ``target_prefix`` in metadata.json, a piece argos-translate
-forces at the start of every *output*; our models route by a *source* prefix, and a forced first
-target token is not something a model directory can say.
+A ``target_prefix`` in metadata.json (a piece argos-translate forces at the start of every output,
+through CTranslate2's ``translate_batch(..., target_prefix=...)``; a multilingual model's
+target-language token) becomes the model directory's ``output_prefix`` (its id in the target
+vocabulary), which decoding forces as CTranslate2 does (``model.decoding.prefix``) and the
+tokenizer never shows, as argos-translate strips it. A piece the vocabulary lacks is refused.
 
 A package may come from anywhere: before anything is unpacked, its members are counted
 (``MAX_ARCHIVE_MEMBERS``) and their declared sizes summed, at most ``UNPACK_RATIO`` times the
@@ -142,12 +144,25 @@ def _metadata(package: Path, src: Path) -> dict[str, Any]:
         raise ConversionError(f"{src}: {METADATA} is unreadable ({e})") from e
     if not isinstance(meta, dict):
         raise ConversionError(f"{src}: {METADATA} is not a JSON object")
-    if meta.get("target_prefix"):
-        raise ConversionError(
-            f"{src}: {METADATA} has target_prefix {meta['target_prefix']!r} (a piece forced at the start of "
-            "every translation): not supported, our models route by a source prefix"
-        )
+    prefix = meta.get("target_prefix")
+    if prefix is not None and not isinstance(prefix, str):
+        raise ConversionError(f"{src}: {METADATA} has target_prefix {prefix!r}: not a piece (a string)")
     return meta
+
+
+def _output_prefix(meta: dict[str, Any], imported: Imported, src: Path) -> list[int]:
+    """metadata.json's ``target_prefix`` (one piece, as argos-translate passes it to CTranslate2)
+    as target ids; none when it is absent or empty (argos-translate then forces nothing)."""
+    piece = meta.get("target_prefix") or ""
+    if not piece:
+        return []
+    vocabulary = imported.target_vocabulary
+    if piece not in vocabulary:
+        raise ConversionError(
+            f"{src}: {METADATA} has target_prefix {piece!r}, which is not a piece of the model's target "
+            "vocabulary"
+        )
+    return [vocabulary.index(piece)]
 
 
 def _write(
@@ -182,7 +197,13 @@ def _write(
     name = f"{meta.get('from_name', source)} → {meta.get('to_name', target)}"
     origin = f"Argos Translate package {src.name} (package_version {meta.get('package_version', '?')})"
     training = {"origin": origin, "licence": licence, "command": command}
-    info = ModelInfo(imported.config, source, target, training)
+    info = ModelInfo(
+        imported.config, source, target, training, output_prefix=_output_prefix(meta, imported, src)
+    )
+    try:
+        info.check()
+    except ValueError as e:  # a prefix that is a special (eos, ...): decoding cannot force it
+        raise ConversionError(f"{src}: {METADATA}'s target_prefix: {e}") from e
 
     save_file(
         {k: v.contiguous() for k, v in imported.state.items()},
@@ -200,6 +221,10 @@ def _write(
         f"- Made by: `{command or 'model.convert.argos.convert'}`",
         f"- Architecture: {_summary(imported)}",
     ]
+    if info.output_prefix:
+        card.append(
+            f"- Every translation starts with the piece {meta['target_prefix']!r} (forced, not shown)"
+        )
     if readme.is_file():
         card += [
             "",

@@ -21,6 +21,7 @@ from torch import Tensor
 from model.decoding.constraints import ConstraintSet, beam_for
 from model.decoding.device_search import Group, SearchRows, reorder_cache
 from model.decoding.options import DecodeOptions
+from model.decoding.prefix import check_prefix
 from model.decoding.search import Beam, Hypothesis, Search
 from model.layers import aligned
 from model.runtime.step import StepChoice, StepOutputs, StepRunner
@@ -65,6 +66,9 @@ class Source(Generic[K]):
     n_best: int = 1
     # Target token sequences (no bos/eos) each finished hypothesis must contain (terminology).
     constraints: tuple[tuple[int, ...], ...] = ()
+    # Target tokens every hypothesis starts with, forced (``model.decoding.prefix``; the model's
+    # ``ModelInfo.output_prefix``); they are part of its tokens.
+    prefix: tuple[int, ...] = ()
 
 
 def pad_batch(sources: Sequence[Sequence[int]], pad_id: int, device: torch.device) -> Tensor:
@@ -153,9 +157,9 @@ class RunningBatch(Generic[K]):
     def add(self, sources: Sequence[Source[K]]) -> None:
         """Encode ``sources`` as one padded batch and add their rows after the last one.
 
-        Raises ValueError, before anything changes, for a constraint token the step cannot score
-        (outside the vocabulary: it would fail the whole batch's step) or that cannot be generated
-        inside an output (pad, bos, eos).
+        Raises ValueError, before anything changes, for a constraint or prefix token the step
+        cannot score (outside the vocabulary: it would fail the whole batch's step) or that cannot
+        be generated inside an output (pad, bos, eos).
 
         Nothing is read here: finished inputs still in the batch leave at the next read (``step``
         returns them; ``add`` could not)."""
@@ -163,6 +167,7 @@ class RunningBatch(Generic[K]):
             return
         cfg = self.model.cfg
         for s in sources:
+            check_prefix(s.prefix, cfg.vocab_size, {cfg.pad_id, cfg.bos_id, cfg.eos_id})
             if not s.constraints:
                 continue
             bad = {t for c in s.constraints for t in c if not 0 <= t < cfg.vocab_size}
@@ -185,13 +190,13 @@ class RunningBatch(Generic[K]):
         bos = torch.full((sum(ks),), cfg.bos_id, dtype=torch.long, device=src.device)
         self.tokens = torch.cat([self.tokens[:first], bos])
         limits = [self.options.output_limit(len(s.ids), cfg.max_positions) for s in sources]
-        self.state.start(first, ks, limits)
+        self.state.start(first, ks, limits, [s.prefix for s in sources])
         for s, limit in zip(sources, limits, strict=True):
             rows_of = list(range(first, first + s.beam_size))
             constraints = ConstraintSet(s.constraints, self.word_continuations) if s.constraints else None
             self.constrained += constraints is not None
             on_device = self.device_search and self.search.on_device(constraints)
-            beam = None if on_device else Beam.start(s.beam_size, limit, constraints)
+            beam = None if on_device else Beam.start(s.beam_size, limit, constraints, s.prefix)
             self.entries.append(Entry(s.key, beam, rows_of, s.n_best, s.beam_size, limit))
             first += s.beam_size
         self._layout = self._lay_out()  # (uploads: a join reads already, a step need not)
@@ -398,6 +403,7 @@ def decode(
     constraints: Sequence[Sequence[Sequence[int]]] | None = None,
     word_continuations: frozenset[int] = frozenset(),
     sync_every: int | None = None,
+    prefix: Sequence[int] = (),
 ) -> list[list[Hypothesis]]:
     """Decode every source (ids ending in eos) with ``options``; the n-best of each, in order.
 
@@ -406,7 +412,8 @@ def decode(
     which others share its steps. ``max_rows``: rows decoded together (default ``capacity``).
     ``constraints``: per source, target token sequences its hypotheses must contain; such a source
     decodes with ``beam_for(options.beam_size, its number of constraints)``, and no met constraint
-    is followed by one of ``word_continuations``; ``sync_every``: ``RunningBatch``'s."""
+    is followed by one of ``word_continuations``; ``sync_every``: ``RunningBatch``'s; ``prefix``:
+    target tokens every hypothesis starts with (``Source.prefix``)."""
     batch: RunningBatch[int] = RunningBatch(
         model,
         runner,
@@ -441,7 +448,7 @@ def decode(
                 ):
                     taken = taken[: len(taken) // 2]
             order = order[len(taken) :]
-            batch.add([Source(i, sources[i], ks[i], options.n_best, wanted[i]) for i in taken])
+            batch.add([Source(i, sources[i], ks[i], options.n_best, wanted[i], tuple(prefix)) for i in taken])
         for key, hyps in batch.step():
             results[key] = hyps
     return [results[i] for i in range(len(sources))]

@@ -14,6 +14,10 @@ the host, in Python, from the same values when the hypotheses are read (``Search
 
 Inputs with constraints or under the repetition guard need Python per step (``ConstraintSet``,
 ``banned_tokens``) and keep ``Beam``; their rows here are unused.
+
+An input's output prefix (``model.decoding.prefix``) is written at the start of its rows'
+histories, with its length: while a row's steps are fewer, its token is the history's own
+(``Beam.force``'s rule as tensor ops).
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import torch
 from torch import Tensor
 
 from model.cache import KVCache
+from model.decoding.prefix import drop_secondary_eos, force_candidates
 from model.runtime.step import StepChoice
 
 # A finished hypothesis as read back: generated tokens (no eos), log-prob (eos included), length
@@ -48,9 +53,10 @@ class SearchRows:
 
     Per row: its beam's generated tokens, cumulative log-prob (float64: greedy sums are Python's;
     a beam's scores are float32 values, exact in float64), steps taken, length limit, and whether
-    its input is done (the same in every row of an input). An input's finished hypotheses are
-    kept in its own rows, the j-th to end in its row j (an input ends at most K of them), with
-    their count in every row of the input."""
+    its input is done (the same in every row of an input), its output prefix's length (the prefix
+    itself is the start of the row's history, written when the input joins). An input's finished
+    hypotheses are kept in its own rows, the j-th to end in its row j (an input ends at most K of
+    them), with their count in every row of the input."""
 
     def __init__(self, capacity: int, positions: int, device: torch.device) -> None:
         n = capacity + 1
@@ -65,6 +71,7 @@ class SearchRows:
         self.found_lprob = torch.zeros(n, dtype=torch.float64, device=device)
         self.found_length = torch.zeros(n, dtype=torch.long, device=device)
         self.found = torch.zeros(n, dtype=torch.long, device=device)  # finished hypotheses of the input
+        self.prefix_len = torch.zeros(n, dtype=torch.long, device=device)  # output prefix tokens
 
     def _tensors(self) -> tuple[Tensor, ...]:
         return (
@@ -77,12 +84,24 @@ class SearchRows:
             self.found_lprob,
             self.found_length,
             self.found,
+            self.prefix_len,
         )
 
-    def start(self, first: int, ks: list[int], limits: list[int]) -> None:
-        """Inputs of beam sizes ``ks`` and length limits ``limits`` join at rows ``first``... (as
-        ``Beam.start``: only the first beam of each is alive)."""
+    def start(
+        self, first: int, ks: list[int], limits: list[int], prefixes: list[tuple[int, ...]] | None = None
+    ) -> None:
+        """Inputs of beam sizes ``ks``, length limits ``limits`` and output prefixes ``prefixes``
+        (default none) join at rows ``first``... (as ``Beam.start``: only the first beam of each is
+        alive)."""
         n, device = sum(ks), self.score.device
+        self.prefix_len[first : first + n] = 0
+        if prefixes and any(prefixes):
+            # (A prefix longer than a row's history is never read that far: the limit comes first.)
+            rows = [p[: self.width] for k, p in zip(ks, prefixes, strict=True) for _ in range(k)]
+            longest = max(map(len, rows))
+            self.prefix_len[first : first + n] = torch.tensor([len(p) for p in rows], device=device)
+            table = [[*p, *[0] * (longest - len(p))] for p in rows]
+            self.history[first : first + n, :longest] = torch.tensor(table, device=device)
         scores = [s for k in ks for s in [0.0] + [-math.inf] * (k - 1)]
         self.score[first : first + n] = torch.tensor(scores, dtype=torch.float64, device=device)
         self.limit[first : first + n] = torch.tensor(
@@ -165,12 +184,17 @@ def _greedy(rows: SearchRows, g: Group, step: StepChoice, tokens: Tensor, *, eos
     length = steps + 1  # tokens of the hypothesis if it ends now, eos included
     at_limit = length >= rows.limit.index_select(0, r)
     active = ~rows.done.index_select(0, r)
-    token = torch.where(at_limit, eos, step.choice.index_select(0, r))
+    column = steps.clamp(max=rows.width - 1)
+    # In the output prefix: its token (the history's own), which adds nothing to the score.
+    forcing = steps < rows.prefix_len.index_select(0, r)
+    chosen = torch.where(forcing, rows.history[r, column], step.choice.index_select(0, r))
+    token = torch.where(at_limit, eos, chosen)
     score = rows.score.index_select(0, r)
     if scored:
         assert g.top is not None
         a, n = g.top, r.size(0)
-        lprob = torch.where(at_limit, step.eos_lprob[a : a + n], step.top_lprobs[a : a + n, 0])
+        best = torch.where(forcing, 0.0, step.top_lprobs[a : a + n, 0])
+        lprob = torch.where(at_limit, step.eos_lprob[a : a + n], best)
         score = score + lprob.double()
     ended = active & (token == eos)  # (at the limit the token is eos)
     target = torch.where(ended, r, rows.scratch)
@@ -180,7 +204,7 @@ def _greedy(rows: SearchRows, g: Group, step: StepChoice, tokens: Tensor, *, eos
     rows.found.index_copy_(0, r, rows.found.index_select(0, r) + ended.long())
     rows.done.index_copy_(0, r, ~active | ended)
     # (A row that ended, or was done before, writes too: its history is no longer read.)
-    rows.history.index_put_((r, steps.clamp(max=rows.width - 1)), token)
+    rows.history.index_put_((r, column), token)
     rows.score.index_copy_(0, r, score)
     tokens.index_copy_(0, r, token)
 
@@ -215,6 +239,16 @@ def _beams(
     cand_scores, picked = total.topk(2 * k, dim=1)  # (A, 2K) best first
     cand_tokens = cand.view(a_n, k * top).gather(1, picked)
     cand_beams = picked // top
+    # The output prefix (``model.decoding.prefix``): in it, the first beam takes its token (the
+    # history's own); at the first step after it, an eos below the best cannot end a hypothesis.
+    prefix_len = rows.prefix_len.index_select(0, first)
+    forcing = (steps < prefix_len) & ~at_limit
+    token_now = rows.history[first, steps.clamp(max=rows.width - 1)]
+    cand_scores, cand_tokens, cand_beams = force_candidates(
+        cand_scores, cand_tokens, cand_beams, forcing=forcing, token=token_now, first=scores[:, 0]
+    )
+    free = (prefix_len > 0) & (steps == prefix_len) & ~at_limit
+    cand_scores, cand_tokens = drop_secondary_eos(cand_scores, cand_tokens, free, eos)
 
     # fairseq's rule (``Beam.advance``) over the 2K candidates, best first: stop at the first -inf
     # (sorted: the finite ones are a prefix) or once K continue; eos ranked < K ends a hypothesis

@@ -14,6 +14,9 @@ An input with constraints (``model.decoding.constraints``) keeps a ``ConstraintS
 is advanced by dynamic beam allocation (``Beam.advance_constrained``), from the same step's
 candidates plus the log-probs of the tokens it forced (``Search.forced``); inputs without
 constraints never reach that code, and pay for it only an attribute check.
+
+An input with an output prefix (``model.decoding.prefix``) takes the prefix's tokens first
+(``Beam.force``), then searches as any other.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from torch import Tensor
 
 from model.decoding.constraints import ConstraintSet, ConstraintState
 from model.decoding.device_search import Found, Group, SearchRows, advance
+from model.decoding.prefix import drop_secondary_eos
 from model.runtime.step import StepChoice
 
 
@@ -58,11 +62,14 @@ class Beam:
     constraints: ConstraintSet | None = None  # None: unconstrained (the plain path)
     states: list[ConstraintState] = field(default_factory=list)  # each live beam's, with constraints
     forced: list[list[int]] = field(default_factory=list)  # per beam: the tokens forced this step
+    prefix: tuple[int, ...] = ()  # the output prefix: the first tokens of every hypothesis
 
     @classmethod
-    def start(cls, k: int, limit: int, constraints: ConstraintSet | None = None) -> Beam:
+    def start(
+        cls, k: int, limit: int, constraints: ConstraintSet | None = None, prefix: tuple[int, ...] = ()
+    ) -> Beam:
         # K copies of the first row; only the first copy is alive, so step 0 expands one beam.
-        beam = cls(k, limit, [0.0] + [-math.inf] * (k - 1), [[] for _ in range(k)])
+        beam = cls(k, limit, [0.0] + [-math.inf] * (k - 1), [[] for _ in range(k)], prefix=tuple(prefix))
         if constraints is not None:
             beam.constraints, beam.states = constraints, [constraints.start()] * k
         return beam
@@ -75,6 +82,26 @@ class Beam:
     def at_limit(self) -> bool:
         """The next token is the last allowed: it must be eos."""
         return self.steps + 1 >= self.limit
+
+    @property
+    def forcing(self) -> bool:
+        """Whether the next token is the output prefix's (``force``); at the limit it is eos."""
+        return self.steps < len(self.prefix) and not self.at_limit
+
+    @property
+    def after_prefix(self) -> bool:
+        """Whether this is the first step after an output prefix, where CTranslate2 lets only the
+        best candidate of beams end (``model.decoding.prefix.drop_secondary_eos``)."""
+        return bool(self.prefix) and self.steps == len(self.prefix) and not self.at_limit
+
+    def force(self) -> list[int]:
+        """Every beam takes the output prefix's next token, its score unchanged (CTranslate2 counts
+        nothing for it), its constraint state too (a prefix is not the output's text); returns the
+        parent of each beam: itself (the rows are alike until the prefix ends: one beam is alive)."""
+        token = self.prefix[self.steps]
+        # (New lists: the dead copies of a beam share one.)
+        self.history = [h + [token] for h in self.history]
+        return list(range(self.k))
 
     def best(self, n_best: int = 1) -> list[Hypothesis]:
         if self.constraints is not None:
@@ -310,11 +337,17 @@ class Search:
         for i, b in enumerate(beams):
             if self.wants_candidates(b):
                 top_at[i], top_rows = top_rows, top_rows + b.k
-            else:  # the argmax decides; at the limit only eos may come: the hypothesis ends either way
+            if b.forcing:  # the output prefix's token, whatever the step chose
+                parents[i] = b.force()
+            elif i not in top_at:  # the argmax decides; at the limit only eos may come: the hypothesis ends
                 token = self.eos if b.at_limit else choice[offsets[i]]
                 parents[i] = b.extend(0.0, token, self.eos, self.length_penalty)
         guard = self.no_repeat_ngram_size > 0
-        greedy = [i for i in top_at if beams[i].k == 1 and not guard and beams[i].constraints is None]
+        greedy = [
+            i
+            for i in top_at
+            if i not in parents and beams[i].k == 1 and not guard and beams[i].constraints is None
+        ]
         if greedy:  # the argmax's log-prob is the best candidate's
             rows = torch.tensor([top_at[i] for i in greedy], device=step.top_lprobs.device)
             best = step.top_lprobs.index_select(0, rows)[:, 0].tolist()
@@ -335,6 +368,9 @@ class Search:
             self._constrained(beams, constrained, top_at, step, parents)
         for k, members in by_k.items():  # one batched top-k per beam size
             cand = self._candidates(beams, members, k, top_at, step)
+            if k > 1 and any(beams[i].after_prefix for i in members):
+                free = torch.tensor([beams[i].after_prefix for i in members], device=step.choice.device)
+                cand = (*drop_secondary_eos(cand[0], cand[1], free, self.eos), cand[2])
             for i, s, t, b in zip(members, *(c.tolist() for c in cand), strict=True):
                 parents[i] = beams[i].advance(s, t, b, self.eos, self.length_penalty)
         return _next_rows(beams, offsets, parents, step.choice.device)

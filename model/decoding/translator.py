@@ -226,7 +226,9 @@ class Translator:
         source, target token sequences every hypothesis of it contains (``Hypothesis.spans`` says
         where), decoded with ``beam_for(beam_size, their number)`` (more than ``max_beam_size``
         allows: its rows then choose among fewer than 2K candidates each, plus the forced ones);
-        no constraint is followed by a piece that would continue its last word."""
+        no constraint is followed by a piece that would continue its last word. A model with an
+        output prefix (``ModelInfo.output_prefix``) starts every hypothesis with it (its tokens
+        include it; ``Tokenizer.decode`` skips it)."""
         chosen = self._options(options, {"beam_size": beam_size, "n_best": n_best})
         # The cache keeps the translator's positions (the step was made for them), whatever the call's.
         at = self.options.positions(self.model.cfg.max_positions)
@@ -239,6 +241,7 @@ class Translator:
             positions=at,
             constraints=constraints,
             word_continuations=self.tokenizer.word_continuations() if constraints else frozenset(),
+            prefix=self.info.output_prefix,
         )
 
     def translate_batch(

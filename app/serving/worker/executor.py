@@ -111,6 +111,8 @@ class Lane:
             word_continuations=translator.tokenizer.word_continuations(),
         )
         self.joining: list[Held] = []  # taken from the source, being encoded into the batch
+        # Forced at the start of every output of this model (an Argos package's target_prefix).
+        self.prefix = tuple(translator.info.output_prefix)
 
     @property
     def name(self) -> str:
@@ -326,7 +328,14 @@ class Executor:
             lane.metrics.input_tokens.inc(sum(len(j.src) for j in sentences))
         lane.running.add(
             [
-                Source(sentence, sentence.src, sentence.beam_size, sentence.n_best, sentence.constraints)
+                Source(
+                    sentence,
+                    sentence.src,
+                    sentence.beam_size,
+                    sentence.n_best,
+                    sentence.constraints,
+                    lane.prefix,
+                )
                 for sentence in sentences
             ]
         )
