@@ -50,7 +50,7 @@ class Settings(BaseSettings):
     # worker's own (app/serving/frontend/placement.py: the machine holds it once, more only for a
     # hot model), not workers of its own (NMT_WORKER_MODEL_MEMORY_MB bounds what a worker holds).
     model_dir: Annotated[tuple[Path, ...], NoDecode] = (Path("artifacts"),)
-    # Models by name, comma-separated (model/fetch.py): opus-mt:SRC-TGT (Helsinki-NLP/opus-mt-SRC-TGT),
+    # Models by name, comma-separated (model/fetch/): opus-mt:SRC-TGT (Helsinki-NLP/opus-mt-SRC-TGT),
     # hf:OWNER/REPO[@REVISION] (any MarianMTModel repository), argos:SRC-TGT (the Argos package
     # index's). Fetched at start into model_store (downloaded and converted once; every later start
     # finds them there and checks their sha256s, offline too) and served with model_dir's models.

@@ -1,5 +1,5 @@
 """The init container of deployment.yaml: put the models to serve into the pod's `models` volume,
-with the service's own fetcher (model/fetch.py) and the service's own model directory checks
+with the service's own fetcher (model/fetch/) and the service's own model directory checks
 (model/directory.py), so that the translator serves them with no network and no surprise.
 
 Environment (the nmt-model ConfigMap and deployment.yaml):

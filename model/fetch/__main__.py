@@ -1,0 +1,7 @@
+"""``python -m model.fetch NAME... [--into DIR]``."""
+
+import sys
+
+from model.fetch import main
+
+sys.exit(main())
