@@ -63,14 +63,16 @@ def read_gz(path: Path, n: int) -> list[str]:
         return [line.strip() for _, line in zip(range(n), f, strict=False)]
 
 
-def train_joint_spm(out_dir: Path, *, lines: int = 3000) -> Path:
-    """A 500-piece SentencePiece model of German and English (unk 0, eos 1, no bos, no pad)."""
+def train_joint_spm(out_dir: Path, *, lines: int = 3000, symbols: tuple[str, ...] = ()) -> Path:
+    """A 500-piece SentencePiece model of German and English (unk 0, eos 1, no bos, no pad);
+    ``symbols``: pieces of its own (user symbols: language tokens the training data never has)."""
     data, text = multi30k(), out_dir / "spm-train.txt"
     both = read_gz(data / "train.de.gz", lines) + read_gz(data / "train.en.gz", lines)
     text.write_text("\n".join(both), encoding="utf-8")
     spm.SentencePieceTrainer.train(
         input=str(text), model_prefix=str(out_dir / "sentencepiece"), vocab_size=500, unk_id=0, eos_id=1,
         bos_id=-1, pad_id=-1, character_coverage=1.0, num_threads=1, minloglevel=2,
+        user_defined_symbols=list(symbols),
     )  # fmt: skip
     return out_dir / "sentencepiece.model"
 

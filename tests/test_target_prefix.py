@@ -38,7 +38,7 @@ from model.decoding.translator import Translator
 from model.runtime.runners import EagerRunner
 from model.runtime.step import DecodeStep
 from model.tokenizer import EOS_ID
-from tests.test_convert_argos import convert_ct2, make_marian, multi30k, pack, read_gz
+from tests.test_convert_argos import convert_ct2, make_marian, multi30k, pack, read_gz, train_joint_spm
 
 ctranslate2 = pytest.importorskip("ctranslate2")
 spm = pytest.importorskip("sentencepiece")
@@ -54,26 +54,12 @@ def options(beam_size: int, n_best: int = 1) -> DecodeOptions:
     )
 
 
-def train_spm(out_dir: Path, *, lines: int = 3000) -> Path:
-    """A 500-piece SentencePiece model of German and English with two language tokens (user
-    symbols: pieces of the vocabulary the training data never has)."""
-    data, text = multi30k(), out_dir / "spm-train.txt"
-    both = read_gz(data / "train.de.gz", lines) + read_gz(data / "train.en.gz", lines)
-    text.write_text("\n".join(both), encoding="utf-8")
-    spm.SentencePieceTrainer.train(
-        input=str(text), model_prefix=str(out_dir / "sentencepiece"), vocab_size=500, unk_id=0, eos_id=1,
-        bos_id=-1, pad_id=-1, character_coverage=1.0, num_threads=1, minloglevel=2,
-        user_defined_symbols=[PREFIX, "__de__"],
-    )  # fmt: skip
-    return out_dir / "sentencepiece.model"
-
-
 @pytest.fixture(scope="module")
 def work(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """The SentencePiece model, CTranslate2's conversion of the Marian model, the package with a
     target_prefix and our conversion of it, the test sentences."""
     root = tmp_path_factory.mktemp("prefix")
-    spm_model = train_spm(root)
+    spm_model = train_joint_spm(root, symbols=(PREFIX, "__de__"))  # two language tokens
     hf = make_marian(root / "hf", spm_model, target_prefix=PREFIX)  # trained to follow the prefix
     ct2 = convert_ct2(hf, root / "ct2", "float32")
     package = pack(ct2, spm_model, root / "en.argosmodel", target_prefix=PREFIX)
