@@ -51,6 +51,7 @@ class Entry(Generic[K]):
     k: int = 1  # beam size
     limit: int = 1  # output length limit, eos included
     steps: int = 0  # steps taken: every row advances one per step, so the host knows without a read
+    prefixed: bool = False  # it has an output prefix (``Source.prefix``)
 
 
 @dataclass(frozen=True)
@@ -197,7 +198,9 @@ class RunningBatch(Generic[K]):
             self.constrained += constraints is not None
             on_device = self.device_search and self.search.on_device(constraints)
             beam = None if on_device else Beam.start(s.beam_size, limit, constraints, s.prefix)
-            self.entries.append(Entry(s.key, beam, rows_of, s.n_best, s.beam_size, limit))
+            self.entries.append(
+                Entry(s.key, beam, rows_of, s.n_best, s.beam_size, limit, prefixed=bool(s.prefix))
+            )
             first += s.beam_size
         self._layout = self._lay_out()  # (uploads: a join reads already, a step need not)
 
@@ -292,7 +295,8 @@ class RunningBatch(Generic[K]):
             top = len(wanted) if self.search.wants_rows(k) else None
             if top is not None:
                 wanted += [r for rs in rows for r in rs]
-            groups.append(Group(k, torch.tensor(rows, dtype=torch.long, device=device), top))
+            prefixed = any(e.prefixed for e in members)
+            groups.append(Group(k, torch.tensor(rows, dtype=torch.long, device=device), top, prefixed))
         n = len(wanted)
         hosted = [e for e in self.entries if e.beam is not None]
         hosted_rows = [r for e in hosted for r in e.rows]

@@ -45,6 +45,9 @@ class Group:
     k: int
     rows: Tensor  # (A, k) long: row j of input a is its beam j
     top: int | None  # first of their rows in the step's candidates; None: none asked (unscored greedy)
+    # Whether any of them has an output prefix: without one a step skips the prefix's operations
+    # (the host knows: no read; a GPU step is launch-bound, each operation costs a launch).
+    prefixed: bool = False
 
 
 class SearchRows:
@@ -185,15 +188,19 @@ def _greedy(rows: SearchRows, g: Group, step: StepChoice, tokens: Tensor, *, eos
     at_limit = length >= rows.limit.index_select(0, r)
     active = ~rows.done.index_select(0, r)
     column = steps.clamp(max=rows.width - 1)
-    # In the output prefix: its token (the history's own), which adds nothing to the score.
-    forcing = steps < rows.prefix_len.index_select(0, r)
-    chosen = torch.where(forcing, rows.history[r, column], step.choice.index_select(0, r))
+    chosen = step.choice.index_select(0, r)
+    forcing = None
+    if g.prefixed:  # in the output prefix: its token (the history's own), which adds nothing to the score
+        forcing = steps < rows.prefix_len.index_select(0, r)
+        chosen = torch.where(forcing, rows.history[r, column], chosen)
     token = torch.where(at_limit, eos, chosen)
     score = rows.score.index_select(0, r)
     if scored:
         assert g.top is not None
         a, n = g.top, r.size(0)
-        best = torch.where(forcing, 0.0, step.top_lprobs[a : a + n, 0])
+        best = step.top_lprobs[a : a + n, 0]
+        if forcing is not None:
+            best = torch.where(forcing, 0.0, best)
         lprob = torch.where(at_limit, step.eos_lprob[a : a + n], best)
         score = score + lprob.double()
     ended = active & (token == eos)  # (at the limit the token is eos)
@@ -241,14 +248,15 @@ def _beams(
     cand_beams = picked // top
     # The output prefix (``model.decoding.prefix``): in it, the first beam takes its token (the
     # history's own); at the first step after it, an eos below the best cannot end a hypothesis.
-    prefix_len = rows.prefix_len.index_select(0, first)
-    forcing = (steps < prefix_len) & ~at_limit
-    token_now = rows.history[first, steps.clamp(max=rows.width - 1)]
-    cand_scores, cand_tokens, cand_beams = force_candidates(
-        cand_scores, cand_tokens, cand_beams, forcing=forcing, token=token_now, first=scores[:, 0]
-    )
-    free = (prefix_len > 0) & (steps == prefix_len) & ~at_limit
-    cand_scores, cand_tokens = drop_secondary_eos(cand_scores, cand_tokens, free, eos)
+    if g.prefixed:
+        prefix_len = rows.prefix_len.index_select(0, first)
+        forcing = (steps < prefix_len) & ~at_limit
+        token_now = rows.history[first, steps.clamp(max=rows.width - 1)]
+        cand_scores, cand_tokens, cand_beams = force_candidates(
+            cand_scores, cand_tokens, cand_beams, forcing=forcing, token=token_now, first=scores[:, 0]
+        )
+        free = (prefix_len > 0) & (steps == prefix_len) & ~at_limit
+        cand_scores, cand_tokens = drop_secondary_eos(cand_scores, cand_tokens, free, eos)
 
     # fairseq's rule (``Beam.advance``) over the 2K candidates, best first: stop at the first -inf
     # (sorted: the finite ones are a prefix) or once K continue; eos ranked < K ends a hypothesis
