@@ -11,6 +11,7 @@ last rows move into their places).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
@@ -49,8 +50,9 @@ class Entry(Generic[K]):
     rows: list[int]  # its beams' cache rows (wherever the cache keeps them: not always consecutive)
     n_best: int
     k: int = 1  # beam size
-    limit: int = 1  # output length limit, eos included
-    steps: int = 0  # steps taken: every row advances one per step, so the host knows without a read
+    # The batch's step count at which it reaches its length limit: every row advances one per step,
+    # so the host knows when an input must have ended without a read.
+    deadline: int = 1
     prefixed: bool = False  # it has an output prefix (``Source.prefix``)
 
 
@@ -132,6 +134,7 @@ class RunningBatch(Generic[K]):
         self.entries: list[Entry[K]] = []
         self.steps_since_join = 0  # steps decoded since inputs last joined
         self.steps_since_read = 0  # steps decoded since finished inputs were last read
+        self.steps_taken = 0  # steps decoded by this batch
         self.tokens = torch.zeros(0, dtype=torch.long, device=weight.device)  # (R,) next token per row
         self.constrained = 0  # inputs with constraints: while 0, no step asks for forced tokens
         self._unforced: dict[int, Tensor] = {}  # beam rows -> the dummy ``forced`` (B, 2) of pad
@@ -199,7 +202,7 @@ class RunningBatch(Generic[K]):
             on_device = self.device_search and self.search.on_device(constraints)
             beam = None if on_device else Beam.start(s.beam_size, limit, constraints, s.prefix)
             self.entries.append(
-                Entry(s.key, beam, rows_of, s.n_best, s.beam_size, limit, prefixed=bool(s.prefix))
+                Entry(s.key, beam, rows_of, s.n_best, s.beam_size, self.steps_taken + limit, bool(s.prefix))
             )
             first += s.beam_size
         self._layout = self._lay_out()  # (uploads: a join reads already, a step need not)
@@ -216,8 +219,7 @@ class RunningBatch(Generic[K]):
         self.cache.advance(out[4])
         self.steps_since_join += 1
         self.steps_since_read += 1
-        for e in self.entries:
-            e.steps += 1
+        self.steps_taken += 1
         n = layout.on_device
         scored = StepChoice(out[0], out[1][:n], out[2][:n], out[3][:n])
         moved = self.search.step_rows(self.state, layout.groups, scored, self.tokens)
@@ -225,9 +227,7 @@ class RunningBatch(Generic[K]):
             reorder_cache(self.cache, *moved)
         if hosted:
             self._step_hosted(layout, out)
-        due = self.steps_since_read >= self.sync_every or any(
-            e.steps >= e.limit for e in self.entries if e.beam is None
-        )
+        due = self.steps_since_read >= self.sync_every or self.steps_taken >= layout.deadline
         return self.read() if due or hosted else []
 
     def read(self) -> list[tuple[K, list[Hypothesis]]]:
@@ -238,7 +238,7 @@ class RunningBatch(Generic[K]):
         flags = self.state.finished([e.rows[0] for e in device]) if device else []
         done = {id(e) for e, f in zip(device, flags, strict=True) if f}
         for e in device:  # (the host knows this much: an input at its limit has ended)
-            assert id(e) in done or e.steps < e.limit, "an input passed its length limit"
+            assert id(e) in done or self.steps_taken < e.deadline, "an input passed its length limit"
         ended = [e for e in device if id(e) in done]
         found = dict(zip(map(id, ended), self.state.hypotheses([e.rows for e in ended]), strict=True))
         done |= {id(e) for e in self.entries if e.beam is not None and e.beam.done}
@@ -309,6 +309,7 @@ class RunningBatch(Generic[K]):
             n,
             hosted,
             torch.tensor(hosted_rows, dtype=torch.long, device=device),
+            min((e.deadline for e in self.entries if e.beam is None), default=math.inf),
         )
         return self._layout
 
@@ -376,6 +377,7 @@ class _Layout:
     on_device: int  # the first of them that are the hosted inputs'
     hosted: list[Any]  # the entries that keep a ``Beam``
     hosted_rows: Tensor  # their rows, in their order
+    deadline: float  # the first step at which an input on the device reaches its limit (inf: none)
 
 
 def searches_on_device(device: torch.device) -> bool:

@@ -79,6 +79,8 @@ class Pooled:
     tokens: Tensor  # (capacity,) long
     beam_rows: Tensor  # (capacity,) long
     forced: Tensor  # (capacity, UNFORCED) long
+    rows: list[int]  # its row buckets (``row_buckets``), and its width buckets: made once, read per call
+    widths: list[int]
     graphs: dict[tuple[int, int], tuple[Any, StepOutputs]] = field(default_factory=dict)
     in_use: bool = False
 
@@ -140,13 +142,15 @@ class GraphRunner:
             tokens=torch.zeros(capacity, dtype=torch.long, device=device),
             beam_rows=torch.zeros(capacity, dtype=torch.long, device=device),
             forced=torch.zeros((capacity, UNFORCED), dtype=torch.long, device=device),
+            rows=row_buckets(capacity),
+            widths=width_buckets(positions),
         )
         self._pools[proto.self_kv.data_ptr()] = pooled
         if self.capture:
             started = time.perf_counter()
             # Largest first (as vLLM): the smaller graphs reuse the memory the largest took.
-            for rows in reversed(row_buckets(capacity)):
-                for width in reversed(width_buckets(positions)):
+            for rows in reversed(pooled.rows):
+                for width in reversed(pooled.widths):
                     pooled.graphs[rows, width] = self._capture(pooled, rows, width)
             elapsed = time.perf_counter() - started
             self.capture_seconds += elapsed
@@ -201,8 +205,8 @@ class GraphRunner:
             return self.step(tokens, positions, self_kv, cross_kv, src_bias, beam_rows, forced)
         r, b = tokens.size(0), beam_rows.size(0)
         cache = pooled.proto
-        rows = bucket(r, row_buckets(cache.capacity))
-        width = bucket(max(self_kv.size(4), cross_kv.size(4)), width_buckets(cache.positions))
+        rows = bucket(r, pooled.rows)
+        width = bucket(max(self_kv.size(4), cross_kv.size(4)), pooled.widths)
         pooled.tokens[:r].copy_(tokens)
         pooled.beam_rows[:b].copy_(beam_rows)
         pooled.beam_rows[b:rows].zero_()  # (a stale index may point past this bucket's rows)
