@@ -25,10 +25,14 @@ def named_model_dirs(names: tuple[str, ...], store: Path, argos_index: str) -> l
     ``FetchError`` with one line naming the model and ``NMT_MODELS`` when one cannot be had."""
     try:
         parsed = parse_names(names)
-        missing = [n for n in parsed if find_fetched(n, store) is None]
+        # (Each verified once: a check reads every file, the weights included.)
+        found = [find_fetched(n, store) for n in parsed]
+        missing = [n for n, d in zip(parsed, found, strict=True) if d is None]
         if missing:
             _run_fetcher(missing, store, argos_index)
-        found = [find_fetched(n, store) for n in parsed]
+            found = [
+                d if d is not None else find_fetched(n, store) for n, d in zip(parsed, found, strict=True)
+            ]
     except FetchError as e:
         raise FetchError(f"{SETTING}: {e}") from None
     if any(d is None for d in found):  # the child said it succeeded: should not happen
