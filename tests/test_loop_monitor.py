@@ -106,9 +106,15 @@ def client(model_dir: Path, captured: Captured) -> Iterator[TestClient]:
 
 
 def lag_over(metrics: Metrics, bound: str) -> float:
-    """How many lag samples are over ``bound`` seconds (a bucket's bound, as the page writes it)."""
-    count = metrics.sample("nmt_event_loop_lag_seconds_count")
-    return count - metrics.sample("nmt_event_loop_lag_seconds_bucket", {"le": bound})
+    """How many lag samples this process recorded over ``bound`` seconds (a bucket's bound, as the
+    page writes it). Read from the histogram's own values, not merged from every process's files
+    as the page is (``test_the_loop_lag_metrics_are_on_the_metrics_page`` reads the page): twice in
+    CI the merged read of this process's file showed no sample over 0.1 s while the monitor's log
+    said it had just recorded 0.27 s, for reasons not found."""
+    samples = {(s.name, s.labels.get("le")): s.value for s in metrics.loop_lag.collect()[0].samples}
+    return samples[("nmt_event_loop_lag_seconds_count", None)] - samples[
+        ("nmt_event_loop_lag_seconds_bucket", bound)
+    ]
 
 
 def test_a_request_holding_the_loop_is_warned_about_by_method_route_template_and_line(
@@ -147,7 +153,7 @@ def test_a_hold_is_recorded_as_lag_in_the_histogram_and_the_gauge(
     while lag_over(metrics, "0.1") < before + 1 and time.monotonic() < deadline:
         time.sleep(0.01)
     assert lag_over(metrics, "0.1") >= before + 1
-    assert metrics.sample("nmt_event_loop_lag_max_seconds") > HOLD_WARNING_S
+    assert metrics.loop_lag_max.collect()[0].samples[0].value > HOLD_WARNING_S  # (this process's)
 
 
 def test_a_hold_in_a_task_started_by_post_translate_names_post_translate(
