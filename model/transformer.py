@@ -82,6 +82,16 @@ class Transformer(nn.Module):
                 with torch.no_grad():
                     emb.weight[self.cfg.pad_id].zero_()
 
+    @property
+    def dtype(self) -> torch.dtype:
+        """The dtype the model computes in: its position table's (the embeddings of a model served
+        in int8 are int8, ``model.runtime.prepack.Int8Embedding``)."""
+        return self.positions.table.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.positions.table.device
+
     # -- embeddings -------------------------------------------------------------------------------
     def _embed(self, ids: Tensor, positions: Tensor, source: bool) -> Tensor:
         emb = self.src_embed if source and self.src_embed is not None else self.embed
@@ -90,6 +100,8 @@ class Transformer(nn.Module):
     @property
     def output_weight(self) -> Tensor:
         """(V, D): the output projection's weight, the target embedding's when tied."""
+        if self.out_proj is None and not self.cfg.tie_output:  # (model.runtime.prepack, keep_float=False)
+            raise RuntimeError("a model prepared to serve keeps its output projection packed only")
         return self.out_proj.weight if self.out_proj is not None else self.embed.weight
 
     def _logits(self, x: Tensor) -> Tensor:

@@ -253,8 +253,8 @@ def test_a_forced_token_far_outside_the_top_k_gets_its_true_log_prob(model: Tran
         model.cfg,
         capacity=8,
         positions=options.positions(model.cfg.max_positions),
-        dtype=model.embed.weight.dtype,
-        device=model.embed.weight.device,
+        dtype=model.dtype,
+        device=model.device,
     )
     with torch.inference_mode():
         enc = model.encode(torch.tensor(sources_of(model.cfg.vocab_size, [5, 5, 5], seed=1)))
@@ -387,8 +387,8 @@ def test_the_compiled_step_scores_and_chooses_as_the_eager_one(translator: Trans
             model.cfg,
             capacity=64,
             positions=positions,
-            dtype=model.embed.weight.dtype,
-            device=model.embed.weight.device,
+            dtype=model.dtype,
+            device=model.device,
             align=r.align,
         )
         enc = model.encode(translator.batch(sources))

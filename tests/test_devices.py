@@ -54,7 +54,7 @@ def test_float32_translations_on_each_device_equal_the_cpus(
     """Same weights, float32 on every device: the same tokens (the test model's logits are sharp,
     so float rounding between devices never meets a near-tie; TF32 would, and is off by default)."""
     t = Translator.load(model_dir, device=device)
-    assert t.model.embed.weight.device.type == device
+    assert t.model.device.type == device
     assert tokens(t.translate_batch(TEXTS, beam_size=beam)) == cpu_reference[beam]
 
 

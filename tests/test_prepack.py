@@ -14,7 +14,7 @@ import model.decoding.translator
 import model.runtime.prepack
 from model.cache import KVCache
 from model.layers import KEY_ALIGN
-from model.runtime.prepack import Int8Linear, PackedLinear, available, prepack
+from model.runtime.prepack import Int8Embedding, Int8Linear, PackedLinear, available, prepack
 from model.tokenizer import PAD_ID
 from model.transformer import Transformer
 from model.translator import Translator
@@ -191,3 +191,40 @@ def test_int8_shipped_model_translates_like_float32() -> None:
     assert sacrebleu.corpus_chrf(outputs["int8"], [outputs["none"]]).score > 90
     assert sum(a == b for a, b in zip(outputs["int8"], outputs["none"], strict=True)) >= 12
     assert "dog" in outputs["int8"][1].lower()  # and they are translations
+
+
+@pytest.mark.parametrize("tie_embeddings", [True, False])
+def test_a_model_served_in_int8_keeps_its_embeddings_in_int8_only(
+    make_model: Callable[..., Transformer], tie_embeddings: bool
+) -> None:
+    kinds = {"share_embeddings": tie_embeddings, "tie_output": tie_embeddings}
+    plain = make_model(seed=4, **kinds)
+    served = make_model(seed=4, **kinds)
+    assert prepack(served, int8=True, keep_float=False)
+    tables = [("embed", served.embed, plain.embed.weight)]
+    if not tie_embeddings:
+        assert plain.src_embed is not None
+        tables.append(("src_embed", served.src_embed, plain.src_embed.weight))
+    v, d = plain.cfg.vocab_size, plain.cfg.d_model
+    # No float (V, D) table is left: the lookups read the int8 rows.
+    assert not [
+        name
+        for name, p in served.named_parameters(remove_duplicate=False)
+        if p.is_floating_point() and p.shape == (v, d)
+    ]
+    ids = torch.arange(v)
+    for name, table, weight in tables:
+        assert isinstance(table, Int8Embedding), name
+        assert table.table.dtype == torch.int8
+        # Recomputed here: each row rounded to 255 levels of its own largest magnitude.
+        step = weight.abs().amax(dim=1, keepdim=True) / 127
+        with torch.inference_mode():
+            got = table(ids)
+        want = torch.where(step > 0, torch.round(weight / step) * step, 0.0)  # (the padding row is 0)
+        torch.testing.assert_close(got, want, atol=1e-6, rtol=0)
+        assert 0 < (got - weight).abs().max() <= step.max() / 2 + 1e-6
+    src = torch.randint(4, v, (3, 7))
+    tgt = torch.randint(4, v, (3, 5))
+    with torch.inference_mode():
+        want, got = plain(src, tgt), served(src, tgt)
+    assert (got - want).abs().max() < 0.05 * want.abs().max()

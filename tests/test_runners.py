@@ -58,8 +58,8 @@ def new_cache(translator: Translator, align: int = 1) -> KVCache:
         model.cfg,
         capacity=CAPACITY,
         positions=positions(translator),
-        dtype=model.embed.weight.dtype,
-        device=model.embed.weight.device,
+        dtype=model.dtype,
+        device=model.device,
         align=align,
     )
 

@@ -1,7 +1,7 @@
 """Greedy and beam search (model.decoding), on tiny random Transformers and on a scripted decoder.
 
 The scripted decoder (``ScriptedModel``) has what ``RunningBatch`` and ``DecodeStep`` use of a
-model (``cfg``, ``embed.weight``, ``encode``, ``source_kv``, ``step``) but its next-token
+model (``cfg``, ``dtype``, ``device``, ``encode``, ``source_kv``, ``step``) but its next-token
 distribution is a hand-written function of the source and the prefix, so that tests can build cases
 with a known answer: a sentence where greedy search is lured into an improbable continuation,
 sentences that end after a known number of steps, a decoder that wants to repeat itself. The
@@ -17,7 +17,6 @@ import math
 import random
 from collections.abc import Callable, Sequence
 from copy import deepcopy
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -64,7 +63,7 @@ class ScriptedModel:
             decoder_layers=1,
             max_positions=max_positions,
         )
-        self.embed = SimpleNamespace(weight=torch.zeros(V, 1))  # dtype and device of the cache
+        self.dtype, self.device = torch.float32, torch.device("cpu")  # the cache's
         self.rule = rule
         self.batch_sizes: list[int] = []  # rows fed to every step
 
@@ -97,7 +96,7 @@ class ScriptedModel:
 
 
 def as_model(m: ScriptedModel) -> Transformer:
-    return m  # type: ignore[return-value]  # duck-typed: cfg, embed, encode, source_kv and step
+    return m  # type: ignore[return-value]  # duck-typed: cfg, dtype, device, encode, source_kv and step
 
 
 def scripted_decode(

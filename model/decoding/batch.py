@@ -123,19 +123,19 @@ class RunningBatch(Generic[K]):
             no_repeat_ngram_size=options.no_repeat_ngram_size,
             greedy_scores=greedy_scores,
         )
-        weight = model.embed.weight
+        device = model.device
         # The runner's: a runner that replays captured graphs reads the same buffers every time.
         self.cache = runner.new_cache(
             capacity=capacity, positions=positions or options.positions(cfg.max_positions)
         )
-        self.sync_every = sync_every if sync_every is not None else sync_steps(weight.device)
-        self.device_search = searches_on_device(weight.device) if device_search is None else device_search
-        self.state = SearchRows(capacity, self.cache.positions, weight.device)
+        self.sync_every = sync_every if sync_every is not None else sync_steps(device)
+        self.device_search = searches_on_device(device) if device_search is None else device_search
+        self.state = SearchRows(capacity, self.cache.positions, device)
         self.entries: list[Entry[K]] = []
         self.steps_since_join = 0  # steps decoded since inputs last joined
         self.steps_since_read = 0  # steps decoded since finished inputs were last read
         self.steps_taken = 0  # steps decoded by this batch
-        self.tokens = torch.zeros(0, dtype=torch.long, device=weight.device)  # (R,) next token per row
+        self.tokens = torch.zeros(0, dtype=torch.long, device=device)  # (R,) next token per row
         self.constrained = 0  # inputs with constraints: while 0, no step asks for forced tokens
         self._unforced: dict[int, Tensor] = {}  # beam rows -> the dummy ``forced`` (B, 2) of pad
         self._layout: _Layout | None = None  # the step's index tensors, made when the rows change

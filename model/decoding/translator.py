@@ -164,7 +164,7 @@ class Translator:
 
     @property
     def dtype(self) -> torch.dtype:
-        return self.model.embed.weight.dtype
+        return self.model.dtype
 
     @property
     def runner(self) -> Runner:

@@ -126,17 +126,16 @@ class GraphRunner:
 
     def _make(self, capacity: int, positions: int) -> Pooled:
         model = self.step.model
-        weight = model.embed.weight
         proto = KVCache(
             model.cfg,
             capacity=capacity,
             positions=positions,
-            dtype=weight.dtype,
-            device=weight.device,
+            dtype=model.dtype,
+            device=model.device,
             align=self.align,
         )
         proto.zero_all()  # padding rows and positions are read: finite, never garbage
-        device = weight.device
+        device = model.device
         pooled = Pooled(
             proto,
             tokens=torch.zeros(capacity, dtype=torch.long, device=device),

@@ -88,13 +88,12 @@ class FreshCaches:
 
 def new_cache(model: Transformer, *, capacity: int, positions: int, align: int = 1) -> KVCache:
     """An empty cache for ``model``, in its weights' dtype and on their device."""
-    weight = model.embed.weight
     return KVCache(
         model.cfg,
         capacity=capacity,
         positions=positions,
-        dtype=weight.dtype,
-        device=weight.device,
+        dtype=model.dtype,
+        device=model.device,
         align=align,
     )
 
@@ -184,8 +183,8 @@ class PackagedRunner(FreshCaches):
             "capacity": self.capacity,
             "positions": self.positions,
             "config": asdict(m.cfg),
-            "dtype": str(m.embed.weight.dtype),
-            "device": str(m.embed.weight.device),
+            "dtype": str(m.dtype),
+            "device": str(m.device),
             "modules": sorted({type(x).__name__ for x in m.modules()}),
         }
         # What the graph is handed, not the values: a model of the same architecture shares it.
@@ -250,7 +249,7 @@ def load_runner(
     step = DecodeStep(model, top=top).eval()
     cache_dir = cache_dir or DEFAULT_CACHE_DIR
     runner: Runner = EagerRunner(step)
-    device = model.embed.weight.device.type
+    device = model.device.type
     if compile and device == "cpu" and not packaged_runs_under(torch.__version__):
         log.warning(
             "the compiled CPU step is tested under torch %s only, not %s: decoding eagerly",
@@ -355,7 +354,7 @@ def _example_cache(
     model: Transformer, rows: int, *, capacity: int, positions: int, align: int = 1
 ) -> KVCache:
     """A cache holding ``rows`` short inputs (token 5 twice, then eos)."""
-    src = torch.full((rows, 3), 5, dtype=torch.long, device=model.embed.weight.device)
+    src = torch.full((rows, 3), 5, dtype=torch.long, device=model.device)
     src[:, -1] = model.cfg.eos_id
     enc = model.encode(src)
     cache = new_cache(model, capacity=capacity, positions=positions, align=align)
