@@ -1,10 +1,12 @@
 """Models opened off the decode loop (``app.serving.worker.loader``): while one model loads on the
 worker's loader thread, the models it holds keep stepping and answer as alone; a model a sentence
-waits for goes before those loaded ahead of need; a load that fails fails that model's sentences
-only; the worker waits for a load without spinning; and the wait is recorded."""
+waits for goes before those loaded ahead of need, and does not wait for one under way (loads ahead
+of need run at a lower priority); a load that fails fails that model's sentences only; the worker
+waits for a load without spinning; and the wait is recorded."""
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -20,7 +22,7 @@ from app.serving.protocol import ModelSpec, Sentence, SentenceResult
 from app.serving.worker import models as models_module
 from app.serving.worker.executor import Executor
 from app.serving.worker.inbox import Inbox
-from app.serving.worker.loader import Loader
+from app.serving.worker.loader import BACKGROUND_NICE, Loader
 from app.serving.worker.models import ModelTable
 from model.translator import Translator
 
@@ -249,3 +251,87 @@ def test_a_sentence_for_a_model_queued_ahead_of_need_is_answered_while_the_worke
     inbox.add([wanted])
     results = run_until(executor, inbox, finished(wanted))
     assert isinstance(results[wanted.id], SentenceResult)
+
+
+class Recording:
+    """An opener that waits for its gate per load, and records each load's thread priority."""
+
+    def __init__(self, translator: Translator) -> None:
+        self.translator = translator
+        self.gate = threading.Event()
+        self.started: list[str] = []
+        self.nice: dict[str, list[int]] = {}
+        self.lock = threading.Lock()
+
+    def __call__(self, spec: ModelSpec) -> Translator:
+        with self.lock:
+            self.started.append(spec.name)
+            nice = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+            self.nice.setdefault(spec.name, []).append(nice)
+        assert self.gate.wait(WAIT_S), "the gate never opened"
+        return self.translator
+
+    def wait_started(self, count: int) -> None:
+        deadline = time.monotonic() + WAIT_S
+        while len(self.started) < count:
+            assert time.monotonic() < deadline, self.started
+            time.sleep(0.01)
+
+
+def collected(loader: Loader, names: int) -> list[str]:
+    done: list[str] = []
+    deadline = time.monotonic() + WAIT_S
+    while len(done) < names:
+        assert time.monotonic() < deadline, done
+        done += [o.name for o in loader.done()]
+        time.sleep(0.01)
+    return done
+
+
+def test_loads_ahead_of_need_run_at_a_lower_priority_and_wanted_ones_at_the_workers(
+    de_en: Translator,  # noqa: F811
+) -> None:
+    opener = Recording(de_en)
+    opener.gate.set()
+    own = os.getpriority(os.PRIO_PROCESS, 0)
+    loader = Loader(opener, lambda: None)
+    loader.want(ModelSpec("ahead", Path("x")), urgent=False)
+    loader.want(ModelSpec("wanted", Path("x")), urgent=True)
+    assert sorted(collected(loader, 2)) == ["ahead", "wanted"]
+    assert opener.nice == {"ahead": [min(own + BACKGROUND_NICE, 19)], "wanted": [own]}
+    loader.close()
+
+
+def test_a_wanted_model_is_opened_while_a_load_ahead_of_need_is_under_way(
+    de_en: Translator,  # noqa: F811
+) -> None:
+    opener = Recording(de_en)
+    loader = Loader(opener, lambda: None)
+    loader.want(ModelSpec("ahead", Path("x")), urgent=False)
+    opener.wait_started(1)
+    loader.want(ModelSpec("wanted", Path("x")), urgent=True)
+    opener.wait_started(2)  # at once: the gate is still shut, "ahead" not finished
+    assert opener.started == ["ahead", "wanted"]
+    opener.gate.set()
+    assert sorted(collected(loader, 2)) == ["ahead", "wanted"]
+    loader.close()
+
+
+def test_a_model_wanted_while_it_loads_ahead_of_need_is_opened_again_at_once_and_delivered_once(
+    de_en: Translator,  # noqa: F811
+) -> None:
+    opener = Recording(de_en)
+    loader = Loader(opener, lambda: None)
+    loader.want(ModelSpec("m", Path("x")), urgent=False)
+    opener.wait_started(1)
+    loader.want(ModelSpec("m", Path("x")), urgent=True)  # a sentence waits for it now
+    opener.wait_started(2)  # the urgent thread opens it too, at the worker's priority
+    assert loader.loading("m") and loader.pending == ["m"]
+    opener.gate.set()
+    assert collected(loader, 1) == ["m"]
+    deadline = time.monotonic() + WAIT_S
+    while loader.loading("m"):  # both loads over
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    assert loader.done() == []  # the second copy was dropped
+    loader.close()

@@ -1,19 +1,29 @@
-"""Models opened off the decode loop: a thread of the worker's own opens one model at a time
-(weights read, linear layers packed, the step made or loaded, one sentence translated) while the
-model thread keeps stepping the models already held. Loading on the model thread held every other
-model's batch for the whole load (5-10 s at OPUS-MT's size on 2 cores).
+"""Models opened off the decode loop: threads of the worker's own open models (weights read, linear
+layers packed, the step made or loaded, one sentence translated) while the model thread keeps
+stepping the models already held. Loading on the model thread held every other model's batch for
+the whole load (5-10 s at OPUS-MT's size on 2 cores).
 
 The loader only opens: what the worker holds (``ModelTable``) changes on the model thread alone,
-which takes finished loads with ``done`` before each step. A model a sentence waits for goes to the
-front of the queue (``want(urgent=True)``) and is opened at once. Those loaded ahead of need (after
-start) wait behind, and are opened only while the worker is ``idle``: a load takes ~1 s of a core,
-and under a steady one-pair load the background loads of the other 19 models made its p99 9x
-(3.2 s against 0.35 s; AVX-512 VNNI, 2 workers on 2 cores).
+which takes finished loads with ``done`` before each step. Two threads open, one model each at a
+time:
+
+- **urgent**: a model a sentence waits for (``want(urgent=True)``), opened at once, at the
+  worker's own priority;
+- **background**: models loaded ahead of need (after start), opened only while the worker is
+  ``idle`` and no urgent load runs, at a lower CPU priority (``BACKGROUND_NICE``): a load takes
+  ~1 s of a core, and under a steady one-pair load the background loads of the other 19 models
+  made its p99 9x (3.2 s against 0.35 s; AVX-512 VNNI, 2 workers on 2 cores) while they ran at
+  the same priority as decoding. A load begun while the worker was idle goes on when work
+  arrives; niced, it takes what the decoding threads (and the front end, and the other workers)
+  leave. A thread's priority can be lowered but not raised again without privileges, hence a
+  thread per kind; a sentence that comes to wait for the model the background thread is opening
+  has it opened again at once by the urgent thread, and the first of the two to finish is kept.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections import deque
@@ -37,6 +47,19 @@ class Opened:
     seconds: float
 
 
+BACKGROUND_NICE = 10  # added to the background thread's nice value (Linux: per thread)
+URGENT, BACKGROUND = "urgent", "background"
+
+
+def lower_priority(increment: int) -> None:
+    """Lower the calling thread's CPU priority by ``increment`` (Linux; elsewhere, nothing)."""
+    try:
+        tid = threading.get_native_id()
+        os.setpriority(os.PRIO_PROCESS, tid, os.getpriority(os.PRIO_PROCESS, tid) + increment)
+    except (AttributeError, OSError) as e:  # not Linux, or refused: the loads still run
+        log.info("background loads run at the worker's priority: %s", e)
+
+
 class Loader:
     """``want`` a model, get it from ``done`` once opened; ``wake`` is called after each load (the
     worker's inbox: its model thread may wait for nothing else)."""
@@ -51,18 +74,25 @@ class Loader:
         self.idle: Callable[[], bool] = lambda: True
         self._queue: deque[ModelSpec] = deque()
         self._urgent: set[str] = set()  # of the queue: models a sentence waits for
-        self._current: str | None = None
+        self._current: dict[str, str] = {}  # thread (URGENT, BACKGROUND) -> the model it opens
+        self._superseded: set[str] = set()  # opened by both threads, one finished: drop the other
         self._done: list[Opened] = []
         self._cond = threading.Condition()
         self._stopping = False
-        self._thread = threading.Thread(target=self._run, name="nmt-worker-loader", daemon=True)
-        self._thread.start()
+        self._threads = [
+            threading.Thread(target=self._run, args=(kind,), name=f"nmt-worker-loader-{kind}", daemon=True)
+            for kind in (URGENT, BACKGROUND)
+        ]
+        for thread in self._threads:
+            thread.start()
 
     def want(self, spec: ModelSpec, urgent: bool = True) -> None:
         """Open ``spec`` after the loads queued before it, or before them all when ``urgent``; a
         model queued already only moves to the front (when ``urgent``)."""
         with self._cond:
-            if spec.name == self._current:
+            if spec.name == self._current.get(URGENT) or (
+                not urgent and spec.name == self._current.get(BACKGROUND)
+            ):
                 return
             queued = next((s for s in self._queue if s.name == spec.name), None)
             if queued is not None:
@@ -74,21 +104,21 @@ class Loader:
                 self._urgent.add(spec.name)
             else:
                 self._queue.append(spec)
-            self._cond.notify()
+            self._cond.notify_all()
 
     def loading(self, name: str) -> bool:
         """Being opened now, or queued for a sentence that waits for it. (Queued ahead of need, it
         is not: the model thread must ask for it again, as urgent, or it would wait for an idle
         worker that its own waiting sentence keeps busy.)"""
         with self._cond:
-            return name == self._current or name in self._urgent
+            return name in self._current.values() or name in self._urgent
 
     @property
     def pending(self) -> list[str]:
-        """The models queued or being opened, the one being opened first."""
+        """The models queued or being opened, those being opened first."""
         with self._cond:
-            current = [] if self._current is None else [self._current]
-            return current + [s.name for s in self._queue]
+            current = list(dict.fromkeys(self._current.values()))
+            return current + [s.name for s in self._queue if s.name not in current]
 
     @property
     def finished(self) -> bool:
@@ -107,25 +137,39 @@ class Loader:
             self._stopping = True
             self._queue.clear()
             self._urgent.clear()
-            self._cond.notify()
+            self._cond.notify_all()
 
-    def _startable(self) -> bool:
-        """A load may begin: one a sentence waits for at once, one ahead of need while the worker
-        is idle."""
-        return bool(self._queue) and (self._queue[0].name in self._urgent or self.idle())
+    def _next(self, kind: str) -> ModelSpec | None:
+        """The load ``kind``'s thread may begin now: for the urgent thread, one a sentence waits
+        for; for the background one, the next ahead of need while the worker is idle and no urgent
+        load runs."""
+        if not self._queue:
+            return None
+        first = self._queue[0]
+        if kind == URGENT:
+            return first if first.name in self._urgent else None
+        if first.name in self._urgent or URGENT in self._current or not self.idle():
+            return None
+        return first
 
-    def _run(self) -> None:
+    def _run(self, kind: str) -> None:
+        if kind == BACKGROUND:
+            lower_priority(BACKGROUND_NICE)
         while True:
             with self._cond:
-                while not self._stopping and not self._startable():
-                    # Nothing queued: until ``want``. Loads ahead of need: until the worker is idle,
-                    # looked at again every IDLE_POLL_S (nothing tells the loader it became idle).
-                    self._cond.wait(self.IDLE_POLL_S if self._queue else None)
+                while (spec := self._next(kind)) is None:
+                    if self._stopping:
+                        return
+                    # Nothing to do: until ``want`` (or the end of an urgent load). Loads ahead of
+                    # need: until the worker is idle, looked at again every IDLE_POLL_S (nothing
+                    # tells the loader it became idle).
+                    waits_for_idle = kind == BACKGROUND and bool(self._queue)
+                    self._cond.wait(self.IDLE_POLL_S if waits_for_idle else None)
                 if self._stopping:
                     return
-                spec = self._queue.popleft()
+                self._queue.popleft()
                 self._urgent.discard(spec.name)
-                self._current = spec.name
+                self._current[kind] = spec.name
             started = time.monotonic()
             result: Translator | BaseException
             try:
@@ -137,6 +181,12 @@ class Loader:
                 log.exception("cannot load model %s", spec.name)
                 result = e
             with self._cond:
-                self._current = None
-                self._done.append(Opened(spec.name, result, time.monotonic() - started))
+                del self._current[kind]
+                if spec.name in self._superseded:  # the other thread's copy was kept
+                    self._superseded.discard(spec.name)
+                else:
+                    if spec.name in self._current.values():  # the other thread opens it too
+                        self._superseded.add(spec.name)
+                    self._done.append(Opened(spec.name, result, time.monotonic() - started))
+                self._cond.notify_all()  # (an urgent load's end lets the background thread go on)
             self.wake()
