@@ -1,6 +1,7 @@
 """The core board (``app.serving.cores``): a worker runs on its model's other workers' threads only
 while every other worker has slept for ``QUIET_S``, and goes back to its own share as soon as
-another has work; the board is shared memory that reaches workers started with ``spawn``."""
+another has work; the machine is idle (loads ahead of need may begin) only while no worker has work;
+the board is shared memory that reaches workers started with ``spawn``."""
 
 from __future__ import annotations
 
@@ -43,6 +44,18 @@ def test_a_worker_alone_at_work_takes_the_idle_workers_threads() -> None:
     clock.advance(QUIET_S * 0.2)
     assert c.update(busy=True) == 3
     assert b.update(busy=False) == 1 and c.update(busy=True) == 3  # b slept on: still quiet
+
+
+def test_the_machine_is_idle_only_while_no_worker_has_work() -> None:
+    board = CoreBoard(2, Clock())
+    a, b = board.share(0, own=1, alone=2), board.share(1, own=1, alone=2)
+    assert a.machine_idle() and b.machine_idle()  # before any work
+    b.update(busy=True)
+    assert not a.machine_idle() and not b.machine_idle()  # a neighbour's work counts
+    b.update(busy=False)
+    assert a.machine_idle()
+    a.update(busy=True)
+    assert not a.machine_idle()  # and its own
 
 
 def test_a_worker_started_again_is_asleep_until_it_has_work() -> None:

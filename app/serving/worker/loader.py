@@ -9,8 +9,9 @@ time:
 
 - **urgent**: a model a sentence waits for (``want(urgent=True)``), opened at once, at the
   worker's own priority;
-- **background**: models loaded ahead of need (after start), opened only while the worker is
-  ``idle`` and no urgent load runs, at a lower CPU priority (``BACKGROUND_NICE``): a load takes
+- **background**: models loaded ahead of need (after start), begun only while the worker (and,
+  in a server, every worker of the machine: ``CoreShare.machine_idle``) is ``idle`` and no urgent
+  load runs, at a lower CPU priority (``BACKGROUND_NICE``): a load takes
   ~1 s of a core, and under a steady one-pair load the background loads of the other 19 models
   made its p99 9x (3.2 s against 0.35 s; AVX-512 VNNI, 2 workers on 2 cores) while they ran at
   the same priority as decoding. A load begun while the worker was idle goes on when work

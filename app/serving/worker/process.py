@@ -82,8 +82,10 @@ def serve_worker(
         table = model_table(settings, models, metrics, wake=inbox.wake)
         loaded = table.load_at_start(home)
         executor = Executor.from_settings(table, inbox, settings, metrics=metrics)
-        if table.loader is not None:  # loads ahead of need wait while the worker has work
-            table.loader.idle = lambda: not executor.busy and not inbox.waiting
+        if table.loader is not None:  # loads ahead of need wait while the machine has work
+            table.loader.idle = lambda: (
+                not executor.busy and not inbox.waiting and (cores is None or cores.machine_idle())
+            )
     except Exception as e:  # the front end fails its start-up with this reason
         with contextlib.suppress(OSError):
             send_message(conn, StartFailed(f"{type(e).__name__}: {e}"))
