@@ -612,6 +612,32 @@ def test_a_sentence_goes_to_a_worker_that_holds_its_model_loaded() -> None:
     run(main)
 
 
+def test_a_model_spreads_to_another_worker_only_when_its_own_rows_fill_half_its_owners_batch() -> None:
+    """An owner saturated by another model's rows keeps a cold model's sentences (no second copy
+    loaded elsewhere: they wait for its room); the model that fills it spreads."""
+
+    async def main() -> None:
+        w1, w2 = FakeWorker("w1"), FakeWorker("w2")
+        # 12 rows each; a and c are w1's own models, b is w2's (``placement.homes``).
+        s = scheduler([w1, w2], max_batch_size=8, models=("a", "b", "c"))
+
+        def models(worker: FakeWorker, skip: int) -> list[tuple[str, int]]:
+            return [(job.model, job.beam_size) for job in worker.given()[skip:]]
+
+        s.submit(sources(8), beam_size=1, n_best=1, model="a")
+        assert models(w1, 0) == [("a", 1)] * 8  # w1 has a batch's worth in hand
+        s.submit(sources(1, tag=1), beam_size=3, n_best=1, model="c")
+        assert models(w1, 8) == [("c", 3)] and not w2.given()  # 3 rows of c: it stays with w1
+        s.submit(sources(1, tag=2), beam_size=1, n_best=1, model="a")
+        assert models(w2, 0) == [("a", 1)] and len(w1.given()) == 9  # 8 rows of a: it spreads
+        s.submit(sources(1, tag=3), beam_size=3, n_best=1, model="c")
+        assert len(w1.given()) == 9 and len(w2.given()) == 1  # w1 has 1 row free: c waits for it
+        w1.answer(*w1.pending.values())
+        assert models(w1, 9) == [("c", 3)]
+
+    run(main)
+
+
 @pytest.mark.usefixtures("no_restart_delay")
 def test_a_worker_that_exits_gives_back_the_sentences_of_every_model() -> None:
     async def main() -> None:
