@@ -17,7 +17,7 @@ import pytest
 import app.serving.frontend.scheduler as scheduler_module
 from app.metrics import process_metrics
 from app.serving.errors import DeadlineExceeded, EngineError, EngineStopped, QueueFull, TooLarge
-from app.serving.frontend.scheduler import MAX_ATTEMPTS, Request, Scheduler
+from app.serving.frontend.scheduler import MAX_ATTEMPTS, SPREAD_AFTER_S, Request, Scheduler
 from app.serving.protocol import (
     Answers,
     Cancel,
@@ -607,33 +607,42 @@ def test_a_sentence_goes_to_a_worker_that_holds_its_model_loaded() -> None:
         assert {job.model for job in w2.given()} == {"b"} and {job.model for job in w1.given()} == {"a"}
         s.submit(sources(8, tag=2), beam_size=1, n_best=1, model="b")  # 4 more rows fit in w2, not 8
         assert [job.model for job in w2.given()].count("b") == 6
-        assert [job.model for job in w1.given()].count("b") == 4  # the rest: w1 loads b
+        assert [job.model for job in w1.given()].count("b") == 0  # a burst: the rest wait for w2
+        s.clock = lambda: time.monotonic() + SPREAD_AFTER_S  # b has filled w2 for a while now
+        s.submit(sources(1, tag=3), beam_size=1, n_best=1, model="b")
+        assert [job.model for job in w1.given()].count("b") == 4  # w1 loads b: 4 rows of room
 
     run(main)
 
 
-def test_a_model_spreads_to_another_worker_only_when_its_own_rows_fill_half_its_owners_batch() -> None:
-    """An owner saturated by another model's rows keeps a cold model's sentences (no second copy
-    loaded elsewhere: they wait for its room); the model that fills it spreads."""
+def test_a_model_spreads_to_another_worker_once_it_has_filled_half_its_owners_batch_for_a_while() -> None:
+    """A model spreads to a lighter worker (which loads a copy) once it has held half a batch of
+    rows at its owner for ``SPREAD_AFTER_S``: not for a burst, and not for a cold model whose owner
+    other models keep busy (its sentences wait for the owner's room)."""
 
     async def main() -> None:
         w1, w2 = FakeWorker("w1"), FakeWorker("w2")
         # 12 rows each; a and c are w1's own models, b is w2's (``placement.homes``).
         s = scheduler([w1, w2], max_batch_size=8, models=("a", "b", "c"))
+        now = [100.0]
+        s.clock = lambda: now[0]
 
         def models(worker: FakeWorker, skip: int) -> list[tuple[str, int]]:
             return [(job.model, job.beam_size) for job in worker.given()[skip:]]
 
         s.submit(sources(8), beam_size=1, n_best=1, model="a")
-        assert models(w1, 0) == [("a", 1)] * 8  # w1 has a batch's worth in hand
+        assert models(w1, 0) == [("a", 1)] * 8  # half a batch of a, and more: hot from now
         s.submit(sources(1, tag=1), beam_size=3, n_best=1, model="c")
-        assert models(w1, 8) == [("c", 3)] and not w2.given()  # 3 rows of c: it stays with w1
+        assert models(w1, 8) == [("c", 3)] and not w2.given()  # c is cold: it stays with w1
         s.submit(sources(1, tag=2), beam_size=1, n_best=1, model="a")
-        assert models(w2, 0) == [("a", 1)] and len(w1.given()) == 9  # 8 rows of a: it spreads
-        s.submit(sources(1, tag=3), beam_size=3, n_best=1, model="c")
-        assert len(w1.given()) == 9 and len(w2.given()) == 1  # w1 has 1 row free: c waits for it
+        assert models(w1, 9) == [("a", 1)] and not w2.given()  # a burst: w1 still has room
+        now[0] += SPREAD_AFTER_S
+        s.submit(sources(1, tag=3), beam_size=1, n_best=1, model="a")
+        assert models(w2, 0) == [("a", 1)] and len(w1.given()) == 10  # hot for a while: a spreads
+        s.submit(sources(1, tag=4), beam_size=3, n_best=1, model="c")
+        assert len(w1.given()) == 10 and len(w2.given()) == 1  # w1 is full: c waits for its room
         w1.answer(*w1.pending.values())
-        assert models(w1, 9) == [("c", 3)]
+        assert models(w1, 10) == [("c", 3)]
 
     run(main)
 

@@ -40,8 +40,9 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import math
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from app.metrics import Metrics
@@ -67,6 +68,7 @@ __all__ = ["ModelQueue", "Request", "Scheduler", "Worker"]
 MAX_ATTEMPTS = 3  # workers a sentence may be given to, when the ones before exited with it
 RESTART_DELAYS_S = (0.0, 1.0, 2.0, 5.0, 10.0, 30.0)  # before each try to start a worker again
 PREFETCH = 2.0  # rows given to a worker beyond its running batch, in batches
+SPREAD_AFTER_S = 2.0  # a model hot at its owners this long spreads (``Scheduler._worker_for``)
 
 
 class Scheduler:
@@ -94,6 +96,7 @@ class Scheduler:
             state.worker.home = home
             state.worker.listener = self
         self.max_batch_size = max_batch_size
+        self.clock: Callable[[], float] = time.monotonic  # (for how long a model has been hot)
         self.max_queue = max_queue
         self.metrics = metrics
         self.start_seconds = 0.0  # how long the workers took to start (load, compile, warm up)
@@ -294,6 +297,7 @@ class Scheduler:
             state.rows += sentence.rows
             state.background_rows += sentence.rows if sentence.request.background else 0
             state.held[model.name] = state.held.get(model.name, 0) + sentence.rows
+            self._held_changed(state, model.name)
             model.rows += sentence.rows
             batches.setdefault(id(state), (state, []))[1].append(sentence)
             self._turns.remove(model)  # its turn is over
@@ -315,25 +319,36 @@ class Scheduler:
     def _worker_for(self, model: str, rows: int, background: bool = False) -> WorkerState | None:
         """The worker a sentence of ``model`` goes to, among those that may take it: one that owns
         the model (holds it, or is loading it: ``WorkerState.owns``), the one with the most free
-        rows; another only while every owner has a batch's worth of rows in hand, half a batch of
-        them or more of this model, and the other has less (it then loads the model: a hot model
-        spreads, a cold one stays in one worker's memory), or when no worker owns the model.
+        rows; another while every owner has held half a batch or more of this model's rows for
+        ``SPREAD_AFTER_S`` and the other, with this sentence, would still have fewer rows than any
+        owner (it then loads the model: a hot model spreads, a cold one stays in one worker's
+        memory and waits for its owner's room); any worker when none owns the model.
 
-        Why the model's own half batch: a worker saturated by other models' rows is no reason to
-        copy a cold model elsewhere. Under a uniform beam-4 load over 20 pairs both workers are
-        saturated, and every moment one had fewer rows in hand made it load another copy (1-2 s
-        of a core each, sentences waiting for it): 5 copies in one run, against none in another,
-        and 27 against 47 sentences/s (AVX-512 VNNI, 2 workers)."""
+        Why the model's own rows, and for a while: a copy costs a load (1-2 s of a core at
+        OPUS-MT's size, its first sentences waiting for it) and its weights' memory, which a
+        sustained load repays and a burst does not. Spreading when the owner was saturated,
+        whatever its rows were, copied cold models under a uniform beam-4 load over 20 pairs,
+        each time one worker had a moment's fewer rows (5 copies in one run, none in another: 27
+        against 47 sentences/s); and one pair alone, 64 connections, never saturated its owner,
+        so that whether the other worker joined in was chance (281 sentences/s when it did,
+        222-230 when not). AVX-512 VNNI, 2 workers."""
         owners = [s for s in self.workers if s.usable and s.owns(model)]
         takers = [s for s in self.workers if s.takes(model, rows, background)]
         if not owners:
             return max(takers, key=lambda s: s.free, default=None)
-        others = [s for s in takers if s not in owners and s.rows < self.max_batch_size]
-        spreads = others and all(
-            s.rows >= self.max_batch_size and 2 * s.held.get(model, 0) >= self.max_batch_size for s in owners
-        )
+        least = min(s.rows for s in owners)
+        others = [s for s in takers if s not in owners and s.rows + rows < least]
+        since = self.clock() - SPREAD_AFTER_S
+        spreads = others and all(s.hot_since.get(model, math.inf) <= since for s in owners)
         owning = [s for s in takers if s in owners]  # (none: it waits for an owner's room)
         return max(others if spreads else owning, key=lambda s: s.free, default=None)
+
+    def _held_changed(self, state: WorkerState, model: str) -> None:
+        """Keep ``state.hot_since[model]`` (when it began to hold half a batch of ``model``)."""
+        if 2 * state.held.get(model, 0) >= self.max_batch_size:
+            state.hot_since.setdefault(model, self.clock())
+        else:
+            state.hot_since.pop(model, None)
 
     def _queued(self, model: ModelQueue) -> None:
         if model.metrics is not None:
@@ -348,6 +363,7 @@ class Scheduler:
         state.held[name] -= sentence.rows
         if not state.held[name]:
             del state.held[name]
+        self._held_changed(state, name)
         sentence.request.model.rows -= sentence.rows
         sentence.worker = None
 
