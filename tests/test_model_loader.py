@@ -50,7 +50,13 @@ class Gated:
 
 def loading(opener: Gated, inbox: Inbox, metrics: Metrics | None = None) -> Executor:
     """An executor whose table opens models on a loader, as a worker's does."""
-    specs = [ModelSpec(name, Path("nowhere")) for name in opener.translators]
+    return loading_with(opener, list(opener.translators), inbox, metrics)
+
+
+def loading_with(
+    opener: Callable[[ModelSpec], Translator], names: list[str], inbox: Inbox, metrics: Metrics | None = None
+) -> Executor:
+    specs = [ModelSpec(name, Path("nowhere")) for name in names]
     table = ModelTable(specs, opener, metrics=metrics, loader=Loader(opener, inbox.wake))
     return Executor(table, inbox)
 
@@ -141,10 +147,12 @@ def test_a_model_a_sentence_waits_for_loads_before_those_loaded_ahead_of_need(
     inbox.add([wanted])
     with torch.inference_mode():
         assert executor.iteration() == []  # d's load is asked for, while b's is under way
+    assert opener.started["d"].wait(WAIT_S)  # at once, beside b's
+    assert not opener.started["c"].is_set()
     for name in "bcd":
         opener.gates[name].set()
     run_until(executor, inbox, finished(wanted))
-    assert opener.opened[:3] == ["a", "b", "d"]  # d before c: a sentence waited for it
+    assert "c" not in opener.opened[: opener.opened.index("d")]  # d before c: a sentence waited for it
 
 
 def test_a_failed_load_fails_that_models_sentences_and_the_others_go_on(
@@ -335,3 +343,29 @@ def test_a_model_wanted_while_it_loads_ahead_of_need_is_opened_again_at_once_and
         time.sleep(0.01)
     assert loader.done() == []  # the second copy was dropped
     loader.close()
+
+
+def test_a_model_the_front_end_asks_for_is_loaded_at_once_and_no_wait_is_recorded(
+    de_en: Translator,  # noqa: F811
+) -> None:
+    """``protocol.Load``: the worker loads the model before any of its sentences come (the front
+    end spreads a hot model so), at the worker's priority though it is busy, and records no wait."""
+    metrics = process_metrics()
+    opener = Recording(de_en)
+    opener.gate.set()
+    inbox = Inbox()
+    executor = loading_with(opener, ["held", "asked"], inbox, metrics)
+    assert executor.models.loader is not None
+    executor.models.loader.idle = lambda: False  # busy: nothing would load ahead of need
+    waits = metrics.sample("nmt_model_load_wait_seconds_count", {"model": "asked"})
+    inbox.load("asked")
+    assert executor.runnable()  # the worker wakes for it
+    deadline = time.monotonic() + WAIT_S
+    with torch.inference_mode():
+        while "asked" not in executor.models.loaded:
+            assert time.monotonic() < deadline, opener.started
+            executor.iteration()
+            time.sleep(0.01)
+    assert opener.started == ["asked"]
+    assert opener.nice["asked"] == [os.getpriority(os.PRIO_PROCESS, 0)]  # not niced
+    assert metrics.sample("nmt_model_load_wait_seconds_count", {"model": "asked"}) == waits

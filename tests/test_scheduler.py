@@ -24,6 +24,7 @@ from app.serving.protocol import (
     Done,
     Failed,
     Hypothesis,
+    Load,
     Loaded,
     Sentence,
     SentenceResult,
@@ -608,17 +609,22 @@ def test_a_sentence_goes_to_a_worker_that_holds_its_model_loaded() -> None:
         s.submit(sources(8, tag=2), beam_size=1, n_best=1, model="b")  # 4 more rows fit in w2, not 8
         assert [job.model for job in w2.given()].count("b") == 6
         assert [job.model for job in w1.given()].count("b") == 0  # a burst: the rest wait for w2
+        w1.answer(*w1.pending.values())  # w1 is idle, and has not been asked to load b
+        assert [job.model for job in w1.given()].count("b") == 0
         s.clock = lambda: time.monotonic() + SPREAD_AFTER_S  # b has filled w2 for a while now
         s.submit(sources(1, tag=3), beam_size=1, n_best=1, model="b")
-        assert [job.model for job in w1.given()].count("b") == 4  # w1 loads b: 4 rows of room
+        assert [m for m in w1.sent if isinstance(m, Load)] == [Load("b")]  # w1 loads b
+        s.on_message(w1, Loaded(("a", "b")))
+        assert [job.model for job in w1.given()].count("b") == 5  # then takes b's that wait
 
     run(main)
 
 
-def test_a_model_spreads_to_another_worker_once_it_has_filled_half_its_owners_batch_for_a_while() -> None:
-    """A model spreads to a lighter worker (which loads a copy) once it has held half a batch of
-    rows at its owner for ``SPREAD_AFTER_S``: not for a burst, and not for a cold model whose owner
-    other models keep busy (its sentences wait for the owner's room)."""
+def test_a_model_spreads_once_it_has_filled_half_its_owners_batch_for_a_while() -> None:
+    """A model that has held half a batch of rows at its owner for ``SPREAD_AFTER_S`` has a lighter
+    worker load it (``Load``), and its sentences go there once that worker holds it (none waits
+    for the load there); a burst does not spread, nor a cold model whose owner other models keep
+    busy (its sentences wait for the owner's room)."""
 
     async def main() -> None:
         w1, w2 = FakeWorker("w1"), FakeWorker("w2")
@@ -630,19 +636,26 @@ def test_a_model_spreads_to_another_worker_once_it_has_filled_half_its_owners_ba
         def models(worker: FakeWorker, skip: int) -> list[tuple[str, int]]:
             return [(job.model, job.beam_size) for job in worker.given()[skip:]]
 
+        def loads(worker: FakeWorker) -> list[str]:
+            return [m.model for m in worker.sent if isinstance(m, Load)]
+
         s.submit(sources(8), beam_size=1, n_best=1, model="a")
         assert models(w1, 0) == [("a", 1)] * 8  # half a batch of a, and more: hot from now
         s.submit(sources(1, tag=1), beam_size=3, n_best=1, model="c")
-        assert models(w1, 8) == [("c", 3)] and not w2.given()  # c is cold: it stays with w1
+        assert models(w1, 8) == [("c", 3)]  # c is cold: it stays with w1
         s.submit(sources(1, tag=2), beam_size=1, n_best=1, model="a")
-        assert models(w1, 9) == [("a", 1)] and not w2.given()  # a burst: w1 still has room
+        assert models(w1, 9) == [("a", 1)]  # a burst: w1 still has room
+        assert not w2.given() and not loads(w2)
         now[0] += SPREAD_AFTER_S
-        s.submit(sources(1, tag=3), beam_size=1, n_best=1, model="a")
-        assert models(w2, 0) == [("a", 1)] and len(w1.given()) == 10  # hot for a while: a spreads
+        s.submit(sources(2, tag=3), beam_size=1, n_best=1, model="a")
+        assert loads(w2) == ["a"] and not w2.given()  # hot for a while: w2 loads a, once
+        assert len(w1.given()) == 10  # w1 is full: the two wait
+        s.on_message(w2, Loaded(("b", "a")))
+        assert models(w2, 0) == [("a", 1)] * 2  # w2 holds a now: they go there
         s.submit(sources(1, tag=4), beam_size=3, n_best=1, model="c")
-        assert len(w1.given()) == 10 and len(w2.given()) == 1  # w1 is full: c waits for its room
+        assert len(w1.given()) == 10 and len(w2.given()) == 2  # c waits for w1's room
         w1.answer(*w1.pending.values())
-        assert models(w1, 10) == [("c", 3)]
+        assert models(w1, 10) == [("c", 3)] and loads(w2) == ["a"]
 
     run(main)
 

@@ -143,7 +143,15 @@ class Stop:
     pass
 
 
-ToWorker = Translate | Cancel | Stop
+@dataclass(frozen=True, slots=True)
+class Load:
+    """Load ``model`` now, before any of its sentences come: the front end spreads a hot model to
+    this worker once it holds it (``Loaded``), so that no sentence waits for the load."""
+
+    model: str
+
+
+ToWorker = Translate | Cancel | Stop | Load
 
 
 # -- worker -> front end ---------------------------------------------------------------------------

@@ -119,6 +119,7 @@ class WorkerState:
     # Since when each model has held half a batch or more of ``rows`` here, without a break
     # (``Scheduler._worker_for``: a model hot that long spreads to a lighter worker).
     hot_since: dict[str, float] = field(default_factory=dict)
+    asked: set[str] = field(default_factory=set)  # models it was asked to load (``Load``), not held yet
     loaded: frozenset[str] = frozenset()  # the models it holds loaded, as it last said
     home: frozenset[str] = frozenset()  # the models it loads when it starts (``homes``)
     # A send failed: the process is gone, but the event loop has not read its end of file yet

@@ -54,6 +54,7 @@ from app.serving.protocol import (
     Cancel,
     Constraints,
     Done,
+    Load,
     Loaded,
     Sentence,
     SentenceResult,
@@ -319,14 +320,14 @@ class Scheduler:
     def _worker_for(self, model: str, rows: int, background: bool = False) -> WorkerState | None:
         """The worker a sentence of ``model`` goes to, among those that may take it: one that owns
         the model (holds it, or is loading it: ``WorkerState.owns``), the one with the most free
-        rows; another while every owner has held half a batch or more of this model's rows for
-        ``SPREAD_AFTER_S`` and the other, with this sentence, would still have fewer rows than any
-        owner (it then loads the model: a hot model spreads, a cold one stays in one worker's
-        memory and waits for its owner's room); any worker when none owns the model.
+        rows (none may: it waits for an owner's room); any worker when none owns the model. Once
+        every owner has held half a batch or more of this model's rows for ``SPREAD_AFTER_S``,
+        another worker is asked to load it (``_spread``), and owns it once it holds it: a hot model
+        spreads, a cold one stays in one worker's memory.
 
         Why the model's own rows, and for a while: a copy costs a load (1-2 s of a core at
-        OPUS-MT's size, its first sentences waiting for it) and its weights' memory, which a
-        sustained load repays and a burst does not. Spreading when the owner was saturated,
+        OPUS-MT's size) and its weights' memory, which a sustained load repays and a burst does
+        not. Spreading when the owner was saturated,
         whatever its rows were, copied cold models under a uniform beam-4 load over 20 pairs,
         each time one worker had a moment's fewer rows (5 copies in one run, none in another: 27
         against 47 sentences/s); and one pair alone, 64 connections, never saturated its owner,
@@ -336,12 +337,23 @@ class Scheduler:
         takers = [s for s in self.workers if s.takes(model, rows, background)]
         if not owners:
             return max(takers, key=lambda s: s.free, default=None)
-        least = min(s.rows for s in owners)
-        others = [s for s in takers if s not in owners and s.rows + rows < least]
         since = self.clock() - SPREAD_AFTER_S
-        spreads = others and all(s.hot_since.get(model, math.inf) <= since for s in owners)
+        if all(s.hot_since.get(model, math.inf) <= since for s in owners):
+            self._spread(model, [s for s in takers if s not in owners])
         owning = [s for s in takers if s in owners]  # (none: it waits for an owner's room)
-        return max(others if spreads else owning, key=lambda s: s.free, default=None)
+        return max(owning, key=lambda s: s.free, default=None)
+
+    def _spread(self, model: str, others: list[WorkerState]) -> None:
+        """Ask the lightest of ``others`` running less than half a batch to load ``model`` (once):
+        it takes the model's sentences once it holds it (``Loaded``: then it owns it). Until then
+        they stay with the owners: a sentence given to a worker that still had to load the model
+        waited for the load (1-2 s), the p99 of a one-pair load 2.7x its steady one while the
+        model spread. Half a batch: a worker busy with its own models has no room to spare."""
+        lighter = [s for s in others if 2 * s.rows < self.max_batch_size and model not in s.asked]
+        if lighter:
+            other = min(lighter, key=lambda s: s.rows)
+            other.asked.add(model)
+            other.worker.send(Load(model))
 
     def _held_changed(self, state: WorkerState, model: str) -> None:
         """Keep ``state.hot_since[model]`` (when it began to hold half a batch of ``model``)."""
@@ -374,6 +386,9 @@ class Scheduler:
         state = self._state(worker)
         if isinstance(message, Loaded):
             state.loaded = frozenset(message.models)
+            if state.asked & state.loaded:  # a model it was asked to load: its sentences may go
+                state.asked -= state.loaded
+                self._dispatch()
             return
         for answer in message.results:
             sentence = state.sentences.get(answer.id)
@@ -440,7 +455,7 @@ class Scheduler:
         state = self._state(worker)
         self._lost(state)
         state.unreachable = False  # ``running`` says when it is back
-        state.loaded = frozenset()
+        state.loaded, state.asked = frozenset(), set()
         task = asyncio.ensure_future(self._start_again(worker))
         self._restarts.add(task)
         task.add_done_callback(self._restarts.discard)

@@ -86,6 +86,11 @@ class SentenceSource(Protocol):
     # The sentence left the batch; False if nobody waits for it.
     def release(self, sentence: Held) -> bool: ...
 
+    @property
+    def loads(self) -> bool: ...  # models asked to be loaded (``protocol.Load``) not taken yet
+
+    def take_loads(self) -> list[str]: ...
+
 
 # What one iteration produced: finished sentences with their result, and sentences that failed.
 Outcome = tuple[Held, SentenceResult | BaseException]
@@ -173,6 +178,7 @@ class Executor:
         loader = self.models.loader
         return (
             self.busy
+            or self.source.loads
             or (loader is not None and loader.finished)
             or any(self.source.waiting_for(n) and not self.models.loading(n) for n in self.models.names)
         )
@@ -238,7 +244,11 @@ class Executor:
         """One step of the next model in turn: admit its newcomers, drop what nobody waits for, one
         decoding step, remove what finished. A failed step fails that model's running sentences (and
         only those) instead of raising; a model that cannot be loaded fails its waiting sentences."""
-        # Loads the worker's loader finished: the models join, or their sentences fail.
+        # Loads the front end asked for (no sentence waits for them: ``protocol.Load``), begun at
+        # once; loads the worker's loader finished: the models join, or their sentences fail.
+        for asked in self.source.take_loads():
+            if asked in self.models.names:
+                self.models.begin(asked, busy={n for n, _ in self.lanes}, waited=False)
         failures = [o for name, error in self.models.collect() for o in self._fail_waiting(name, error)]
         name = self._next()
         if name is None:

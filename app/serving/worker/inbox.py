@@ -70,6 +70,7 @@ class Inbox:
         self._size = 0  # sentences in the queues
         self._rows = 0  # rows of the sentences in the queues
         self._by_id: dict[int, HeldSentence] = {}  # every sentence given and not finished
+        self._loads: list[str] = []  # models the front end asked to load (``Load``), not begun yet
         self._cond = threading.Condition()
         self._stopping = False
 
@@ -100,6 +101,23 @@ class Inbox:
         """Forget a sentence that left the batch; False if it had been cancelled (nobody waits for it)."""
         with self._cond:
             return self._by_id.pop(sentence.id, None) is not None
+
+    def load(self, model: str) -> None:
+        """The front end asks for ``model`` to be loaded (``protocol.Load``)."""
+        with self._cond:
+            self._loads.append(model)
+            self._cond.notify()
+
+    def take_loads(self) -> list[str]:
+        """The models asked for since the last call."""
+        with self._cond:
+            loads, self._loads = self._loads, []
+            return loads
+
+    @property
+    def loads(self) -> bool:
+        """Models were asked for and not taken yet."""
+        return bool(self._loads)
 
     def stop(self) -> None:
         with self._cond:

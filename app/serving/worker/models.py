@@ -162,16 +162,18 @@ class ModelTable:
         if failed is not None and time.monotonic() - failed[0] < FAILED_RETRY_S:
             raise failed[1]
 
-    def begin(self, name: str, busy: Collection[str] = (), urgent: bool = True) -> LoadedModel | None:
+    def begin(
+        self, name: str, busy: Collection[str] = (), urgent: bool = True, *, waited: bool = True
+    ) -> LoadedModel | None:
         """``name`` if held; else its load begun on the loader (room made for it as ``load``
-        does) and None: ``collect`` takes it once opened. ``urgent``: a sentence waits for it (it
-        goes before the loads queued ahead of need, and its wait is recorded). Without a loader,
-        ``load``."""
+        does) and None: ``collect`` takes it once opened. ``urgent``: opened at once, before the
+        loads queued ahead of need; ``waited``: a sentence waits for it (its wait is recorded).
+        Without a loader, ``load``."""
         held = self.get(name)
         if held is not None or self.loader is None:
             return held or self.load(name, busy)
         self._check_failed(name)
-        if urgent:
+        if urgent and waited:
             self._asked.setdefault(name, time.monotonic())
         if not self.loader.loading(name):
             self._make_room(name, busy)

@@ -33,6 +33,7 @@ from app.serving.protocol import (
     Cancel,
     Done,
     Failed,
+    Load,
     Loaded,
     ModelSpec,
     Ready,
@@ -150,6 +151,8 @@ def _read(conn: Connection, inbox: Inbox) -> None:
                 inbox.add(sentences)
             case Cancel(ids):
                 inbox.cancel(ids)
+            case Load(model):
+                inbox.load(model)
             case Stop():
                 inbox.stop()
                 return
