@@ -369,3 +369,22 @@ def test_a_model_the_front_end_asks_for_is_loaded_at_once_and_no_wait_is_recorde
     assert opener.started == ["asked"]
     assert opener.nice["asked"] == [os.getpriority(os.PRIO_PROCESS, 0)]  # not niced
     assert metrics.sample("nmt_model_load_wait_seconds_count", {"model": "asked"}) == waits
+
+
+def test_a_load_is_announced_as_it_begins_and_active_until_it_ends(
+    de_en: Translator,  # noqa: F811
+) -> None:
+    """The worker marks its core taken when a load begins (``on_start``) and keeps it marked while
+    one is ``active``: a neighbour alone at work must not run a thread on it meanwhile."""
+    opener = Recording(de_en)
+    loader = Loader(opener, lambda: None)
+    begun: list[bool] = []
+    loader.on_start = lambda: begun.append(loader.active)
+    assert not loader.active
+    loader.want(ModelSpec("m", Path("x")), urgent=False)
+    opener.wait_started(1)
+    assert begun == [True] and loader.active
+    opener.gate.set()
+    assert collected(loader, 1) == ["m"]
+    assert not loader.active
+    loader.close()

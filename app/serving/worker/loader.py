@@ -73,6 +73,8 @@ class Loader:
         # Whether the worker has nothing to step (set by the worker once its executor exists):
         # loads ahead of need wait for it.
         self.idle: Callable[[], bool] = lambda: True
+        # Called as each load begins (the worker marks its core taken: ``app.serving.cores``).
+        self.on_start: Callable[[], None] = lambda: None
         self._queue: deque[ModelSpec] = deque()
         self._urgent: set[str] = set()  # of the queue: models a sentence waits for
         self._current: dict[str, str] = {}  # thread (URGENT, BACKGROUND) -> the model it opens
@@ -120,6 +122,12 @@ class Loader:
         with self._cond:
             current = list(dict.fromkeys(self._current.values()))
             return current + [s.name for s in self._queue if s.name not in current]
+
+    @property
+    def active(self) -> bool:
+        """A load is under way."""
+        with self._cond:
+            return bool(self._current)
 
     @property
     def finished(self) -> bool:
@@ -172,6 +180,7 @@ class Loader:
                 self._urgent.discard(spec.name)
                 self._current[kind] = spec.name
             started = time.monotonic()
+            self.on_start()
             result: Translator | BaseException
             try:
                 # A thread starts outside inference mode, as loading must be: weights made under it

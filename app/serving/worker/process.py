@@ -87,6 +87,15 @@ def serve_worker(
             table.loader.idle = lambda: (
                 not executor.busy and not inbox.waiting and (cores is None or cores.machine_idle())
             )
+            if cores is not None:
+                share = cores
+
+                def core_taken() -> None:
+                    # A load takes this worker's core: no neighbour alone at work may run a thread
+                    # on it (a step on two threads, one sharing its core with a load, waits for it).
+                    share.update(busy=True)
+
+                table.loader.on_start = core_taken
     except Exception as e:  # the front end fails its start-up with this reason
         with contextlib.suppress(OSError):
             send_message(conn, StartFailed(f"{type(e).__name__}: {e}"))
@@ -117,7 +126,8 @@ def serve_worker(
                         answers.append(Failed(sentence.id, str(result)))
                     else:
                         answers.append(Done(sentence.id, result))
-                if cores is not None and not executor.busy and not inbox.waiting:
+                loading = table.loader is not None and table.loader.active
+                if cores is not None and not executor.busy and not inbox.waiting and not loading:
                     use_threads(cores.update(busy=False))  # asleep: its core is free for the others
                 with contextlib.suppress(OSError):  # the front end is gone: the reader stops us
                     if table.changes != told:
