@@ -247,6 +247,8 @@ def point(
                 "sentences_per_s": round(wrk.answered_per_s, 1),
                 "statuses": wrk.statuses,
                 "latency_ms": wrk.latency_ms,
+                # every load so far: a rise is a hot model's copy in another worker
+                "loads_done": metric(server, "nmt_model_loads_total"),
             }
             print(name, result["wrk"][name], flush=True)
         result["memory_after_load"] = memory(pid)
