@@ -112,9 +112,10 @@ def lag_over(metrics: Metrics, bound: str) -> float:
     CI the merged read of this process's file showed no sample over 0.1 s while the monitor's log
     said it had just recorded 0.27 s, for reasons not found."""
     samples = {(s.name, s.labels.get("le")): s.value for s in metrics.loop_lag.collect()[0].samples}
-    return samples[("nmt_event_loop_lag_seconds_count", None)] - samples[
-        ("nmt_event_loop_lag_seconds_bucket", bound)
-    ]
+    return (
+        samples[("nmt_event_loop_lag_seconds_count", None)]
+        - samples[("nmt_event_loop_lag_seconds_bucket", bound)]
+    )
 
 
 def test_a_request_holding_the_loop_is_warned_about_by_method_route_template_and_line(
