@@ -310,16 +310,23 @@ def test_loads_ahead_of_need_run_at_a_lower_priority_and_wanted_ones_at_the_work
     loader.close()
 
 
+def ahead_then_wanted(opener: Recording, ahead: str, wanted: str) -> Loader:
+    """A loader opening ``ahead`` ahead of need (its gate shut), then asked for ``wanted``: returned
+    once both loads have begun (the second at once, beside the first)."""
+    loader = Loader(opener, lambda: None)
+    loader.want(ModelSpec(ahead, Path("x")), urgent=False)
+    opener.wait_started(1)
+    loader.want(ModelSpec(wanted, Path("x")), urgent=True)  # a sentence waits for it
+    opener.wait_started(2)
+    return loader
+
+
 def test_a_wanted_model_is_opened_while_a_load_ahead_of_need_is_under_way(
     de_en: Translator,  # noqa: F811
 ) -> None:
     opener = Recording(de_en)
-    loader = Loader(opener, lambda: None)
-    loader.want(ModelSpec("ahead", Path("x")), urgent=False)
-    opener.wait_started(1)
-    loader.want(ModelSpec("wanted", Path("x")), urgent=True)
-    opener.wait_started(2)  # at once: the gate is still shut, "ahead" not finished
-    assert opener.started == ["ahead", "wanted"]
+    loader = ahead_then_wanted(opener, "ahead", "wanted")
+    assert opener.started == ["ahead", "wanted"]  # the gate is still shut: "ahead" not finished
     opener.gate.set()
     assert sorted(collected(loader, 2)) == ["ahead", "wanted"]
     loader.close()
@@ -329,11 +336,7 @@ def test_a_model_wanted_while_it_loads_ahead_of_need_is_opened_again_at_once_and
     de_en: Translator,  # noqa: F811
 ) -> None:
     opener = Recording(de_en)
-    loader = Loader(opener, lambda: None)
-    loader.want(ModelSpec("m", Path("x")), urgent=False)
-    opener.wait_started(1)
-    loader.want(ModelSpec("m", Path("x")), urgent=True)  # a sentence waits for it now
-    opener.wait_started(2)  # the urgent thread opens it too, at the worker's priority
+    loader = ahead_then_wanted(opener, "m", "m")  # the urgent thread opens it too
     assert loader.loading("m") and loader.pending == ["m"]
     opener.gate.set()
     assert collected(loader, 1) == ["m"]

@@ -17,7 +17,8 @@ import pytest
 import app.serving.frontend.scheduler as scheduler_module
 from app.metrics import process_metrics
 from app.serving.errors import DeadlineExceeded, EngineError, EngineStopped, QueueFull, TooLarge
-from app.serving.frontend.scheduler import MAX_ATTEMPTS, SPREAD_AFTER_S, Request, Scheduler
+from app.serving.frontend.scheduler import MAX_ATTEMPTS, Request, Scheduler
+from app.serving.frontend.spreading import SPREAD_AFTER_S
 from app.serving.protocol import (
     Answers,
     Cancel,
@@ -611,7 +612,7 @@ def test_a_sentence_goes_to_a_worker_that_holds_its_model_loaded() -> None:
         assert [job.model for job in w1.given()].count("b") == 0  # a burst: the rest wait for w2
         w1.answer(*w1.pending.values())  # w1 is idle, and has not been asked to load b
         assert [job.model for job in w1.given()].count("b") == 0
-        s.clock = lambda: time.monotonic() + SPREAD_AFTER_S  # b has filled w2 for a while now
+        s.spreading.clock = lambda: time.monotonic() + SPREAD_AFTER_S  # b has filled w2 for a while now
         s.submit(sources(1, tag=3), beam_size=1, n_best=1, model="b")
         assert [m for m in w1.sent if isinstance(m, Load)] == [Load("b")]  # w1 loads b
         s.on_message(w1, Loaded(("a", "b")))
@@ -631,7 +632,7 @@ def test_a_model_spreads_once_it_has_filled_half_its_owners_batch_for_a_while() 
         # 12 rows each; a and c are w1's own models, b is w2's (``placement.homes``).
         s = scheduler([w1, w2], max_batch_size=8, models=("a", "b", "c"))
         now = [100.0]
-        s.clock = lambda: now[0]
+        s.spreading.clock = lambda: now[0]
 
         def models(worker: FakeWorker, skip: int) -> list[tuple[str, int]]:
             return [(job.model, job.beam_size) for job in worker.given()[skip:]]

@@ -41,8 +41,8 @@ def homes(models: Sequence[str], workers: int) -> list[tuple[str, ...]]:
     others in the background) and is given first. The models go to the workers in turn, so that
     the machine holds each once (20 models in every worker of two were twice the memory); a worker
     left without one takes a model in turn too (one model, two workers: both hold it). Any worker
-    still translates any model: one whose owners are saturated takes its sentences too
-    (``Scheduler._worker_for``), and loads it."""
+    still translates any model: one is asked to load a model that has kept its owners busy for a
+    while, and takes its sentences too (``app.serving.frontend.spreading``)."""
     own = [tuple(m for i, m in enumerate(models) if i % workers == w) for w in range(workers)]
     return [mine or (models[w % len(models)],) for w, mine in enumerate(own)]
 
@@ -117,7 +117,7 @@ class WorkerState:
     background_rows: int = 0  # of ``rows``, document jobs'
     held: dict[str, int] = field(default_factory=dict)  # of ``rows``, each model's
     # Since when each model has held half a batch or more of ``rows`` here, without a break
-    # (``Scheduler._worker_for``: a model hot that long spreads to a lighter worker).
+    # (``app.serving.frontend.spreading``: a model hot that long spreads to a lighter worker).
     hot_since: dict[str, float] = field(default_factory=dict)
     asked: set[str] = field(default_factory=set)  # models it was asked to load (``Load``), not held yet
     loaded: frozenset[str] = frozenset()  # the models it holds loaded, as it last said

@@ -10,7 +10,8 @@ Plain Python on the event loop, no torch: it decides *what* runs next; the worke
   so a request for one model never waits behind another model's backlog. A worker holding no
   sentence of a model takes one of its sentences however full it is (as an idle worker takes any
   one sentence), so neither does it wait for another model's batches to drain; and a sentence goes
-  to a worker that holds its model loaded, where one has room, rather than make another load it.
+  to a worker that owns its model, where one has room, rather than make another load it
+  (``app.serving.frontend.spreading``: a model busy for a while spreads to another worker).
 - **Admission** from exact counts, without asking anyone: at most ``max_queue`` sentences wait
   here for a worker, all models together (the gate below is passed before the body says which
   model a request is for); a request that does not fit is refused at once (``QueueFull``: 503 with
@@ -40,21 +41,20 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-import math
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from app.metrics import Metrics
 from app.serving.errors import DeadlineExceeded, EngineError, EngineStopped, QueueFull, TooLarge
 from app.serving.fairqueue import FairQueue
 from app.serving.frontend.placement import ModelQueue, Request, SentenceState, Worker, WorkerState, homes
+from app.serving.frontend.spreading import Spreading
 from app.serving.protocol import (
     Answers,
     Cancel,
     Constraints,
     Done,
-    Load,
     Loaded,
     Sentence,
     SentenceResult,
@@ -69,7 +69,6 @@ __all__ = ["ModelQueue", "Request", "Scheduler", "Worker"]
 MAX_ATTEMPTS = 3  # workers a sentence may be given to, when the ones before exited with it
 RESTART_DELAYS_S = (0.0, 1.0, 2.0, 5.0, 10.0, 30.0)  # before each try to start a worker again
 PREFETCH = 2.0  # rows given to a worker beyond its running batch, in batches
-SPREAD_AFTER_S = 2.0  # a model hot at its owners this long spreads (``Scheduler._worker_for``)
 
 
 class Scheduler:
@@ -97,7 +96,7 @@ class Scheduler:
             state.worker.home = home
             state.worker.listener = self
         self.max_batch_size = max_batch_size
-        self.clock: Callable[[], float] = time.monotonic  # (for how long a model has been hot)
+        self.spreading = Spreading(self.workers, max_batch_size)  # which worker takes a sentence
         self.max_queue = max_queue
         self.metrics = metrics
         self.start_seconds = 0.0  # how long the workers took to start (load, compile, warm up)
@@ -284,10 +283,10 @@ class Scheduler:
             state, source = None, model.queue
             sentence = source.peek()
             if sentence is not None:
-                state = self._worker_for(model.name, sentence.rows)
+                state = self.spreading.worker_for(model.name, sentence.rows)
             if state is None and (waiting := model.background.peek()) is not None:
                 sentence, source = waiting, model.background
-                state = self._worker_for(model.name, sentence.rows, background=True)
+                state = self.spreading.worker_for(model.name, sentence.rows, background=True)
             if state is None or sentence is None:
                 candidates.remove(model)  # none may take it now; the other models may still go
                 continue
@@ -298,7 +297,7 @@ class Scheduler:
             state.rows += sentence.rows
             state.background_rows += sentence.rows if sentence.request.background else 0
             state.held[model.name] = state.held.get(model.name, 0) + sentence.rows
-            self._held_changed(state, model.name)
+            self.spreading.held_changed(state, model.name)
             model.rows += sentence.rows
             batches.setdefault(id(state), (state, []))[1].append(sentence)
             self._turns.remove(model)  # its turn is over
@@ -317,51 +316,6 @@ class Scheduler:
                     sentence.attempts -= 1  # it never reached the worker
                 self._lost(state)
 
-    def _worker_for(self, model: str, rows: int, background: bool = False) -> WorkerState | None:
-        """The worker a sentence of ``model`` goes to, among those that may take it: one that owns
-        the model (holds it, or is loading it: ``WorkerState.owns``), the one with the most free
-        rows (none may: it waits for an owner's room); any worker when none owns the model. Once
-        every owner has held half a batch or more of this model's rows for ``SPREAD_AFTER_S``,
-        another worker is asked to load it (``_spread``), and owns it once it holds it: a hot model
-        spreads, a cold one stays in one worker's memory.
-
-        Why the model's own rows, and for a while: a copy costs a load (1-2 s of a core at
-        OPUS-MT's size) and its weights' memory, which a sustained load repays and a burst does
-        not. Spreading when the owner was saturated,
-        whatever its rows were, copied cold models under a uniform beam-4 load over 20 pairs,
-        each time one worker had a moment's fewer rows (5 copies in one run, none in another: 27
-        against 47 sentences/s); and one pair alone, 64 connections, never saturated its owner,
-        so that whether the other worker joined in was chance (281 sentences/s when it did,
-        222-230 when not). AVX-512 VNNI, 2 workers."""
-        owners = [s for s in self.workers if s.usable and s.owns(model)]
-        takers = [s for s in self.workers if s.takes(model, rows, background)]
-        if not owners:
-            return max(takers, key=lambda s: s.free, default=None)
-        since = self.clock() - SPREAD_AFTER_S
-        if all(s.hot_since.get(model, math.inf) <= since for s in owners):
-            self._spread(model, [s for s in takers if s not in owners])
-        owning = [s for s in takers if s in owners]  # (none: it waits for an owner's room)
-        return max(owning, key=lambda s: s.free, default=None)
-
-    def _spread(self, model: str, others: list[WorkerState]) -> None:
-        """Ask the lightest of ``others`` running less than half a batch to load ``model`` (once):
-        it takes the model's sentences once it holds it (``Loaded``: then it owns it). Until then
-        they stay with the owners: a sentence given to a worker that still had to load the model
-        waited for the load (1-2 s), the p99 of a one-pair load 2.7x its steady one while the
-        model spread. Half a batch: a worker busy with its own models has no room to spare."""
-        lighter = [s for s in others if 2 * s.rows < self.max_batch_size and model not in s.asked]
-        if lighter:
-            other = min(lighter, key=lambda s: s.rows)
-            other.asked.add(model)
-            other.worker.send(Load(model))
-
-    def _held_changed(self, state: WorkerState, model: str) -> None:
-        """Keep ``state.hot_since[model]`` (when it began to hold half a batch of ``model``)."""
-        if 2 * state.held.get(model, 0) >= self.max_batch_size:
-            state.hot_since.setdefault(model, self.clock())
-        else:
-            state.hot_since.pop(model, None)
-
     def _queued(self, model: ModelQueue) -> None:
         if model.metrics is not None:
             model.metrics.queue_depth.set(model.waiting)
@@ -375,7 +329,7 @@ class Scheduler:
         state.held[name] -= sentence.rows
         if not state.held[name]:
             del state.held[name]
-        self._held_changed(state, name)
+        self.spreading.held_changed(state, name)
         sentence.request.model.rows -= sentence.rows
         sentence.worker = None
 
