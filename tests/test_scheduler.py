@@ -621,46 +621,6 @@ def test_a_sentence_goes_to_a_worker_that_holds_its_model_loaded() -> None:
     run(main)
 
 
-def test_a_model_spreads_once_it_has_filled_half_its_owners_batch_for_a_while() -> None:
-    """A model that has held half a batch of rows at its owner for ``SPREAD_AFTER_S`` has a lighter
-    worker load it (``Load``), and its sentences go there once that worker holds it (none waits
-    for the load there); a burst does not spread, nor a cold model whose owner other models keep
-    busy (its sentences wait for the owner's room)."""
-
-    async def main() -> None:
-        w1, w2 = FakeWorker("w1"), FakeWorker("w2")
-        # 12 rows each; a and c are w1's own models, b is w2's (``placement.homes``).
-        s = scheduler([w1, w2], max_batch_size=8, models=("a", "b", "c"))
-        now = [100.0]
-        s.spreading.clock = lambda: now[0]
-
-        def models(worker: FakeWorker, skip: int) -> list[tuple[str, int]]:
-            return [(job.model, job.beam_size) for job in worker.given()[skip:]]
-
-        def loads(worker: FakeWorker) -> list[str]:
-            return [m.model for m in worker.sent if isinstance(m, Load)]
-
-        s.submit(sources(8), beam_size=1, n_best=1, model="a")
-        assert models(w1, 0) == [("a", 1)] * 8  # half a batch of a, and more: hot from now
-        s.submit(sources(1, tag=1), beam_size=3, n_best=1, model="c")
-        assert models(w1, 8) == [("c", 3)]  # c is cold: it stays with w1
-        s.submit(sources(1, tag=2), beam_size=1, n_best=1, model="a")
-        assert models(w1, 9) == [("a", 1)]  # a burst: w1 still has room
-        assert not w2.given() and not loads(w2)
-        now[0] += SPREAD_AFTER_S
-        s.submit(sources(2, tag=3), beam_size=1, n_best=1, model="a")
-        assert loads(w2) == ["a"] and not w2.given()  # hot for a while: w2 loads a, once
-        assert len(w1.given()) == 10  # w1 is full: the two wait
-        s.on_message(w2, Loaded(("b", "a")))
-        assert models(w2, 0) == [("a", 1)] * 2  # w2 holds a now: they go there
-        s.submit(sources(1, tag=4), beam_size=3, n_best=1, model="c")
-        assert len(w1.given()) == 10 and len(w2.given()) == 2  # c waits for w1's room
-        w1.answer(*w1.pending.values())
-        assert models(w1, 10) == [("c", 3)] and loads(w2) == ["a"]
-
-    run(main)
-
-
 @pytest.mark.usefixtures("no_restart_delay")
 def test_a_worker_that_exits_gives_back_the_sentences_of_every_model() -> None:
     async def main() -> None:
