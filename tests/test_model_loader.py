@@ -296,20 +296,6 @@ def collected(loader: Loader, names: int) -> list[str]:
     return done
 
 
-def test_loads_ahead_of_need_run_at_a_lower_priority_and_wanted_ones_at_the_workers(
-    de_en: Translator,  # noqa: F811
-) -> None:
-    opener = Recording(de_en)
-    opener.gate.set()
-    own = os.getpriority(os.PRIO_PROCESS, 0)
-    loader = Loader(opener, lambda: None)
-    loader.want(ModelSpec("ahead", Path("x")), urgent=False)
-    loader.want(ModelSpec("wanted", Path("x")), urgent=True)
-    assert sorted(collected(loader, 2)) == ["ahead", "wanted"]
-    assert opener.nice == {"ahead": [min(own + BACKGROUND_NICE, 19)], "wanted": [own]}
-    loader.close()
-
-
 def ahead_then_wanted(opener: Recording, ahead: str, wanted: str) -> Loader:
     """A loader opening ``ahead`` ahead of need (its gate shut), then asked for ``wanted``: returned
     once both loads have begun (the second at once, beside the first)."""
@@ -321,7 +307,7 @@ def ahead_then_wanted(opener: Recording, ahead: str, wanted: str) -> Loader:
     return loader
 
 
-def test_a_wanted_model_is_opened_while_a_load_ahead_of_need_is_under_way(
+def test_a_wanted_model_is_opened_while_a_load_ahead_of_need_is_under_way_and_at_a_higher_priority(
     de_en: Translator,  # noqa: F811
 ) -> None:
     opener = Recording(de_en)
@@ -329,6 +315,8 @@ def test_a_wanted_model_is_opened_while_a_load_ahead_of_need_is_under_way(
     assert opener.started == ["ahead", "wanted"]  # the gate is still shut: "ahead" not finished
     opener.gate.set()
     assert sorted(collected(loader, 2)) == ["ahead", "wanted"]
+    own = os.getpriority(os.PRIO_PROCESS, 0)
+    assert opener.nice == {"ahead": [min(own + BACKGROUND_NICE, 19)], "wanted": [own]}
     loader.close()
 
 
