@@ -16,6 +16,11 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from model.config import ModelConfig
+from model.reproducible import ensure_strict
+
+# Before MKL's first product in this process: a row's float32 bits must not depend on its
+# neighbours or on the thread count (model/reproducible.py says why and what it costs).
+ensure_strict()
 
 # Attention reads its keys in whole multiples of KEY_ALIGN positions, the extra ones masked: a
 # row's result then does not depend on how long its neighbours make the batch. With keys cut to
