@@ -9,10 +9,13 @@ in a shuffled order, joining and leaving the running batch), with the service's 
 settings (``--quantization auto``: int8 on CPU) or another. Every run keeps the service's
 ``2 x NMT_MAX_BEAM_SIZE`` candidates per beam row. Reported per search (greedy, beam 5): sentences
 whose best translation differs from the one alone, and BLEU of each run against the references.
+With ``--threads 1 --other-threads 2``, the served run is made again on 2 threads and compared with
+the served run on 1 (a lone worker runs on its idle neighbours' cores, ``app.serving.cores``).
 Not a timing: it counts, so it is stable on a busy machine.
 
     .venv/bin/python -m benchmarks.determinism                     # ~4 min on 2 cores
     .venv/bin/python -m benchmarks.determinism --quantization none --limit 300
+    .venv/bin/python -m benchmarks.determinism --threads 1 --other-threads 2
 """
 
 from __future__ import annotations
@@ -92,6 +95,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--batch-size", type=int, default=64, help="sentences in the running batch (x beam rows)")
     p.add_argument("--beams", type=int, nargs="+", default=[1, 5])
     p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--other-threads", type=int, default=None, help="the served run again on this many")
     p.add_argument("--json", type=Path)
     args = p.parse_args(argv)
     if args.threads:
@@ -126,10 +130,23 @@ def main(argv: list[str] | None = None) -> None:
             "beam": beam,
             "differ": differ,
             "differ_compiled": differ_compiled,
+            "threads": torch.get_num_threads(),
             "bleu_alone": sacrebleu.corpus_bleu(alone, [ref]).score,
             "bleu_batched": sacrebleu.corpus_bleu(batched, [ref]).score,
             "bleu_compiled": sacrebleu.corpus_bleu(through, [ref]).score,
         }
+        if args.other_threads:
+            threads = torch.get_num_threads()
+            torch.set_num_threads(args.other_threads)
+            other = translator.tokenizer.decode(served(compiled, src, [beam] * len(src)))
+            torch.set_num_threads(threads)
+            row["other_threads"] = args.other_threads
+            row["differ_other_threads"] = sum(a != b for a, b in zip(through, other, strict=True))
+            print(
+                f"{translator.quantization} beam {beam}: {row['differ_other_threads']} of {len(src)} differ "
+                f"served on {threads} thread(s) vs served on {args.other_threads}",
+                flush=True,
+            )
         report["results"].append(row)  # type: ignore[attr-defined]
         print(
             f"{translator.quantization} beam {beam}: {differ} of {len(src)} differ alone vs in batches of "
