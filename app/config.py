@@ -142,8 +142,14 @@ class Settings(BaseSettings):
     # Per-key metrics (nmt_key_*, labelled with each key's name) on /metrics, which needs no key:
     # off by default, so that strangers cannot read the keys' names and usage there.
     key_metrics: bool = False
-    # Where the keys' usage is counted (usage.sqlite3): shared by the front end's processes that
-    # use the same directory, and kept across restarts. Touched only when a key has a counted limit.
+    # The keys' windows and requests in flight in this Redis (redis://[:password@]host:port/db,
+    # rediss:// for TLS, unix://), shared by every replica of the service, so that a key's limits
+    # hold across them (app/usage_redis.py). Unset: counted in NMT_DATA_DIR (usage.sqlite3), shared
+    # only by the processes that use the same directory.
+    redis_url: str | None = None
+    # Where the keys' usage is counted (usage.sqlite3) without NMT_REDIS_URL: shared by the front
+    # end's processes that use the same directory, and kept across restarts. Touched only when a key
+    # has a counted limit.
     data_dir: Path = Path.home() / ".local" / "share" / "nmt-service"
     # What document jobs may keep in NMT_DATA_DIR/jobs (uploads, progress, results), in MiB, all
     # keys together; a job that would pass it is refused (507, Retry-After) until others expire or

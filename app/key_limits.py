@@ -44,6 +44,7 @@ from app.config import Settings
 from app.keys import ApiKey, Keys, KeysError, load_keys
 from app.metrics import Metrics
 from app.usage import Refusal, UsageStore
+from app.usage_redis import RedisError, RedisUnusable, RedisUsageStore
 
 logger = logging.getLogger("uvicorn.error").getChild("nmt")
 
@@ -95,7 +96,9 @@ class KeyLimiter:
     """The accepted keys, the store that counts their usage (None when no key has a counted limit)
     and their metrics (``per_key``: recorded; else none, not even a series at 0)."""
 
-    def __init__(self, keys: Keys, store: UsageStore | None, metrics: Metrics, per_key: bool = False) -> None:
+    def __init__(
+        self, keys: Keys, store: UsageStore | RedisUsageStore | None, metrics: Metrics, per_key: bool = False
+    ) -> None:
         self.keys, self.store, self.metrics, self.per_key = keys, store, metrics, per_key
         self._of = {
             key.name: KeyMetrics(
@@ -108,8 +111,10 @@ class KeyLimiter:
             for key in keys
         }
 
-    def close(self) -> None:
-        if self.store is not None:
+    async def close(self) -> None:
+        if isinstance(self.store, RedisUsageStore):
+            await self.store.close()
+        elif self.store is not None:
             self.store.close()
 
     def authenticate(self, api_key: str | None) -> ApiKey:
@@ -127,13 +132,18 @@ class KeyLimiter:
             self.limited(key, "char_limit")
             raise HTTPException(400, f"Invalid request: request ({longest}) exceeds text limit ({limit})")
 
-    def spend(self, key: ApiKey, requests: int, chars: int, slot: bool) -> None:
+    async def spend(self, key: ApiKey, requests: int, chars: int, slot: bool) -> None:
         """Count the request in its key's windows, taking a slot if ``slot`` (4xx if it does not fit)."""
         if self.store is None or not key.limits.counted:
             return
         try:
-            refusal = self.store.admit(key.name, key.limits, requests=requests, chars=chars, slot=slot)
-        except sqlite3.Error as e:
+            if isinstance(self.store, RedisUsageStore):
+                refusal = await self.store.admit(
+                    key.name, key.limits, requests=requests, chars=chars, slot=slot
+                )
+            else:
+                refusal = self.store.admit(key.name, key.limits, requests=requests, chars=chars, slot=slot)
+        except (sqlite3.Error, RedisError) as e:
             logger.error("usage store: cannot count a request of %s: %s", key.name, e)
             raise HTTPException(
                 503,
@@ -203,12 +213,19 @@ def refusal_error(refusal: Refusal) -> HTTPException:
     )
 
 
-def open_key_limiter(settings: Settings, metrics: Metrics) -> KeyLimiter:
-    """The keys of ``settings`` and, if any has a counted limit, the store in ``NMT_DATA_DIR``
-    (``KeysError`` with a one-line reason for anything unusable)."""
+async def open_key_limiter(settings: Settings, metrics: Metrics) -> KeyLimiter:
+    """The keys of ``settings`` and, if any has a counted limit, the store that counts them: the
+    Redis of ``NMT_REDIS_URL``, else a SQLite file in ``NMT_DATA_DIR`` (``KeysError`` with a one-line
+    reason for anything unusable)."""
     keys = load_keys(settings)
-    store = None
-    if keys.counted:
+    store: UsageStore | RedisUsageStore | None = None
+    if keys.counted and settings.redis_url:
+        try:
+            store = await RedisUsageStore.connect(settings.redis_url)
+        except RedisUnusable as e:
+            raise KeysError(f"NMT_REDIS_URL: cannot keep the keys' usage there: {e}") from e
+        store.start()
+    elif keys.counted:
         try:
             store = UsageStore(settings.data_dir)
         except (OSError, sqlite3.Error) as e:
@@ -219,7 +236,7 @@ def open_key_limiter(settings: Settings, metrics: Metrics) -> KeyLimiter:
     return KeyLimiter(keys, store, metrics, per_key=settings.key_metrics)
 
 
-def admit_given_key(request: Request, limiter: KeyLimiter) -> None:
+async def admit_given_key(request: Request, limiter: KeyLimiter) -> None:
     """Admit the request under the key of its headers or query (``given_key``), before its body is
     read: 403 for an unknown key, 429 (``Retry-After``) over a limit; it counts as one request and
     takes the key's concurrency slot. Nothing without keys configured, without such a key, or
@@ -231,14 +248,14 @@ def admit_given_key(request: Request, limiter: KeyLimiter) -> None:
         return
     key = limiter.authenticate(given.key)
     slot = key.limits.max_concurrent > 0
-    limiter.spend(key, 1, 0, slot)
+    await limiter.spend(key, 1, 0, slot)
     request.scope[LEASE_KEY] = Lease(limiter, key, slot, given.where)
     metrics = limiter.of(key)
     metrics.in_flight.inc()
     metrics.admitted.inc()
 
 
-def admit_key(
+async def admit_key(
     request: Request, limiter: KeyLimiter, api_key: str | None, *, requests: int, text_lengths: Sequence[int]
 ) -> None:
     """Let the request in under ``api_key``'s limits, or raise the answer that says why not.
@@ -255,13 +272,13 @@ def admit_key(
         if api_key and limiter.keys.find(api_key) != lease.key:
             raise HTTPException(400, f"the api_key field is not the key given in {lease.given}: send one key")
         limiter.check_texts(lease.key, text_lengths)
-        limiter.spend(lease.key, max(0, requests - 1), chars, slot=False)
+        await limiter.spend(lease.key, max(0, requests - 1), chars, slot=False)
         limiter.of(lease.key).characters.inc(chars)
         return
     key = limiter.authenticate(api_key)
     limiter.check_texts(key, text_lengths)
     slot = key.limits.max_concurrent > 0
-    limiter.spend(key, requests, chars, slot)
+    await limiter.spend(key, requests, chars, slot)
     request.scope[LEASE_KEY] = Lease(limiter, key, slot)
     metrics = limiter.of(key)
     metrics.in_flight.inc()
@@ -269,25 +286,28 @@ def admit_key(
     metrics.characters.inc(chars)
 
 
-def charge_key(request: Request, chars: int) -> None:
+async def charge_key(request: Request, chars: int) -> None:
     """Spend ``chars`` more of the admitted request's key (a file's text, once read): 400 over the
     key's ``char_limit``, 413 or 429 as ``admit_key``."""
     lease: Lease | None = request.scope.get(LEASE_KEY)
     if lease is None:  # no keys configured
         return
     lease.limiter.check_texts(lease.key, [chars])
-    lease.limiter.spend(lease.key, 0, chars, slot=False)
+    await lease.limiter.spend(lease.key, 0, chars, slot=False)
     lease.limiter.of(lease.key).characters.inc(chars)
 
 
-def release_key(scope: Scope) -> None:
+async def release_key(scope: Scope) -> None:
     """The request has ended: give back its key's slot. A second call does nothing."""
     lease: Lease | None = scope.pop(LEASE_KEY, None)
     if lease is None:
         return
     lease.limiter.of(lease.key).in_flight.dec()
-    if lease.slot and lease.limiter.store is not None:
-        lease.limiter.store.release(lease.key.name)
+    store = lease.limiter.store
+    if lease.slot and isinstance(store, RedisUsageStore):
+        await store.release(lease.key.name)
+    elif lease.slot and store is not None:
+        store.release(lease.key.name)
 
 
 def key_owner(request: Request) -> str:
@@ -336,7 +356,7 @@ def store_owner(request: Request, settings: Settings) -> str:
     return owner
 
 
-def charge_owner(limiter: KeyLimiter, owner: str, chars: int) -> None:
+async def charge_owner(limiter: KeyLimiter, owner: str, chars: int) -> None:
     """Spend ``chars`` of the key named ``owner`` (a document job's text, read after its request
     was answered): 400 over the key's ``char_limit``, 413 or 429 as ``admit_key``; nothing without
     keys, or for a key no longer configured."""
@@ -344,5 +364,5 @@ def charge_owner(limiter: KeyLimiter, owner: str, chars: int) -> None:
     if key is None:
         return
     limiter.check_texts(key, [chars])
-    limiter.spend(key, 0, chars, slot=False)
+    await limiter.spend(key, 0, chars, slot=False)
     limiter.of(key).characters.inc(chars)

@@ -224,7 +224,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     metrics = process_metrics()
     services.metrics = metrics
     try:
-        keys = open_key_limiter(settings, metrics)
+        keys = await open_key_limiter(settings, metrics)
     except KeysError as e:
         fail(f"invalid configuration: {e}")
     services.keys = keys
@@ -356,7 +356,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
             await runner.stop()  # before the workers: its chunks are withdrawn, not failed
             jobs.close()
         scheduler.stop()
-        keys.close()
+        await keys.close()
         # The stores in place now: a test may have put one of its own there.
         for store in (services.glossaries, services.memory):
             if store is not None:
@@ -408,7 +408,7 @@ class TranslationApp(FastAPI):
                 await super().__call__(scope, receive, send)
         finally:
             passed(scope)
-            release_key(scope)
+            await release_key(scope)
 
     @property
     def services(self) -> AppServices:

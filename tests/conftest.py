@@ -10,7 +10,7 @@ import os
 import random
 import shutil
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -216,3 +216,12 @@ def marian_dirs(tmp_path_factory: pytest.TempPathFactory) -> Callable[[Any], tup
         return made[options]
 
     return get
+
+
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """One real Redis for the session (tests/redis_server.py); each test that uses it clears it."""
+    from tests.redis_server import running_redis
+
+    with running_redis(tmp_path_factory.mktemp("redis")) as server:
+        yield server

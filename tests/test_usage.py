@@ -4,16 +4,20 @@ takes."""
 
 from __future__ import annotations
 
+import asyncio
 import math
 import multiprocessing
 import os
 import random
 import sqlite3
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any, cast
 
 import pytest
 
 from app.usage import DAY_S, KeyLimits, Refusal, UsageStore
+from app.usage_redis import PREFIX, RedisUsageStore
 
 T0 = 1_700_000_000.25  # a wall-clock time, not on a bucket boundary
 
@@ -31,9 +35,45 @@ def clock() -> Clock:
     return Clock()
 
 
-@pytest.fixture
-def store(tmp_path: Path, clock: Clock) -> UsageStore:
-    return UsageStore(tmp_path, clock=clock)
+class InRedis:
+    """A ``RedisUsageStore`` driven as the SQLite store is (its coroutines run to completion here),
+    so that every test of the ``store`` fixture holds for both stores."""
+
+    def __init__(self, url: str, clock: Clock) -> None:
+        self.runner = asyncio.Runner()
+        self.redis = self.runner.run(RedisUsageStore.connect(url, clock=clock))
+        self.runner.run(self.redis.client.flushdb())
+
+    def admit(self, key: str, limits: KeyLimits, **counts: Any) -> Refusal | None:
+        return self.runner.run(self.redis.admit(key, limits, **counts))
+
+    def release(self, key: str) -> None:
+        self.runner.run(self.redis.release(key))
+
+    def in_flight(self, key: str) -> int:
+        return self.runner.run(self.redis.in_flight(key))
+
+    def buckets(self) -> int:
+        async def count() -> int:
+            names = [name async for name in self.redis.client.scan_iter(f"{PREFIX}u:*")]
+            return sum([await self.redis.client.hlen(name) for name in names])
+
+        return self.runner.run(count())
+
+    def close(self) -> None:
+        self.runner.run(self.redis.close())
+        self.runner.close()
+
+
+@pytest.fixture(params=["sqlite", "redis"])
+def store(request: pytest.FixtureRequest, tmp_path: Path, clock: Clock) -> Iterator[UsageStore]:
+    """The SQLite store (NMT_DATA_DIR) and the Redis one (NMT_REDIS_URL): the same decisions."""
+    if request.param == "sqlite":
+        yield UsageStore(tmp_path, clock=clock)
+        return
+    redis = InRedis(request.getfixturevalue("redis_server").url, clock)
+    yield cast(UsageStore, redis)
+    redis.close()
 
 
 def test_requests_per_minute_is_a_moving_window(store: UsageStore, clock: Clock) -> None:
@@ -163,7 +203,11 @@ def test_retry_after_is_the_first_whole_second_the_request_is_admitted(
         clock.now = start + refusal.retry_after_s
         assert store.admit("k", limits, chars=chars) is None, refusal
     assert refusals > 30  # the traffic did meet every limit
-    assert store._db.execute("SELECT COUNT(*) FROM usage").fetchone()[0] <= 61 + 1441  # old buckets go
+    # Old buckets go: at most a window of each (Redis keeps the two units in a hash each).
+    if isinstance(store, UsageStore):
+        assert store._db.execute("SELECT COUNT(*) FROM usage").fetchone()[0] <= 61 + 1441
+    else:
+        assert cast(InRedis, store).buckets() <= 2 * (61 + 1441)
 
 
 def test_the_concurrency_cap(store: UsageStore) -> None:
@@ -271,7 +315,10 @@ def test_a_release_that_finds_the_database_locked_is_made_at_the_next_write(tmp_
 def test_limits_without_counted_ones_touch_nothing(store: UsageStore) -> None:
     assert not KeyLimits(char_limit=10).counted
     assert store.admit("k", KeyLimits(char_limit=10)) is None
-    assert store._db.execute("SELECT COUNT(*) FROM usage").fetchone()[0] == 0
+    if isinstance(store, UsageStore):
+        assert store._db.execute("SELECT COUNT(*) FROM usage").fetchone()[0] == 0
+    else:
+        assert cast(InRedis, store).buckets() == 0
 
 
 def test_a_damaged_database_is_moved_aside_and_counting_begins_anew(tmp_path: Path, clock: Clock) -> None:

@@ -199,7 +199,7 @@ class JobRunner:
 
         document = await retrying(lambda: s.readers.read(job.name, data, language))
         if not job.total:  # charged once, not again when a restart reads it again
-            charge_owner(s.keys, job.owner, document.chars)
+            await charge_owner(s.keys, job.owner, document.chars)
         route = route_of(s.router, document.language, job.target)
         # Up to NMT_JOB_MAX_CHARS of text, and a glossary of thousands of entries: on a thread, so
         # that the front end's event loop answers its requests meanwhile.

@@ -89,7 +89,7 @@ async def stores_first(settings: SettingsDep, keys: KeysDep) -> None:
 async def key_first(request: Request, keys: KeysDep) -> None:
     """Admit the request under the key of its headers or query before its body is read: 403 for
     an unknown key, 429 over a limit (``admit_given_key``)."""
-    admit_given_key(request, keys)
+    await admit_given_key(request, keys)
 
 
 # (async def, as app.deps explains: FastAPI would run a plain def on its thread pool.)

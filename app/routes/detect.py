@@ -53,7 +53,7 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
 async def detect_language(
     request: Request, settings: SettingsDep, router: RouterDep, keys: KeysDep
 ) -> Response:
-    admit_given_key(request, keys)  # a key in a header or the query: refused before the body is read
+    await admit_given_key(request, keys)  # a key in a header or the query: refused before the body is read
     req = await parse_request(request, settings.max_body_bytes, DetectRequest)
     if len(req.q) > settings.max_chars:
         raise HTTPException(
@@ -61,7 +61,7 @@ async def detect_language(
         )
     if not is_utf8(req.q) or not is_utf8(req.api_key or ""):
         raise HTTPException(400, "invalid text: unpaired surrogate (not representable in UTF-8)")
-    admit_key(request, keys, req.api_key, requests=1, text_lengths=[len(req.q)])
+    await admit_key(request, keys, req.api_key, requests=1, text_lengths=[len(req.q)])
     candidates = source_languages(router)
     if len(req.q) <= INLINE_CHARS:
         detections = detect(req.q, candidates)

@@ -225,7 +225,7 @@ async def translate_file(
     store: FileStoreDep,
     readers: ReadersDep,
 ) -> Response:
-    admit_given_key(request, keys)  # a key in a header or the query: refused before the upload is read
+    await admit_given_key(request, keys)  # a key in a header or the query: refused before the upload is read
     async with places.place():
         return await translate_upload(
             request, settings, router, scheduler, keys, glossaries, recall, store, readers
@@ -256,7 +256,9 @@ async def translate_upload(
     readers: DocumentReaders,
 ) -> Response:
     form, name, data = await read_form(request, settings.max_file_bytes)
-    admit_key(request, keys, form.api_key, requests=1, text_lengths=[])  # its characters once it is read
+    await admit_key(
+        request, keys, form.api_key, requests=1, text_lengths=[]
+    )  # its characters once it is read
     check_format(name)
     candidates = check_languages(form.source, form.target, router)
     glossary = await request_glossary(request, form, settings, glossaries)
@@ -270,7 +272,7 @@ async def translate_upload(
         document = await readers.read(name, data, language)
     except (DocumentError, Busy) as e:
         raise document_error(e) from e
-    charge_key(request, document.chars)
+    await charge_key(request, document.chars)
     route = route_of(router, document.language, form.target)
     limit = settings.max_terms_per_sentence
     terms = await find_sentence_terms(

@@ -154,10 +154,10 @@ ERRORS: dict[int | str, dict[str, Any]] = {
 # or entry that is malformed (``error`` alone, naming its line): documented as ``error`` alone.
 
 
-def owner_of(request: Request, keys: KeyLimiter, api_key: str | None) -> str:
+async def owner_of(request: Request, keys: KeyLimiter, api_key: str | None) -> str:
     """Admit the request under its key (403, 429 as for /translate); the key's name ("" without
     keys: the stores are shared then, or ``stores_first`` answered 403)."""
-    admit_key(request, keys, api_key or None, requests=1, text_lengths=[])
+    await admit_key(request, keys, api_key or None, requests=1, text_lengths=[])
     return key_owner(request)
 
 
@@ -203,7 +203,7 @@ async def create_glossary(
     if fields.get("api_key") == "":
         del fields["api_key"]
     values = validate_request(fields, GlossaryRequest)
-    owner = owner_of(request, keys, values.api_key)
+    owner = await owner_of(request, keys, values.api_key)
     try:
         if upload is not None or isinstance(values.entries, str):
             table = data if upload is not None else str(values.entries).encode()
@@ -224,7 +224,7 @@ async def list_glossaries(
     request: Request, keys: KeysDep, store: GlossariesDep, api_key: ApiKeyQuery = None
 ) -> GlossaryList:
     """Your API key's glossaries, oldest first, without their entries."""
-    found = await in_store(store.list, owner_of(request, keys, api_key))
+    found = await in_store(store.list, await owner_of(request, keys, api_key))
     return GlossaryList(glossaries=[GlossarySummary.of(info) for info in found])
 
 
@@ -233,7 +233,7 @@ async def get_glossary(
     glossary_id: str, request: Request, keys: KeysDep, store: GlossariesDep, api_key: ApiKeyQuery = None
 ) -> GlossaryWithEntries:
     """One of your API key's glossaries, with its entries."""
-    glossary = await in_store(store.get, owner_of(request, keys, api_key), glossary_id)
+    glossary = await in_store(store.get, await owner_of(request, keys, api_key), glossary_id)
     if glossary is None:
         raise HTTPException(404, f"no glossary {glossary_id!r}")
     summary = GlossarySummary.of(glossary.info)
@@ -246,7 +246,7 @@ async def delete_glossary(
     glossary_id: str, request: Request, keys: KeysDep, store: GlossariesDep, api_key: ApiKeyQuery = None
 ) -> Response:
     """Delete one of your API key's glossaries."""
-    deleted = await in_store(store.delete, owner_of(request, keys, api_key), glossary_id)
+    deleted = await in_store(store.delete, await owner_of(request, keys, api_key), glossary_id)
     if not deleted:
         raise HTTPException(404, f"no glossary {glossary_id!r}")
     return Response(status_code=204)

@@ -120,7 +120,7 @@ async def owned_job(
 ) -> Job:
     """The job ``job_id`` of the request's key (404 if it has none of that id); one request under
     the key's limits."""
-    admit_key(request, keys, api_key, requests=1, text_lengths=[])
+    await admit_key(request, keys, api_key, requests=1, text_lengths=[])
     job: Job | None = await stored(store.get, key_owner(request), job_id)
     if job is None:
         raise HTTPException(404, "no such job: it expired, was deleted, or is another key's")
@@ -176,7 +176,9 @@ async def store_upload(
 ) -> Job:
     """The uploaded file as a new queued job (4xx for a form, file or pair refused now)."""
     form, name, data = await read_form(request, settings.job_max_bytes)
-    admit_key(request, keys, form.api_key, requests=1, text_lengths=[])  # its characters once it is read
+    await admit_key(
+        request, keys, form.api_key, requests=1, text_lengths=[]
+    )  # its characters once it is read
     check_format(name)
     check_languages(form.source, form.target, router)
     glossary = await request_glossary(request, form, settings, glossaries)
@@ -204,7 +206,7 @@ async def store_upload(
 async def list_jobs(
     request: Request, settings: SettingsDep, keys: KeysDep, store: JobStoreDep, api_key: ApiKeyQuery = None
 ) -> JobList:
-    admit_key(request, keys, api_key, requests=1, text_lengths=[])
+    await admit_key(request, keys, api_key, requests=1, text_lengths=[])
     jobs: list[Job] = await stored(store.jobs_of, store_owner(request, settings))
     return JobList(jobs=[JobInfo.of(job, request) for job in jobs])
 

@@ -108,7 +108,7 @@ async def import_memory(
     if fields.get("api_key") == "":
         del fields["api_key"]
     values = validate_request(fields, MemoryForm)
-    owner = owner_of(request, keys, values.api_key)
+    owner = await owner_of(request, keys, values.api_key)
     if upload is None:
         raise missing_parameter("file")
     name = (upload.filename or "").lower()
@@ -132,7 +132,7 @@ async def memory_stats(
     request: Request, keys: KeysDep, memory: MemoryDep, api_key: ApiKeyQuery = None
 ) -> MemoryStats:
     """How many segments your API key's memory holds, per language pair."""
-    return await counts(memory, owner_of(request, keys, api_key))
+    return await counts(memory, await owner_of(request, keys, api_key))
 
 
 @api.delete("/memories", responses=MEMORY_ERRORS)
@@ -140,5 +140,5 @@ async def delete_memory(
     request: Request, keys: KeysDep, memory: MemoryDep, api_key: ApiKeyQuery = None
 ) -> Deleted:
     """Empty your API key's translation memory."""
-    deleted = await in_store(memory.delete, owner_of(request, keys, api_key))
+    deleted = await in_store(memory.delete, await owner_of(request, keys, api_key))
     return Deleted(deleted=deleted)

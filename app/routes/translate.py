@@ -354,13 +354,13 @@ async def translate(
     glossaries: GlossariesDep,
     recall: RecallDep,
 ) -> Response:
-    admit_given_key(request, keys)  # a key in a header or the query: refused before the body is read
+    await admit_given_key(request, keys)  # a key in a header or the query: refused before the body is read
     req = await parse_translate_request(request, settings.max_body_bytes)
     texts = req.texts
     check_limits(texts, settings)
     check_encodable(req)
     # LibreTranslate's cost: a list q counts as one request per text.
-    admit_key(
+    await admit_key(
         request,
         keys,
         req.api_key,

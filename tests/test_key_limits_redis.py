@@ -1,0 +1,181 @@
+"""A key's limits across replicas (NMT_REDIS_URL, app/usage_redis.py), against a real Redis
+(tests/redis_server.py): replicas count in one place, so a key gets its limits once, not once per
+replica; a replica that dies frees its slots; a Redis that cannot be used stops the start with one
+line, and one lost while running answers 503 with Retry-After until it is back."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import multiprocessing
+from collections.abc import Iterator
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+
+from app.main import create_app, lifespan
+from app.usage import KeyLimits
+from app.usage_redis import HOLDER_TTL_S, PREFIX, RedisUsageStore
+from tests.redis_server import RedisServer, free_port, start_redis
+from tests.test_api import assert_error, make_settings, serve
+from tests.test_keys import write_keys
+
+KEYS_FILE = """
+[[keys]]
+name = "tight"
+key = "tight-secret"
+requests_per_minute = 5
+
+[[keys]]
+name = "solo"
+key = "solo-secret"
+max_concurrent = 1
+"""
+
+
+def replica(model_dir: Path, keys: Path, url: str) -> Any:
+    return serve(make_settings(model_dir, api_keys_file=keys, redis_url=url, warmup=False))
+
+
+def detect(client: TestClient, key: str) -> Any:
+    return client.post("/detect", json={"q": "Ein Hund läuft über die Wiese.", "api_key": key})
+
+
+def flush(url: str) -> None:
+    async def run() -> None:
+        store = await RedisUsageStore.connect(url)
+        await store.client.flushdb()
+        await store.close()
+
+    asyncio.run(run())
+
+
+@pytest.fixture
+def replicas(model_dir: Path, tmp_path: Path, redis_server: RedisServer) -> Iterator[list[TestClient]]:
+    """Two replicas of the service (each its own app, worker and usage store) and one Redis."""
+    flush(redis_server.url)
+    keys = write_keys(tmp_path, KEYS_FILE)
+    with ExitStack() as stack:
+        yield [stack.enter_context(replica(model_dir, keys, redis_server.url)) for _ in range(2)]
+
+
+def test_a_keys_window_is_counted_once_across_replicas(replicas: list[TestClient]) -> None:
+    answers = [detect(replicas[i % 2], "tight-secret") for i in range(7)]
+    assert [a.status_code for a in answers] == [200] * 5 + [429] * 2
+    assert answers[5].json() == {"error": "Slowdown: 5 requests per 1 minute (requests_per_minute)"}
+    assert 1 <= int(answers[5].headers["Retry-After"]) <= 61
+
+
+def test_the_concurrency_cap_holds_across_replicas(
+    replicas: list[TestClient], redis_server: RedisServer
+) -> None:
+    async def hold() -> None:
+        other = await RedisUsageStore.connect(redis_server.url)  # a third replica, holding the slot
+        assert await other.admit("solo", KeyLimits(max_concurrent=1)) is None
+        for client in replicas:
+            limited = await asyncio.to_thread(detect, client, "solo-secret")
+            assert limited.status_code == 429 and limited.headers["Retry-After"] == "1"
+            assert limited.json() == {"error": "Slowdown: 1 concurrent request (max_concurrent)"}
+        await other.release("solo")
+        await other.close()
+
+    asyncio.run(hold())
+    assert [detect(c, "solo-secret").status_code for c in replicas] == [200, 200]
+
+
+def test_a_replica_that_stops_renewing_frees_its_slots(redis_server: RedisServer) -> None:
+    async def run() -> None:
+        one, two = [await RedisUsageStore.connect(redis_server.url) for _ in range(2)]
+        cap = KeyLimits(max_concurrent=1)
+        assert await one.admit("k", cap) is None
+        assert await two.admit("k", cap) is not None
+        holder = f"{PREFIX}h:{one.holder}"
+        assert 0 < await two.client.ttl(holder) <= HOLDER_TTL_S  # renewed while it lives
+        await two.client.delete(holder)  # what HOLDER_TTL_S after its last renewal does
+        assert await two.admit("k", cap) is None
+        assert await two.in_flight("k") == 1
+        for store in (one, two):
+            await store.close()
+
+    flush(redis_server.url)
+    asyncio.run(run())
+
+
+def admit_many(url: str, start: Any, results: Any) -> None:
+    async def run() -> int:
+        store = await RedisUsageStore.connect(url)
+        start.wait()
+        admitted = 0
+        for _ in range(60):
+            admitted += (
+                await store.admit("k", KeyLimits(requests_per_minute=97, chars_per_minute=500), chars=3)
+                is None
+            )
+        await store.close()
+        return admitted
+
+    results.put(asyncio.run(run()))
+
+
+def test_concurrent_replicas_never_admit_more_than_the_limit(redis_server: RedisServer) -> None:
+    """Four processes deciding without pause, 240 requests against 97 a minute: exactly 97 pass."""
+    flush(redis_server.url)
+    context = multiprocessing.get_context("spawn")
+    start, results = context.Barrier(4), context.Queue()
+    processes = [
+        context.Process(target=admit_many, args=(redis_server.url, start, results)) for _ in range(4)
+    ]
+    for p in processes:
+        p.start()
+    admitted = [results.get(timeout=60) for _ in processes]
+    for p in processes:
+        p.join(10)
+    assert sum(admitted) == 97, admitted
+
+
+# --- start, and Redis lost ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("url", "reason"),
+    [("http://127.0.0.1:1/0", "not a Redis URL"), ("redis://127.0.0.1:{port}/0", "cannot reach it")],
+    ids=["not-redis", "unreachable"],
+)
+def test_a_redis_url_that_cannot_be_used_stops_the_start_with_one_line(
+    tmp_path: Path, model_dir: Path, caplog: pytest.LogCaptureFixture, url: str, reason: str
+) -> None:
+    keys = write_keys(tmp_path, KEYS_FILE)
+    settings = make_settings(model_dir, api_keys_file=keys, redis_url=url.format(port=free_port()))
+
+    async def start() -> None:
+        async with lifespan(create_app(settings)):
+            pass
+
+    with caplog.at_level(logging.ERROR), pytest.raises(SystemExit):
+        asyncio.run(start())
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("invalid configuration")]
+    assert len(lines) == 1 and "\n" not in lines[0], caplog.text
+    assert lines[0].startswith("invalid configuration: NMT_REDIS_URL: cannot keep the keys' usage there")
+    assert reason in lines[0]
+
+
+def test_redis_lost_while_running_answers_503_with_retry_after_until_it_is_back(
+    model_dir: Path, tmp_path: Path
+) -> None:
+    keys = write_keys(tmp_path, KEYS_FILE)
+    server = start_redis(tmp_path / "redis")
+    try:
+        with replica(model_dir, keys, server.url) as client:
+            assert detect(client, "tight-secret").status_code == 200
+            server.stop()
+            lost = detect(client, "tight-secret")
+            assert_error(lost, 503, "retry later")
+            assert lost.headers["Retry-After"] == "1"
+            assert detect(client, "free-secret").status_code == 403  # no key is no store: 403 as ever
+            server = start_redis(tmp_path / "redis", port=server.port)
+            assert detect(client, "tight-secret").status_code == 200
+    finally:
+        server.stop()
