@@ -117,6 +117,13 @@ class KeyLimiter:
         elif self.store is not None:
             self.store.close()
 
+    def unavailable(self) -> str | None:
+        """Why the keys' usage cannot be counted now (their Redis was unreachable at the last
+        attempt), or None."""
+        if isinstance(self.store, RedisUsageStore) and self.store.down is not None:
+            return f"the keys' usage store (NMT_REDIS_URL) is unreachable: {self.store.down}"
+        return None
+
     def authenticate(self, api_key: str | None) -> ApiKey:
         if not api_key:
             raise HTTPException(403, "an api_key is required")

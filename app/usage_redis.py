@@ -36,7 +36,7 @@ from typing import Any
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
-from app.usage import KeyLimits, Refusal
+from app.usage import KeyLimits, Refusal, Window
 
 logger = logging.getLogger("uvicorn.error").getChild("nmt")
 
@@ -151,6 +151,9 @@ class RedisUsageStore:
         # is never lost while this process lives.
         self._unreleased: Counter[str] = Counter()
         self._renewal: asyncio.Task[None] | None = None
+        # Why Redis could not be used at the last attempt (a decision or a renewal), or None: what
+        # /health/ready says while it is so.
+        self.down: str | None = None
 
     @classmethod
     async def connect(cls, url: str, clock: Callable[[], float] = time.time) -> RedisUsageStore:
@@ -180,7 +183,9 @@ class RedisUsageStore:
             await asyncio.sleep(HOLDER_RENEW_S)
             try:
                 await self.renew()
+                self.down = None
             except RedisError as e:
+                self.down = str(e)
                 logger.error("usage store: cannot renew this replica's holder key in Redis: %s", e)
 
     async def close(self) -> None:
@@ -208,6 +213,17 @@ class RedisUsageStore:
         take_slot = slot and limits.max_concurrent > 0
         if not windows and not take_slot:
             return None
+        try:
+            refusal = await self._decide(key, limits, windows, take_slot, requests, chars)
+        except RedisError as e:
+            self.down = str(e)
+            raise
+        self.down = None
+        return refusal
+
+    async def _decide(
+        self, key: str, limits: KeyLimits, windows: list[Window], take_slot: bool, requests: int, chars: int
+    ) -> Refusal | None:
         await self._release_pending()
         args: list[Any] = [repr(self.clock()), int(take_slot), limits.max_concurrent, self.holder]
         for w in windows:

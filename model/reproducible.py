@@ -1,7 +1,7 @@
 """One answer per input: float32 products that do not depend on the batch or the thread count.
 
 PyTorch's float32 linear layers on x86 are MKL's ``sgemm``. Left to itself, MKL picks its kernel by
-the shape and the threads: on an Intel Xeon with AVX-512 (measured on a Sapphire Rapids, 2 cores),
+the shape and the threads: on a 2-core Intel Xeon with AVX-512 VNNI and AMX (measured there),
 one row of a (1, 512) x (512, 512) product came out ~1e-6 relative away from the same row computed
 among 2-15 others, again different among 16 or more, and a (64, 2048) x (2048, 512) product
 differed between 1 and 2 threads (K split across the threads). Continuous batching adds and

@@ -174,8 +174,13 @@ def test_redis_lost_while_running_answers_503_with_retry_after_until_it_is_back(
             lost = detect(client, "tight-secret")
             assert_error(lost, 503, "retry later")
             assert lost.headers["Retry-After"] == "1"
-            assert detect(client, "free-secret").status_code == 403  # no key is no store: 403 as ever
+            assert detect(client, "nope-secret").status_code == 403  # an unknown key: refused before
+            unready = client.get("/health/ready")
+            assert unready.status_code == 503
+            assert "the keys' usage store (NMT_REDIS_URL) is unreachable" in unready.json()["error"]
+            assert client.get("/health/live").status_code == 200
             server = start_redis(tmp_path / "redis", port=server.port)
             assert detect(client, "tight-secret").status_code == 200
+            assert client.get("/health/ready").status_code == 200
     finally:
         server.stop()

@@ -5,8 +5,9 @@ compare the whole body); /health/ready adds the models served and the device.
 
 Orchestrators restart on a failing liveness probe and stop routing on a failing readiness probe,
 so liveness never depends on the models, and readiness turns 503 while loading, while shutting
-down, and while some model has no worker running (one that exited is being started again): a
-service that cannot translate one of its pairs is not ready.
+down, while some model has no worker running (one that exited is being started again), and while
+the Redis that counts the keys' usage (NMT_REDIS_URL) is unreachable, naming it: a service that
+cannot translate one of its pairs, or count a key's request, is not ready.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ api = APIRouter(tags=["health"])
 _NOT_READY: dict[int | str, dict[str, Any]] = {
     503: {
         "model": NotReadyResponse,
-        "description": "Loading, shutting down, or a model with no worker running",
+        "description": "Loading, shutting down, a model without a worker, or the keys' Redis unreachable",
     }
 }
 
@@ -37,6 +38,9 @@ def readiness(services: AppServices, details: bool = True) -> JSONResponse:
         return JSONResponse(
             {"status": "error", "error": "the translation engine is not running"}, status_code=503
         )
+    down = services.keys.unavailable() if services.keys is not None else None
+    if down is not None:  # every request with a counted key would get 503: not ready either
+        return JSONResponse({"status": "error", "error": down}, status_code=503)
     if not details:
         return JSONResponse(StatusResponse(status="ok").model_dump())
     models = services.router.models
