@@ -9,10 +9,12 @@ import asyncio
 import logging
 import multiprocessing
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from fastapi.testclient import TestClient
 
@@ -22,6 +24,7 @@ from app.usage_redis import HOLDER_TTL_S, PREFIX, RedisUsageStore
 from tests.redis_server import RedisServer, free_port, start_redis
 from tests.test_api import assert_error, make_settings, serve
 from tests.test_keys import write_keys
+from tests.test_server import start_server, stop, wait_ready
 
 KEYS_FILE = """
 [[keys]]
@@ -184,3 +187,41 @@ def test_redis_lost_while_running_answers_503_with_retry_after_until_it_is_back(
             assert client.get("/health/ready").status_code == 200
     finally:
         server.stop()
+
+
+# --- three replicas, as deployed -----------------------------------------------------------------------
+
+
+def test_three_replicas_under_concurrent_load_admit_a_keys_limit_exactly(
+    model_dir: Path, tmp_path: Path, redis_server: RedisServer
+) -> None:
+    """Three ``uvicorn app.main:app`` processes (each its own NMT_DATA_DIR), one Redis, and 12
+    clients sending 60 keyed requests round-robin at once against 20 a minute: 20 are answered."""
+    flush(redis_server.url)
+    keys = write_keys(
+        tmp_path, '[[keys]]\nname = "shared"\nkey = "shared-secret"\nrequests_per_minute = 20\n'
+    )
+    servers = [
+        start_server(
+            tmp_path / f"replica-{i}.log",
+            NMT_MODEL_DIR=str(model_dir),
+            NMT_API_KEYS_FILE=str(keys),
+            NMT_REDIS_URL=redis_server.url,
+            NMT_DATA_DIR=str(tmp_path / f"data-{i}"),
+        )
+        for i in range(3)
+    ]
+    try:
+        for server in servers:
+            wait_ready(server)
+
+        def send(i: int) -> int:
+            body = {"q": "Ein Hund läuft über die Wiese.", "api_key": "shared-secret"}
+            return httpx.post(f"{servers[i % 3].url}/detect", json=body, timeout=30).status_code
+
+        with ThreadPoolExecutor(12) as pool:
+            statuses = list(pool.map(send, range(60)))
+    finally:
+        for server in servers:
+            stop(server)
+    assert sorted(statuses) == [200] * 20 + [429] * 40, statuses
