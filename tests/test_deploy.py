@@ -146,3 +146,12 @@ def test_real_prometheus_scrapes_the_batching_metrics(model_dir: Path, tmp_path:
             prom.kill()
         prom_log.close()
         stop(srv)
+
+
+def test_the_load_balancer_takes_every_upload_the_service_takes() -> None:
+    """nginx's body limit is the service's largest upload (a document job's file) plus its form,
+    so that the service, not the balancer, answers what is too large, with its own message."""
+    conf = (REPO / "deploy" / "nginx" / "nginx.conf").read_text()
+    (size,) = re.findall(r"^\s*client_max_body_size\s+(\d+)m;", conf, re.MULTILINE)
+    largest = max(Settings().job_max_bytes, Settings().max_file_bytes, Settings().max_body_bytes)
+    assert largest < int(size) * 1024 * 1024 <= largest + 2 * 1024 * 1024
