@@ -129,6 +129,26 @@ class KeyLimits:
 
 
 @dataclass(frozen=True)
+class Spending:
+    """What one request spends of its key's limits: the windows it counts in (those it costs
+    something in), and whether it takes one of the key's concurrency slots."""
+
+    windows: tuple[Window, ...]
+    take_slot: bool
+
+    @classmethod
+    def of(cls, limits: KeyLimits, requests: int, chars: int, slot: bool) -> Spending | Refusal | None:
+        """The request's spending; the refusal, for good, of one larger than a whole window; or
+        None when it counts in nothing (the store is not asked)."""
+        windows = tuple(w for w in limits.windows if w.cost(requests, chars) > 0)
+        for window in windows:
+            if window.cost(requests, chars) > window.limit:
+                return Refusal(window.name, window.describe(), None)
+        take_slot = slot and limits.max_concurrent > 0
+        return cls(windows, take_slot) if windows or take_slot else None
+
+
+@dataclass(frozen=True)
 class Refusal:
     """Why a request was not admitted: the limit's name and wording, and when to come back
     (``retry_after_s`` None: never, the request alone is larger than the whole budget)."""
@@ -243,13 +263,10 @@ class UsageStore:
         """Spend ``requests`` and ``chars`` of ``key``'s windows, and take one of its concurrency
         slots if ``slot`` (give it back with ``release``); or spend nothing and say why not."""
         now = self.clock()
-        windows = [w for w in limits.windows if w.cost(requests, chars) > 0]
-        for window in windows:
-            if window.cost(requests, chars) > window.limit:
-                return Refusal(window.name, window.describe(), None)
-        take_slot = slot and limits.max_concurrent > 0
-        if not windows and not take_slot:
-            return None
+        spending = Spending.of(limits, requests, chars, slot)
+        if not isinstance(spending, Spending):
+            return spending
+        windows, take_slot = spending.windows, spending.take_slot
         with self._transaction():
             self._release_pending()
             refusals = []

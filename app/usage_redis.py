@@ -36,7 +36,7 @@ from typing import Any
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
-from app.usage import KeyLimits, Refusal, Window
+from app.usage import KeyLimits, Refusal, Spending
 
 logger = logging.getLogger("uvicorn.error").getChild("nmt")
 
@@ -206,15 +206,11 @@ class RedisUsageStore:
     ) -> Refusal | None:
         """As ``UsageStore.admit``: spend ``requests`` and ``chars`` of ``key``'s windows and take one
         of its slots if ``slot``; or spend nothing and say why not. Raises ``RedisError``."""
-        windows = [w for w in limits.windows if w.cost(requests, chars) > 0]
-        for window in windows:
-            if window.cost(requests, chars) > window.limit:
-                return Refusal(window.name, window.describe(), None)
-        take_slot = slot and limits.max_concurrent > 0
-        if not windows and not take_slot:
-            return None
+        spending = Spending.of(limits, requests, chars, slot)
+        if not isinstance(spending, Spending):
+            return spending
         try:
-            refusal = await self._decide(key, limits, windows, take_slot, requests, chars)
+            refusal = await self._decide(key, limits, spending, requests, chars)
         except RedisError as e:
             self.down = str(e)
             raise
@@ -222,8 +218,9 @@ class RedisUsageStore:
         return refusal
 
     async def _decide(
-        self, key: str, limits: KeyLimits, windows: list[Window], take_slot: bool, requests: int, chars: int
+        self, key: str, limits: KeyLimits, spending: Spending, requests: int, chars: int
     ) -> Refusal | None:
+        windows, take_slot = spending.windows, spending.take_slot
         await self._release_pending()
         args: list[Any] = [repr(self.clock()), int(take_slot), limits.max_concurrent, self.holder]
         for w in windows:

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import under_ci
+from tests.test_server import free_port
 
 START_TIMEOUT_S = 10.0
 
@@ -43,12 +44,6 @@ def redis_binary() -> str:
             pytest.fail("redis-server is not installed (.ci/run installs it)")
         pytest.skip("redis-server is not installed here (apt-get install redis-server)")
     return path
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def start_redis(directory: Path, port: int | None = None) -> RedisServer:

@@ -21,10 +21,10 @@ from fastapi.testclient import TestClient
 from app.main import create_app, lifespan
 from app.usage import KeyLimits
 from app.usage_redis import HOLDER_TTL_S, PREFIX, RedisUsageStore
-from tests.redis_server import RedisServer, free_port, start_redis
+from tests.redis_server import RedisServer, start_redis
 from tests.test_api import assert_error, make_settings, serve
 from tests.test_keys import write_keys
-from tests.test_server import start_server, stop, wait_ready
+from tests.test_server import free_port, start_server, stop, wait_ready
 
 KEYS_FILE = """
 [[keys]]
