@@ -31,6 +31,7 @@ memory, the list of jobs) are off unless ``NMT_SHARED_STORES`` is true: ``stores
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import sqlite3
 from collections.abc import Sequence
@@ -312,7 +313,8 @@ async def release_key(scope: Scope) -> None:
     lease.limiter.of(lease.key).in_flight.dec()
     store = lease.limiter.store
     if lease.slot and isinstance(store, RedisUsageStore):
-        await store.release(lease.key.name)
+        # Shielded: a request cancelled while its slot goes back still gives it back.
+        await asyncio.shield(store.release(lease.key.name))
     elif lease.slot and store is not None:
         store.release(lease.key.name)
 

@@ -18,7 +18,10 @@ import httpx
 import pytest
 from fastapi.testclient import TestClient
 
+from app.key_limits import LEASE_KEY, KeyLimiter, Lease, release_key
+from app.keys import ApiKey, Keys
 from app.main import create_app, lifespan
+from app.metrics import process_metrics
 from app.usage import KeyLimits
 from app.usage_redis import HOLDER_TTL_S, PREFIX, RedisUsageStore
 from tests.redis_server import RedisServer, start_redis
@@ -225,3 +228,24 @@ def test_three_replicas_under_concurrent_load_admit_a_keys_limit_exactly(
         for server in servers:
             stop(server)
     assert sorted(statuses) == [200] * 20 + [429] * 40, statuses
+
+
+def test_a_request_cancelled_while_its_slot_goes_back_still_gives_it_back(redis_server: RedisServer) -> None:
+    async def run() -> int:
+        store = await RedisUsageStore.connect(redis_server.url)
+        key = ApiKey("solo", KeyLimits(max_concurrent=1))
+        limiter = KeyLimiter(Keys({"digest": key}), store, process_metrics())
+        assert await store.admit("solo", key.limits) is None
+        scope: dict[str, Any] = {LEASE_KEY: Lease(limiter, key, slot=True)}
+        ending = asyncio.create_task(release_key(scope))
+        await asyncio.sleep(0)  # the release has begun: its round trip to Redis is under way
+        ending.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await ending
+        await asyncio.sleep(0.5)
+        left = await store.in_flight("solo")
+        await store.close()
+        return left
+
+    flush(redis_server.url)
+    assert asyncio.run(run()) == 0
