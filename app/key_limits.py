@@ -14,10 +14,11 @@ unknown key, 400 for a text longer than the key's ``char_limit`` (LibreTranslate
 words), 413 for a request that the key's budget could never hold (a list of more texts than its
 requests per minute: waiting would not help), 429 with ``Retry-After`` and
 ``{"error": "Slowdown: ..."}`` (LibreTranslate's body) for one over a budget now. An admitted
-request is counted (``app.usage``), and holds one of its key's concurrency slots until it ends,
-however it ends: ``release_key`` runs in ``app.main.TranslationApp`` after the response, an
-error, a client gone or a cancellation alike. /translate_file learns its characters only once the
-file is read: ``charge_key`` spends them then (429 if they do not fit).
+request is counted (``app.usage``; ``app.usage_redis`` with ``NMT_REDIS_URL``), and holds one of
+its key's concurrency slots until it ends, however it ends: ``release_key`` runs in
+``app.main.TranslationApp`` after the response, an error, a client gone or a cancellation alike.
+/translate_file learns its characters only once the file is read: ``charge_key`` spends them then
+(429 if they do not fit).
 
 Without keys configured nothing here runs; a key without counted limits never touches the store.
 Metrics per key (``nmt_key_*``, labelled with the keys' names) are recorded only with

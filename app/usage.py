@@ -1,4 +1,5 @@
-"""What each API key has used, counted in one SQLite file that every front-end process shares.
+"""What each API key has used, counted in one SQLite file that every front-end process shares
+(``app.usage_redis`` counts the same in a Redis that every replica shares, ``NMT_REDIS_URL``).
 
 The front end may be several processes (``uvicorn --workers N``, or containers sharing a volume)
 and is restarted now and then; a key's limits must hold across all of them, so its usage lives in

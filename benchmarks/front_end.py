@@ -16,6 +16,13 @@ figure is the front end's own cost; the two servers' rounds alternate, so that a
 shared machine hits both.
 
     .venv/bin/python -m benchmarks.front_end --before ../before --rounds 4       # ~4 min
+
+Keyed requests, the same checkout counting in SQLite (before) and in Redis (after): every body
+carries ``--api-key``, both servers read ``--keys-file``, and ``--after-env`` (or ``--before-env``)
+sets a variable for one of them.
+
+    .venv/bin/python -m benchmarks.front_end --before . --keys-file keys.toml --api-key SECRET \
+        --after-env NMT_REDIS_URL=redis://127.0.0.1:6399/0
 """
 
 from __future__ import annotations
@@ -65,19 +72,27 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--beam", type=int, default=1)
     p.add_argument("--no-pin", action="store_true", help="leave every process on every core")
     p.add_argument("--log-dir", type=Path, default=Path(tempfile.gettempdir()) / "nmt-front-end")
+    p.add_argument("--keys-file", type=Path, help="NMT_API_KEYS_FILE of both servers")
+    p.add_argument("--api-key", help="the key every request body carries")
+    for side in ("before", "after"):
+        p.add_argument(f"--{side}-env", action="append", default=[], metavar="NAME=VALUE")
     args = p.parse_args(argv)
     args.log_dir.mkdir(parents=True, exist_ok=True)
     if not args.no_pin:
         os.sched_setaffinity(0, {1})  # this script and the wrk it starts: beside the workers
     texts = read_lines(DATA / "test_2016_flickr.de.gz")
     env = {"NMT_MODEL_DIR": str(args.model.resolve())}  # (serve turns the segment cache off)
+    if args.keys_file:
+        env["NMT_API_KEYS_FILE"] = str(args.keys_file.resolve())
     results: dict[str, list[tuple[float, float]]] = {"before": [], "after": []}
     with ExitStack() as stack, tempfile.TemporaryDirectory() as tmp:
-        bodies = write_bodies(texts, Path(tmp) / "bodies.jsonl", beam=args.beam)
-        servers = {
-            name: stack.enter_context(serve(env, args.log_dir / f"{name}.log", repo=repo.resolve()))
-            for name, repo in (("before", args.before), ("after", args.after))
-        }
+        bodies = write_bodies(texts, Path(tmp) / "bodies.jsonl", beam=args.beam, api_key=args.api_key)
+        servers = {}
+        for name, repo in (("before", args.before), ("after", args.after)):
+            own = dict(item.split("=", 1) for item in getattr(args, f"{name}_env"))
+            own.setdefault("NMT_DATA_DIR", str(Path(tmp) / name))  # each its own usage store
+            log = args.log_dir / f"{name}.log"
+            servers[name] = stack.enter_context(serve({**env, **own}, log, repo=repo.resolve()))
         for server in servers.values():
             if not args.no_pin:
                 pin(server)

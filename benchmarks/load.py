@@ -242,11 +242,12 @@ class WrkResult:
         return self.count(200) / self.duration_s
 
 
-def write_bodies(texts: Sequence[str], path: Path, *, beam: int) -> Path:
-    """One JSON request body per line, for the Lua script."""
+def write_bodies(texts: Sequence[str], path: Path, *, beam: int, api_key: str | None = None) -> Path:
+    """One JSON request body per line, for the Lua script (with ``api_key`` in each, if given)."""
+    key = {} if api_key is None else {"api_key": api_key}
     with path.open("w", encoding="utf-8") as f:
         for text in texts:
-            f.write(json.dumps({"q": text, "source": "de", "target": "en", "beam_size": beam}) + "\n")
+            f.write(json.dumps({"q": text, "source": "de", "target": "en", "beam_size": beam, **key}) + "\n")
     return path
 
 
