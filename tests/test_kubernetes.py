@@ -12,11 +12,13 @@ models generated from it) and promtool (the prometheus-adapter rules' PromQL).
 from __future__ import annotations
 
 import ast
+import base64
 import copy
 import functools
 import subprocess
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlparse
 
 import jsonschema
 import kubernetes_validate
@@ -503,3 +505,35 @@ def test_adapter_queries_give_each_pod_its_average_over_a_minute(tmp_path: Path)
         [tool("promtool"), "test", "rules", "test.yml"], cwd=tmp_path, capture_output=True, text=True
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+# -- The trial overlay with Redis ---------------------------------------------------------------------
+
+
+def test_the_stores_overlay_runs_redis_and_gives_the_translators_its_url() -> None:
+    """overlays/stores: the CPU overlay unchanged, plus a Redis (non-root, read-only root filesystem)
+    behind a Service, and the nmt-stores Secret whose URL names that Service, its port and the
+    password Redis is started with: the Secret the translator's NMT_REDIS_URL reads."""
+    docs = render("stores")
+    for doc in docs:
+        validate(doc)
+    cpu = render("cpu")
+    assert [d for d in docs if d["metadata"]["name"] not in ("redis", "nmt-stores")] == list(cpu)
+    redis, service = one(docs, "Deployment", "redis"), one(docs, "Service", "redis")
+    pod = redis["spec"]["template"]
+    assert matches(service["spec"]["selector"], pod["metadata"]["labels"])
+    assert not matches(one(cpu, "Service")["spec"]["selector"], pod["metadata"]["labels"])
+    (container,) = pod["spec"]["containers"]
+    assert pod["spec"]["securityContext"]["runAsNonRoot"] is True
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    secret = {k: base64.b64decode(v).decode() for k, v in one(docs, "Secret", "nmt-stores")["data"].items()}
+    url = urlparse(secret["redis-url"])
+    (port,) = service["spec"]["ports"]
+    assert (url.scheme, url.hostname, url.port) == ("redis", "redis", port["port"])
+    assert url.password == secret["redis-password"]
+    (password,) = [e for e in container["env"] if e["name"] == "REDIS_PASSWORD"]
+    assert password["valueFrom"]["secretKeyRef"] == {"name": "nmt-stores", "key": "redis-password"}
+    assert "$(REDIS_PASSWORD)" in container["args"]
+    translators = tuple(d for d in docs if d["metadata"]["name"] != "redis")
+    (redis_url,) = [e for e in translator(translators)["env"] if e["name"] == "NMT_REDIS_URL"]
+    assert redis_url["valueFrom"]["secretKeyRef"]["name"] == "nmt-stores"
