@@ -158,6 +158,11 @@ class Refusal:
     description: str
     retry_after_s: int | None
 
+    @classmethod
+    def concurrency(cls, cap: int) -> Refusal:
+        """The key's ``cap`` requests are in flight already: come back in a second."""
+        return cls("max_concurrent", f"{cap} concurrent request{'s' if cap != 1 else ''}", 1)
+
 
 class UsageStore:
     """A key's usage in windows and its requests in flight, shared through ``directory``.
@@ -290,8 +295,7 @@ class UsageStore:
             if refusals:
                 return max(refusals, key=lambda r: r.retry_after_s or 0)
             if take_slot and self._slots_taken(key, limits.max_concurrent) >= limits.max_concurrent:
-                cap = limits.max_concurrent
-                return Refusal("max_concurrent", f"{cap} concurrent request{'s' if cap != 1 else ''}", 1)
+                return Refusal.concurrency(limits.max_concurrent)
             for grain in sorted({w.grain_s for w in windows}):
                 self._db.execute(
                     "INSERT INTO usage VALUES (?, ?, ?, ?, ?) ON CONFLICT DO UPDATE SET "

@@ -231,8 +231,7 @@ class RedisUsageStore:
         if answer:
             index, retry_after = int(answer[0]), int(answer[1])
             if index == 0:
-                cap = limits.max_concurrent
-                return Refusal("max_concurrent", f"{cap} concurrent request{'s' if cap != 1 else ''}", 1)
+                return Refusal.concurrency(limits.max_concurrent)
             window = windows[index - 1]
             return Refusal(window.name, window.describe(), retry_after)
         if take_slot:
