@@ -121,6 +121,9 @@ class Settings(BaseSettings):
     job_reader_memory_mb: PositiveInt = 1024
     job_ttl_s: Annotated[float, Field(gt=0)] = 24 * 3600.0
     max_running_jobs: PositiveInt = 2
+    # A job's runner holds it this long unless renewed (every third of it): a runner that died
+    # (its replica killed) gives its jobs to another this long after its last renewal.
+    job_lease_s: Annotated[float, Field(ge=3)] = 30.0
     max_jobs_per_key: PositiveInt = 20
     max_jobs: PositiveInt = 200
     # The page at / (and LibreTranslate's /frontend/settings): quiet typing before it translates.
@@ -147,6 +150,11 @@ class Settings(BaseSettings):
     # hold across them (app/usage_redis.py). Unset: counted in NMT_DATA_DIR (usage.sqlite3), shared
     # only by the processes that use the same directory.
     redis_url: str | None = None
+    # The jobs (with their files), stored glossaries and translation memories in this PostgreSQL
+    # (postgresql://user:password@host:port/database), shared by every replica of the service, so
+    # that whichever replica answers finds them (app/database/). Unset: SQLite files and job
+    # directories in NMT_DATA_DIR, shared only by the processes that use the same directory.
+    database_url: str | None = None
     # Where the keys' usage is counted (usage.sqlite3) without NMT_REDIS_URL: shared by the front
     # end's processes that use the same directory, and kept across restarts. Touched only when a key
     # has a counted limit.

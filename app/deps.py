@@ -20,7 +20,7 @@ from fastapi import Depends, HTTPException, Request
 from starlette.applications import Starlette
 
 from app.config import Settings
-from app.filestore import FileStore
+from app.filestore import FileStore, SharedFileStore
 from app.formats.sandbox import DocumentReaders
 from app.jobs.store import JobStore
 from app.key_limits import KeyLimiter
@@ -81,7 +81,7 @@ GlossariesDep = Annotated[GlossaryStore, Depends(get_glossaries)]
 MemoryDep = Annotated[TranslationMemory, Depends(get_memory)]
 SegmentCacheDep = Annotated[SegmentCache[Any], Depends(get_segment_cache)]
 RouterDep = Annotated[Router[ServedModel], Depends(get_router)]
-FileStoreDep = Annotated[FileStore, Depends(get_file_store)]
+FileStoreDep = Annotated[FileStore | SharedFileStore, Depends(get_file_store)]
 FileRequestsDep = Annotated[FileRequests, Depends(get_file_requests)]
 ReadersDep = Annotated[DocumentReaders, Depends(get_readers)]
 JobStoreDep = Annotated[JobStore, Depends(get_job_store)]

@@ -28,10 +28,13 @@ from pydantic import ValidationError
 from starlette.types import Receive, Scope, Send
 
 from app.config import Settings, describe_settings_error, service_version
+from app.database import Database, StoreUnavailable
+from app.database.postgres import DatabaseUnusable, Postgres, PostgresDatabase
 from app.deps import services_of
 from app.direct import DirectRoute
 from app.errors import install_error_handlers
 from app.fetched import named_model_dirs
+from app.filestore import SharedFileStore
 from app.jobs.disk import MIB
 from app.jobs.runner import JobRunner, Services
 from app.jobs.store import JobStore
@@ -228,17 +231,37 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     except KeysError as e:
         fail(f"invalid configuration: {e}")
     services.keys = keys
-    # Opened on first use (app/terminology/database.py): nothing touches NMT_DATA_DIR until then.
-    services.glossaries = GlossaryStore(
-        settings.data_dir, settings.max_glossaries, settings.glossary_max_entries
+    database = await open_shared_database(settings)
+    services.database = database
+    # SQLite files are opened on first use (app/database/): nothing touches NMT_DATA_DIR until then.
+    glossaries = GlossaryStore(
+        settings.data_dir, settings.max_glossaries, settings.glossary_max_entries, server=database
     )
+    services.glossaries = glossaries
     memory = TranslationMemory(
         settings.data_dir,
         settings.memory_max_segments,
         settings.memory_max_bytes,
         max_segment_chars=settings.max_chars,
+        server=database,
     )
     services.memory = memory
+    jobs_store = JobStore(
+        settings.data_dir / "jobs",
+        settings.max_jobs_per_key,
+        settings.max_jobs,
+        settings.job_ttl_s,
+        quota_bytes=settings.data_quota_mb * MIB,
+        reserve_bytes=settings.data_reserve_mb * MIB,
+        server=database,
+        lease_s=settings.job_lease_s,
+    )
+    file_store = files.new_file_store(settings, database)
+    if database is not None:
+        shared = [glossaries.db, memory.db, jobs_store.db]
+        if isinstance(file_store, SharedFileStore):
+            shared.append(file_store.db)
+        await migrate_stores(database, shared)
     segment_cache: SegmentCache[Any] = SegmentCache(settings.segment_cache_mb * 1024 * 1024, metrics)
     services.segment_cache = segment_cache
     opened = open_models(settings)  # checked here too, so that a broken directory is named first
@@ -299,17 +322,9 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         router = Router(models)
         quiet_garbage_collector()
         services.router = router
-        services.files = files.new_file_store(settings)
+        services.files = file_store
         services.file_requests = FileRequests(settings.max_file_requests)
         services.readers = await asyncio.to_thread(files.new_readers, settings)
-        jobs_store = JobStore(
-            settings.data_dir / "jobs",
-            settings.max_jobs_per_key,
-            settings.max_jobs,
-            settings.job_ttl_s,
-            quota_bytes=settings.data_quota_mb * MIB,
-            reserve_bytes=settings.data_reserve_mb * MIB,
-        )
         services.jobs = jobs_store
         job_services = Services(
             settings,
@@ -361,6 +376,34 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         for store in (services.glossaries, services.memory):
             if store is not None:
                 store.close()
+        if database is not None:
+            await database.close()
+
+
+async def open_shared_database(settings: Settings) -> Postgres | None:
+    """The PostgreSQL of NMT_DATABASE_URL, checked every few seconds for /health/ready (None
+    without it); one line and exit if it cannot be used."""
+    if not settings.database_url:
+        return None
+    try:
+        database = await asyncio.to_thread(Postgres.connect, settings.database_url)
+    except DatabaseUnusable as e:
+        fail(str(e))
+    database.start()
+    return database
+
+
+async def migrate_stores(database: Postgres, stores: list[Database]) -> None:
+    """Each store's migrations, applied once however many replicas start at once."""
+    try:
+        for store in stores:
+            assert isinstance(store, PostgresDatabase)
+            applied = await asyncio.to_thread(store.migrate)
+            if applied:
+                logger.info("the database: %d migration(s) of the %s store applied", applied, store.store)
+    except StoreUnavailable as e:
+        await database.close()
+        fail(f"NMT_DATABASE_URL: cannot prepare the stores' tables: {e}")
 
 
 def on_demand(

@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from app.config import Settings
-from app.filestore import FileStore
+from app.database.postgres import Postgres
+from app.filestore import FileStore, SharedFileStore
 from app.formats.sandbox import DocumentReaders
 from app.jobs.store import JobStore
 from app.key_limits import KeyLimiter
@@ -47,15 +48,16 @@ class AppServices:
     # Made in the lifespan before the workers start (the stores are opened on first use):
     metrics: Metrics | None = None
     keys: KeyLimiter | None = None  # the API keys, their limits and usage
+    database: Postgres | None = None  # the stores' shared PostgreSQL (NMT_DATABASE_URL), if any
     glossaries: GlossaryStore | None = None  # stored glossaries (/glossaries, glossary_id)
     memory: TranslationMemory | None = None  # the keys' translation memories (/memories)
     segment_cache: SegmentCache[Any] | None = None  # recent translations, per owner
     # Made once the workers are started and the models described:
     router: Router[ServedModel] | None = None  # the served models and the route of every pair
-    files: FileStore | None = None  # translated files waiting for their download
+    files: FileStore | SharedFileStore | None = None  # translated files waiting for their download
     file_requests: FileRequests | None = None  # uploads in progress, at most NMT_MAX_FILE_REQUESTS
     readers: DocumentReaders | None = None  # read and write documents in child processes
-    jobs: JobStore | None = None  # document jobs, on disk
+    jobs: JobStore | None = None  # document jobs, on disk or in the database
     job_runner: JobQueue | None = None  # runs the queued jobs
     scheduler: Scheduler | None = None  # the workers, and the queues in front of them
     turns: asyncio.Semaphore | None = None  # requests parsed at a time past the gate (app.shedding)

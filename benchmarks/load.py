@@ -252,9 +252,18 @@ def write_bodies(texts: Sequence[str], path: Path, *, beam: int, api_key: str | 
 
 
 def run_wrk(
-    url: str, bodies: Path, *, connections: int, duration_s: float, threads: int = 2, timeout_s: float = 60.0
+    url: str,
+    bodies: Path,
+    *,
+    connections: int,
+    duration_s: float,
+    threads: int = 2,
+    timeout_s: float = 60.0,
+    script: Path = LUA,
+    variable: str = "WRK_BODIES",
 ) -> WrkResult:
-    """wrk's closed loop: every connection sends a request as soon as its previous one is answered."""
+    """wrk's closed loop: every connection sends a request as soon as its previous one is answered
+    (``script``, reading the file ``bodies`` names through the environment ``variable``)."""
     if shutil.which("wrk") is None:
         raise RuntimeError("wrk not found: install the Debian package wrk (apt-get install wrk)")
     cmd = [
@@ -264,11 +273,11 @@ def run_wrk(
         f"-d{duration_s:g}s",
         f"--timeout={timeout_s:g}s",
         "-s",
-        str(LUA),
+        str(script),
         url,
     ]
     out = subprocess.run(
-        cmd, env={**os.environ, "WRK_BODIES": str(bodies)}, capture_output=True, text=True, check=True
+        cmd, env={**os.environ, variable: str(bodies)}, capture_output=True, text=True, check=True
     ).stdout
     line = next((x for x in out.splitlines() if x.startswith("WRK_JSON ")), None)
     if line is None:

@@ -225,3 +225,18 @@ def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
 
     with running_redis(tmp_path_factory.mktemp("redis")) as server:
         yield server
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> Iterator[Any]:
+    """One real PostgreSQL for the session (tests/postgres_server.py), in a directory of its own
+    under /tmp (pytest's are private to root, which the ``postgres`` user could not enter); each
+    test that uses it starts from an empty database (``tests.postgres_server.reset``)."""
+    from tests.postgres_server import running_postgres
+
+    directory = Path(tempfile.mkdtemp(prefix="nmt-postgres-"))
+    try:
+        with running_postgres(directory) as server:
+            yield server
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)

@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
+from app.database.errors import StoreUnavailable
 from app.main import create_app
-from app.terminology.database import StoreUnavailable
 from app.terminology.memory import TranslationMemory
 from tests.test_api import assert_error, make_settings, serve
 

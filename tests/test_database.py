@@ -1,4 +1,4 @@
-"""``app.terminology.database.Database``: a store that was never written is looked for at most
+"""``app.database.sqlite.SqliteDatabase``: a store that was never written is looked for at most
 once per ``ABSENT_RECHECK_S``; this process's own writes are read at once, another's within that."""
 
 from __future__ import annotations
@@ -9,10 +9,16 @@ from unittest import mock
 
 import pytest
 
-from app.terminology import database
-from app.terminology.database import Database
+from app.database import sqlite as database
+from app.database.migrations import Migration
+from app.database.sqlite import SqliteDatabase
 
 SCHEMA = "CREATE TABLE IF NOT EXISTS t (x INTEGER);"
+MIGRATIONS = [Migration(1, SCHEMA, SCHEMA)]
+
+
+def Database(path: Path) -> SqliteDatabase:  # noqa: N802 (the class, given its one store)
+    return SqliteDatabase(path, "t", MIGRATIONS)
 
 
 @pytest.fixture
@@ -23,7 +29,7 @@ def clock(monkeypatch: pytest.MonkeyPatch) -> list[float]:
     return now
 
 
-def rows(db: Database) -> list[int] | None:
+def rows(db: SqliteDatabase) -> list[int] | None:
     with db.reading() as conn:
         return None if conn is None else [r[0] for r in conn.execute("SELECT x FROM t")]
 
@@ -31,7 +37,7 @@ def rows(db: Database) -> list[int] | None:
 def test_an_absent_file_is_not_looked_for_again_within_the_recheck_interval(
     tmp_path: Path, clock: list[float]
 ) -> None:
-    db = Database(tmp_path / "store.sqlite3", SCHEMA)
+    db = Database(tmp_path / "store.sqlite3")
     with mock.patch.object(Path, "exists", autospec=True, side_effect=lambda p: False) as exists:
         assert rows(db) is None and rows(db) is None
         assert exists.call_count == 1  # the second read did not stat the file
@@ -42,7 +48,7 @@ def test_an_absent_file_is_not_looked_for_again_within_the_recheck_interval(
 
 
 def test_this_process_writes_are_read_at_once(tmp_path: Path) -> None:
-    db = Database(tmp_path / "store.sqlite3", SCHEMA)
+    db = Database(tmp_path / "store.sqlite3")
     assert rows(db) is None
     with db.writing() as conn:
         conn.execute("INSERT INTO t VALUES (7)")
@@ -50,7 +56,7 @@ def test_this_process_writes_are_read_at_once(tmp_path: Path) -> None:
 
 
 def test_another_process_write_is_seen_after_the_recheck_interval(tmp_path: Path, clock: list[float]) -> None:
-    db = Database(tmp_path / "store.sqlite3", SCHEMA)
+    db = Database(tmp_path / "store.sqlite3")
     assert rows(db) is None
     other = sqlite3.connect(db.path)  # another process's first write
     other.executescript(SCHEMA + "INSERT INTO t VALUES (3);")

@@ -10,6 +10,7 @@ import signal
 import subprocess
 import time
 from pathlib import Path
+from urllib.parse import urlparse
 
 import httpx
 import pytest
@@ -78,6 +79,29 @@ def test_compose_file_is_accepted() -> None:
     assert gpu["profiles"] == ["gpu"]
     assert gpu["deploy"]["resources"]["reservations"]["devices"][0]["driver"] == "nvidia"
     assert "ports" not in services["translator"]  # replicas share the load balancer's port
+
+
+def test_compose_replicas_share_one_postgresql_and_one_redis() -> None:
+    """--scale translator=3 is one service: every translator is given the same database and Redis,
+    pinned images with healthchecks and volumes that it waits for, credentials from the environment."""
+    services = yaml.safe_load((REPO / "docker-compose.yml").read_text())["services"]
+    translator = services["translator"]
+    for name, variable, scheme in (
+        ("postgres", "NMT_DATABASE_URL", "postgresql"),
+        ("redis", "NMT_REDIS_URL", "redis"),
+    ):
+        server = services[name]
+        assert re.fullmatch(r"[a-z]+:\d+(\.\d+)+-alpine", server["image"]), server["image"]
+        assert server["healthcheck"]["test"] and server["volumes"]
+        assert translator["depends_on"][name] == {"condition": "service_healthy"}
+        url = urlparse(
+            translator["environment"][variable].replace("${", "").replace(":-", "-").replace("}", "")
+        )
+        assert (url.scheme, url.hostname) == (scheme, name)
+        assert "${NMT_" in translator["environment"][variable]  # the password from the environment
+    postgres = services["postgres"]["environment"]
+    assert postgres["POSTGRES_PASSWORD"] == "${NMT_POSTGRES_PASSWORD:-nmt-postgres-password}"
+    assert "NMT_POSTGRES_PASSWORD" in translator["environment"]["NMT_DATABASE_URL"]
 
 
 def test_prometheus_config_is_valid() -> None:

@@ -22,6 +22,7 @@ from starlette.requests import Request
 
 from app.config import Settings
 from app.filestore import OWNER_SHARE, FileStore, NoRoom
+from app.jobs import files as job_files
 from app.jobs import store as job_store
 from app.jobs.disk import MIB
 from app.jobs.store import OPTIONS, PROGRESS, RESULT, UPLOAD, JobOptions, JobsFull, JobStore, StorageFull
@@ -190,7 +191,7 @@ def test_a_full_disk_while_storing_an_upload_is_storage_full_and_leaves_nothing(
     def full(path: Path, data: bytes) -> None:
         raise OSError(28, "No space left on device")  # ENOSPC
 
-    monkeypatch.setattr(job_store, "write_file", full)
+    monkeypatch.setattr(job_files, "write_file", full)
     with pytest.raises(StorageFull, match="disk is full"):
         make(store)
     assert not [p for p in store.directory.iterdir() if p.is_dir()]

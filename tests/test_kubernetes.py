@@ -15,6 +15,7 @@ import ast
 import base64
 import copy
 import functools
+import re
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -353,12 +354,9 @@ def test_the_overlays_agree_with_docker_compose() -> None:
         # URL, which holds a password, comes from a Secret.)
         compose_env = {k: v for k, v in compose_env.items() if "${" not in str(v)}
         assert {k: env(container)[k] for k in compose_env} == compose_env, overlay
-        (redis,) = [e for e in container["env"] if e["name"] == "NMT_REDIS_URL"]
-        assert redis["valueFrom"]["secretKeyRef"] == {
-            "name": "nmt-stores",
-            "key": "redis-url",
-            "optional": True,
-        }
+        for name, key in (("NMT_REDIS_URL", "redis-url"), ("NMT_DATABASE_URL", "database-url")):
+            (url,) = [e for e in container["env"] if e["name"] == name]
+            assert url["valueFrom"]["secretKeyRef"] == {"name": "nmt-stores", "key": key, "optional": True}
 
 
 # -- Service, ServiceMonitor, PodDisruptionBudget, dashboard ----------------------------------------
@@ -518,7 +516,8 @@ def test_the_stores_overlay_runs_redis_and_gives_the_translators_its_url() -> No
     for doc in docs:
         validate(doc)
     cpu = render("cpu")
-    assert [d for d in docs if d["metadata"]["name"] not in ("redis", "nmt-stores")] == list(cpu)
+    extra = ("redis", "postgres", "nmt-stores")
+    assert [d for d in docs if d["metadata"]["name"] not in extra] == list(cpu)
     redis, service = one(docs, "Deployment", "redis"), one(docs, "Service", "redis")
     pod = redis["spec"]["template"]
     assert matches(service["spec"]["selector"], pod["metadata"]["labels"])
@@ -534,6 +533,35 @@ def test_the_stores_overlay_runs_redis_and_gives_the_translators_its_url() -> No
     (password,) = [e for e in container["env"] if e["name"] == "REDIS_PASSWORD"]
     assert password["valueFrom"]["secretKeyRef"] == {"name": "nmt-stores", "key": "redis-password"}
     assert "$(REDIS_PASSWORD)" in container["args"]
-    translators = tuple(d for d in docs if d["metadata"]["name"] != "redis")
+    translators = tuple(d for d in docs if d["metadata"]["name"] not in ("redis", "postgres"))
     (redis_url,) = [e for e in translator(translators)["env"] if e["name"] == "NMT_REDIS_URL"]
     assert redis_url["valueFrom"]["secretKeyRef"]["name"] == "nmt-stores"
+
+
+def test_the_stores_overlay_runs_postgresql_and_gives_the_translators_its_url() -> None:
+    """overlays/stores: a PostgreSQL (non-root, read-only root filesystem, one at a time on its
+    data) behind a Service, and the Secret's database URL naming that Service, its port, the user and
+    database PostgreSQL is made with and the password it is given: the URL NMT_DATABASE_URL reads."""
+    docs = render("stores")
+    postgres, service = one(docs, "Deployment", "postgres"), one(docs, "Service", "postgres")
+    pod = postgres["spec"]["template"]
+    assert matches(service["spec"]["selector"], pod["metadata"]["labels"])
+    assert not matches(one(docs, "Service", "nmt-service")["spec"]["selector"], pod["metadata"]["labels"])
+    assert postgres["spec"]["strategy"]["type"] == "Recreate"
+    (container,) = pod["spec"]["containers"]
+    assert pod["spec"]["securityContext"]["runAsNonRoot"] is True
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    assert re.fullmatch(r"postgres:\d+\.\d+-alpine", container["image"])
+    secret = {k: base64.b64decode(v).decode() for k, v in one(docs, "Secret", "nmt-stores")["data"].items()}
+    url = urlparse(secret["database-url"])
+    (port,) = service["spec"]["ports"]
+    assert (url.scheme, url.hostname, url.port) == ("postgresql", "postgres", port["port"])
+    made = {e["name"]: e for e in container["env"]}
+    assert (url.username, url.path) == (made["POSTGRES_USER"]["value"], "/" + made["POSTGRES_DB"]["value"])
+    assert url.password == secret["postgres-password"]
+    assert made["POSTGRES_PASSWORD"]["valueFrom"]["secretKeyRef"] == {
+        "name": "nmt-stores",
+        "key": "postgres-password",
+    }
+    mounts = {m["mountPath"] for m in container["volumeMounts"]}
+    assert made["PGDATA"]["value"].startswith("/var/lib/postgresql/data/") and "/var/run/postgresql" in mounts

@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
+from app.database.errors import StoreUnavailable
 from app.keys import owner_name
 from app.metrics import process_metrics
 from app.terminology import precedence
 from app.terminology.cache import ENTRY_OVERHEAD_BYTES, SegmentCache, approximate_size
-from app.terminology.database import StoreUnavailable
 from app.terminology.memory import (
     MAX_UNIT_LANGUAGES,
     MemoryImportError,
@@ -192,7 +192,7 @@ def test_reads_never_wait_for_a_write_and_a_locked_store_is_unavailable(tmp_path
     assert memory.lookup("", "de", "en", "a") == "b" and memory.lookup("", "de", "en", "c") is None
     assert time.perf_counter() - started < 0.5  # the last commit's data, without waiting
     impatient = TranslationMemory(tmp_path)
-    impatient._db.timeout_s = 0.05
+    impatient.db.timeout_s = 0.05
     with pytest.raises(StoreUnavailable, match="cannot write .*memory.sqlite3: database is locked"):
         impatient.import_tsv("", "de", "en", b"e\tf\n")
     other.execute("COMMIT")

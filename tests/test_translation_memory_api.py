@@ -13,10 +13,10 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
+from app.database.errors import StoreUnavailable
 from app.serving.protocol import Sentence
 from app.terminology.answers import answer
 from app.terminology.cache import SegmentCache
-from app.terminology.database import StoreUnavailable
 from model.translator import Translator
 from tests.test_api import assert_error, best, make_settings, serve
 from tests.test_terminology import target_ids

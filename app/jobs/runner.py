@@ -37,10 +37,11 @@ from typing import Any
 from fastapi import HTTPException
 
 from app.config import Settings
+from app.database.errors import StoreUnavailable
 from app.formats.documents import MEDIA_TYPES, download_name, extension
 from app.formats.limits import DocumentError
 from app.formats.sandbox import Busy, DocumentReaders
-from app.jobs.store import FINAL, LEASE_S, ClaimedJob, Job, JobOptions, JobStore, State, StorageFull
+from app.jobs.store import FINAL, ClaimedJob, Job, JobOptions, JobStore, State, StorageFull
 from app.key_limits import KeyLimiter, charge_owner, key_identity, stores_on
 from app.routes.sentences import SearchPlan, answer_with, decode_sentences
 from app.routes.translate import AUTO, check_languages, route_of, source_language
@@ -48,9 +49,8 @@ from app.served import ServedModel
 from app.serving.errors import EngineError
 from app.serving.frontend.router import Route, Router
 from app.serving.frontend.scheduler import Scheduler
-from app.terminology.answers import owner_lookup
+from app.terminology.answers import OwnerLookup
 from app.terminology.cache import SegmentCache
-from app.terminology.database import StoreUnavailable
 from app.terminology.memory import TranslationMemory
 from app.terminology.service import SentenceTerms, sentence_terms
 from model.decoding.terms import Glossary, GlossaryEntry
@@ -152,6 +152,11 @@ class JobRunner:
             await self._translate(job)
         except Stopped:
             pass
+        except StoreUnavailable as e:
+            # The store failed (its server restarting): the job is not failed for it. Its lease
+            # runs out, and a runner (this one, or another replica's) takes it up again after its
+            # last saved chunk.
+            log.error("jobs: job %s paused, the store is unavailable: %s", job.id, e)
         except HTTPException as e:  # a refusal the request would have had: the job's answer
             await self._fail(job, e.status_code, str(e.detail))
         except StorageFull as e:  # its result (or progress) would pass NMT_DATA_QUOTA_MB or fill the disk
@@ -173,7 +178,7 @@ class JobRunner:
     async def _heartbeat(self, job_id: str, task: asyncio.Task[Any] | None) -> None:
         """Renew the job's lease; cancel its task when the job was cancelled or deleted."""
         while True:
-            await asyncio.sleep(LEASE_S / 3)
+            await asyncio.sleep(self.store.lease_s / 3)
             try:
                 state = await asyncio.to_thread(self.store.renew, job_id)
             except StoreUnavailable:
@@ -234,7 +239,7 @@ class JobRunner:
         s = self.services
         lookup = None
         if s.memory is not None and stores_on(s.settings, job.owner):  # (no memory to use without keys)
-            lookup = owner_lookup(s.memory, job.owner, [route.source] * len(sentences), job.target)
+            lookup = OwnerLookup(s.memory, job.owner, [route.source] * len(sentences), job.target)
 
         def decode(
             part: list[str], own: list[Route[ServedModel]], constraints: list[list[str]] | None

@@ -24,6 +24,12 @@ same way when it is written (its job fails with 507 rather than fill the disk); 
 counts the files it keeps. Expired rows take their directories with them, and files no row
 accounts for (a process killed between writing an upload and committing its row, or in the middle
 of a write) are swept when the runner starts (``sweep``).
+
+With ``NMT_DATABASE_URL`` the rows, and the files (``app.jobs.files.TableFiles``), are in the
+PostgreSQL every replica shares: a job posted to one replica is polled, cancelled and downloaded
+through any other, and any replica's runner claims it (``SELECT ... FOR UPDATE SKIP LOCKED``: two
+never take the same job; a replica killed mid-job leaves a lease that runs out, and another takes
+the job up after its last saved chunk).
 """
 
 from __future__ import annotations
@@ -31,26 +37,19 @@ from __future__ import annotations
 import json
 import os
 import secrets
-import shutil
-import sqlite3
+import socket
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal
 
-from app.jobs.disk import (
-    MIB,
-    StorageFull,
-    disk_refusal,
-    file_size,
-    folder_size,
-    storage_error,
-    sweep,
-    write_file,
-)
-from app.terminology.database import Database, StoreUnavailable
+from app.database import Database, Migration, Postgres, StoreUnavailable, open_database
+from app.database.migrations import postgresql_of
+from app.database.postgres import PostgresDatabase
+from app.jobs.disk import MIB, StorageFull
+from app.jobs.files import DiskFiles, JobFiles, TableFiles, files_schema
 
 State = Literal["queued", "reading", "translating", "writing", "done", "failed", "cancelled"]
 RUNNING: tuple[State, ...] = ("reading", "translating", "writing")
@@ -66,7 +65,7 @@ RESERVE_FACTOR = 2
 # a file another process is writing.
 ORPHAN_GRACE_S = 300.0
 
-SCHEMA = """
+SQLITE = """
 CREATE TABLE IF NOT EXISTS jobs (
     id TEXT PRIMARY KEY,
     owner TEXT NOT NULL,
@@ -92,7 +91,15 @@ CREATE INDEX IF NOT EXISTS jobs_owner ON jobs (owner, created);
 CREATE INDEX IF NOT EXISTS jobs_state ON jobs (state, created);
 """
 
+# Which process holds the job's lease (host:pid), for an operator asking which replica runs it.
+HOLDER = "ALTER TABLE jobs ADD COLUMN holder TEXT NOT NULL DEFAULT ''"
+
 UPLOAD, OPTIONS, PROGRESS, RESULT = "upload", "options.json", "progress.jsonl", "result"
+
+
+def holder() -> str:
+    """This process, as a job's row names the holder of its lease: host:pid."""
+    return f"{socket.gethostname()}:{os.getpid()}"
 
 
 class JobsFull(Exception):
@@ -149,7 +156,7 @@ class Job:
     result_name: str | None
 
     @classmethod
-    def of(cls, row: sqlite3.Row | tuple[Any, ...]) -> Job:
+    def of(cls, row: Sequence[Any]) -> Job:
         values = list(row)
         values[11] = tuple(json.loads(values[11]))
         return cls(*values)
@@ -185,6 +192,8 @@ class JobStore:
         *,
         quota_bytes: int,
         reserve_bytes: int,
+        server: Postgres | None = None,
+        lease_s: float = LEASE_S,
     ) -> None:
         self.directory = directory
         self.max_per_key = max_per_key
@@ -192,28 +201,40 @@ class JobStore:
         self.ttl_s = ttl_s
         self.quota_bytes = quota_bytes
         self.reserve_bytes = reserve_bytes
-        self.db = Database(directory / "jobs.sqlite3", SCHEMA)
-        self._migrated = False  # _migrate ran in this process (in a transaction that committed)
+        self.lease_s = lease_s
+        migrations = [
+            Migration(1, SQLITE, postgresql_of(SQLITE) + files_schema("job_files")),
+            Migration(2, self._add_bytes, ""),
+            Migration(3, HOLDER, HOLDER),
+        ]
+        self.db: Database = open_database(server, directory / "jobs.sqlite3", "jobs", migrations)
+        self.files: JobFiles = (
+            TableFiles(self.db)
+            if isinstance(self.db, PostgresDatabase)
+            else DiskFiles(directory, reserve_bytes)
+        )
+        # In PostgreSQL, a check ("this key holds fewer than N jobs") and the write it allows are
+        # made one step across replicas by a lock the transaction holds (SQLite's write lock is).
+        self._serialize = (
+            "SELECT pg_advisory_xact_lock(hashtext('nmt-jobs'))" if self.db.dialect == "postgresql" else ""
+        )
+        self._for_update = " FOR UPDATE SKIP LOCKED" if self.db.dialect == "postgresql" else ""
 
     def close(self) -> None:
         self.db.close()
 
-    def path(self, job_id: str, name: str) -> Path:
-        return self.directory / job_id / name
-
     @contextmanager
-    def _writing(self) -> Iterator[sqlite3.Connection]:
-        """``self.db.writing()``, the database brought up to date first (once per process)."""
-        migrated = self._migrated
+    def _writing(self, serialized: bool = False) -> Iterator[Any]:
+        """A write transaction; ``serialized``: one at a time across processes (a quota's check)."""
         with self.db.writing() as db:
-            if not migrated:
-                self._migrate(db)
+            if serialized and self._serialize:
+                db.execute(self._serialize)
             yield db
-        self._migrated = True
 
-    def _migrate(self, db: sqlite3.Connection) -> None:
-        """A database made before the quota has no ``bytes``: added, each job counting the files it
-        holds now; and its options, in the rows then, are moved to each job's OPTIONS file."""
+    def _add_bytes(self, db: Any) -> None:
+        """Migration 2 (SQLite: PostgreSQL's tables were made with it). A database made before the
+        quota has no ``bytes``: added, each job counting the files it holds now; and its options, in
+        the rows then, are moved to each job's OPTIONS file."""
         if "bytes" in {row[1] for row in db.execute("PRAGMA table_info(jobs)")}:
             return
         db.execute("ALTER TABLE jobs ADD COLUMN bytes INTEGER NOT NULL DEFAULT 0")
@@ -221,10 +242,11 @@ class JobStore:
             folder = self.directory / job_id
             if options and folder.is_dir():
                 try:
-                    write_file(folder / OPTIONS, JobOptions.decoded(options).encoded())
-                except OSError as e:  # not StorageFull: nothing here is a request's to refuse
-                    raise StoreUnavailable(f"cannot move a job's options: {e.strerror or e}") from e
-            db.execute("UPDATE jobs SET options = '', bytes = ? WHERE id = ?", (folder_size(folder), job_id))
+                    self.files.write(job_id, OPTIONS, JobOptions.decoded(options).encoded())
+                except (StorageFull, StoreUnavailable) as e:  # nothing here is a request's to refuse
+                    raise StoreUnavailable(f"cannot move a job's options: {e}") from e
+            bytes_ = self.files.size(job_id)
+            db.execute("UPDATE jobs SET options = '', bytes = ? WHERE id = ?", (bytes_, job_id))
 
     # --- Made and seen by the routes -----------------------------------------------------------
 
@@ -238,23 +260,21 @@ class JobStore:
         need = len(data) * (1 + RESERVE_FACTOR) + len(encoded)
         # Refused before the upload is written when it can be (expired rows removed either way),
         # and checked again with the row's insert: another process may have taken the room.
-        with self._writing() as db:
+        with self._writing(serialized=True) as db:
             expired = self._expire(db)
             refusal = self._refusal(db, owner, need, need)
-        self._remove(expired)
+        self.files.remove(expired)
         if refusal is not None:
             raise refusal
         job_id = secrets.token_urlsafe(16)
-        folder = self.directory / job_id
         try:
-            folder.mkdir(parents=True)
-            write_file(folder / OPTIONS, encoded)
-            write_file(folder / UPLOAD, data)
-        except OSError as e:
-            shutil.rmtree(folder, ignore_errors=True)
-            raise storage_error("cannot store the upload", e) from e
+            self.files.write(job_id, OPTIONS, encoded)
+            self.files.write(job_id, UPLOAD, data)
+        except BaseException:
+            self.files.remove([job_id])
+            raise
         try:
-            with self._writing() as db:
+            with self._writing(serialized=True) as db:
                 written = len(encoded) + len(data)
                 refusal = self._refusal(db, owner, need, need - written)
                 if refusal is not None:
@@ -265,13 +285,13 @@ class JobStore:
                     (job_id, owner, name, source, target, time.time(), need),
                 )
         except BaseException:
-            shutil.rmtree(folder, ignore_errors=True)
+            self.files.remove([job_id])
             raise
         job = self.get(owner, job_id)
         assert job is not None
         return job
 
-    def _refusal(self, db: sqlite3.Connection, owner: str, need: int, unwritten: int) -> Exception | None:
+    def _refusal(self, db: Any, owner: str, need: int, unwritten: int) -> Exception | None:
         """Why a new job of ``owner`` counting ``need`` bytes, ``unwritten`` of them not on the
         disk yet, is refused now (None: it is not)."""
         (mine,) = db.execute("SELECT COUNT(*) FROM jobs WHERE owner = ?", (owner,)).fetchone()
@@ -286,7 +306,7 @@ class JobStore:
                 f"the jobs' storage is full ({used / MIB:.0f} of {self.quota_bytes / MIB:.0f} MiB used; "
                 f"this job needs {need / MIB:.1f} MiB): retry once jobs expire or are deleted"
             )
-        return disk_refusal(self.directory, unwritten, self.reserve_bytes)
+        return self.files.refusal(unwritten)
 
     def get(self, owner: str, job_id: str) -> Job | None:
         """``owner``'s job ``job_id`` (None if it has none of that id, or it expired)."""
@@ -327,7 +347,7 @@ class JobStore:
         with self._writing() as db:
             deleted = db.execute("DELETE FROM jobs WHERE id = ? AND owner = ?", (job_id, owner)).rowcount
         if deleted:
-            self._remove([job_id])
+            self.files.remove([job_id])
         return bool(deleted)
 
     # --- Claimed and advanced by a runner ---------------------------------------------------------
@@ -337,22 +357,26 @@ class JobStore:
         stopped renewing its lease) among the owners with the fewest of ``running`` (owner -> jobs
         this runner is running), so that one key's many jobs do not hold every place. Its options
         are read once it is leased, outside the transaction."""
-        if not self.db.path.exists():  # no job was ever made: the data directory stays untouched
+        if not self.db.exists():  # no job was ever made: the data directory stays untouched
             return None
         now = time.time()
         with self._writing() as db:
+            # (In PostgreSQL the rows read are locked until this commits, and rows another replica
+            # is claiming now are skipped: two never lease the same job.)
             rows = db.execute(
                 f"SELECT {COLUMNS} FROM jobs WHERE (state = 'queued' OR state IN {RUNNING!r}) AND lease < ? "
-                "ORDER BY created LIMIT 256",
+                f"ORDER BY created LIMIT 256{self._for_update}",
                 (now,),
             ).fetchall()
             if not rows:
                 return None
             jobs = [Job.of(row) for row in rows]
             job = min(jobs, key=lambda j: (running.get(j.owner, 0), j.created))
-            db.execute("UPDATE jobs SET lease = ? WHERE id = ?", (now + LEASE_S, job.id))
+            db.execute(
+                "UPDATE jobs SET lease = ?, holder = ? WHERE id = ?", (now + self.lease_s, holder(), job.id)
+            )
         try:
-            options = JobOptions.decoded(self.path(job.id, OPTIONS).read_bytes())
+            options = JobOptions.decoded(self.files.read(job.id, OPTIONS))
         except (FileNotFoundError, ValueError):  # deleted meanwhile (no row to fail then), or lost
             self.finish(job.id, "failed", error_status=500, error="the job's files are lost")
             return None
@@ -363,14 +387,14 @@ class JobStore:
     def renew(self, job_id: str) -> State | None:
         """Extend the lease; the job's state now (None: deleted), so a runner learns of a cancel."""
         with self._writing() as db:
-            db.execute("UPDATE jobs SET lease = ? WHERE id = ?", (time.time() + LEASE_S, job_id))
+            db.execute("UPDATE jobs SET lease = ? WHERE id = ?", (time.time() + self.lease_s, job_id))
             row = db.execute("SELECT state FROM jobs WHERE id = ?", (job_id,)).fetchone()
         return None if row is None else row[0]
 
     def release(self, job_id: str) -> None:
         """Give the lease back (a runner stopping: the next process takes the job up at once)."""
         with self._writing() as db:
-            db.execute("UPDATE jobs SET lease = 0 WHERE id = ?", (job_id,))
+            db.execute("UPDATE jobs SET lease = 0, holder = '' WHERE id = ?", (job_id,))
 
     def advance(self, job_id: str, state: State, **values: Any) -> bool:
         """Set the job's state and ``values`` (language, done, total, notes) unless it was cancelled
@@ -397,7 +421,7 @@ class JobStore:
         """End the job: done (its result written), failed (why), never over a cancel. Its progress
         is removed (a finished job is never taken up again), and it counts the files it keeps."""
         now = time.time()
-        kept = sum(file_size(self.path(job_id, name)) for name in (UPLOAD, OPTIONS, RESULT))
+        kept = self.files.size(job_id, UPLOAD, OPTIONS, RESULT)
         with self._writing() as db:
             changed = db.execute(
                 "UPDATE jobs SET state = ?, error_status = ?, error = ?, result_name = ?, finished = ?, "
@@ -406,56 +430,45 @@ class JobStore:
                 (state, error_status, error, result_name, now, now + self.ttl_s, kept, job_id),
             ).rowcount
         if changed:
-            self.path(job_id, PROGRESS).unlink(missing_ok=True)
+            self.files.unlink(job_id, PROGRESS)
         return bool(changed)
 
     def remove_expired(self) -> int:
         """Delete expired jobs and their files; how many."""
-        if not self.db.path.exists():
+        if not self.db.exists():
             return 0
         with self._writing() as db:
             ids = self._expire(db)
-        self._remove(ids)
+        self.files.remove(ids)
         return len(ids)
 
-    def _expire(self, db: sqlite3.Connection) -> list[str]:
+    def _expire(self, db: Any) -> list[str]:
         """Delete the expired rows; their ids, whose directories the caller removes once the
         transaction commits (``_remove``)."""
         ids = [r[0] for r in db.execute("SELECT id FROM jobs WHERE expires <= ?", (time.time(),))]
         db.executemany("DELETE FROM jobs WHERE id = ?", [(i,) for i in ids])
         return ids
 
-    def _remove(self, ids: Iterable[str]) -> None:
-        for job_id in ids:
-            shutil.rmtree(self.directory / job_id, ignore_errors=True)
-
     def sweep(self, grace_s: float = ORPHAN_GRACE_S) -> int:
         """Remove the files no row accounts for, once older than ``grace_s`` (by mtime): a job
         directory without a row (its process killed between writing the upload and committing the
         row) and a ``.partial`` file (a write cut short); how many."""
-        if not self.directory.is_dir():
-            return 0
-        with self.db.reading() as db:  # before the directory is listed: a row made since is young
+        if not self.db.exists():
+            return self.files.sweep(set(), time.time() - grace_s)
+        with self.db.reading() as db:  # before the files are listed: a row made since is young
             ids = set() if db is None else {row[0] for row in db.execute("SELECT id FROM jobs")}
-        try:
-            return sweep(self.directory, ids, time.time() - grace_s)
-        except OSError as e:
-            raise StoreUnavailable(f"cannot sweep the jobs' directory: {e.strerror or e}") from e
+        return self.files.sweep(ids, time.time() - grace_s)
 
     # --- Files ---------------------------------------------------------------------------------
 
     def upload(self, job_id: str) -> bytes:
-        return self.path(job_id, UPLOAD).read_bytes()
+        return self.files.read(job_id, UPLOAD)
 
     def saved_translations(self, job_id: str) -> list[str]:
         """The translations of the chunks finished so far, in order (a torn last line, from a
         process killed while writing it, is dropped: its chunk is translated again)."""
         out: list[str] = []
-        try:
-            lines = self.path(job_id, PROGRESS).read_text("utf-8").splitlines()
-        except FileNotFoundError:
-            return out
-        for line in lines:
+        for line in self.files.lines(job_id, PROGRESS):
             try:
                 chunk = json.loads(line)
             except ValueError:
@@ -465,36 +478,30 @@ class JobStore:
 
     def save_translations(self, job_id: str, translations: Sequence[str]) -> None:
         """Append one finished chunk's translations (flushed to disk before this returns)."""
-        try:
-            with open(self.path(job_id, PROGRESS), "a", encoding="utf-8") as f:
-                f.write(json.dumps(list(translations), ensure_ascii=False) + "\n")
-                f.flush()
-                os.fsync(f.fileno())
-        except OSError as e:
-            raise storage_error("cannot save the translations", e) from e
+        self.files.append_line(job_id, PROGRESS, json.dumps(list(translations), ensure_ascii=False))
 
     def save_result(self, job_id: str, data: bytes) -> None:
         """Write the job's result, unless its files would then pass the quota or leave less than
         the reserve free on the disk (``StorageFull``: the job fails with 507)."""
-        mine = len(data) + sum(file_size(self.path(job_id, name)) for name in (UPLOAD, OPTIONS, PROGRESS))
-        with self._writing() as db:
+        mine = len(data) + self.files.size(job_id, UPLOAD, OPTIONS, PROGRESS)
+        with self._writing(serialized=True) as db:
             (others,) = db.execute(
                 "SELECT COALESCE(SUM(bytes), 0) FROM jobs WHERE id != ?", (job_id,)
             ).fetchone()
-            refusal = disk_refusal(self.directory, len(data), self.reserve_bytes)
+            refusal = self.files.refusal(len(data))
             if refusal is None and others + mine > self.quota_bytes:
                 refusal = StorageFull(
                     f"the translated file ({len(data) / MIB:.1f} MiB) would pass the jobs' storage quota "
                     f"({self.quota_bytes / MIB:.0f} MiB, {others / MIB:.0f} MiB used by other jobs)"
                 )
             if refusal is None:  # counted before it is written: no other job can take its room
-                db.execute("UPDATE jobs SET bytes = MAX(bytes, ?) WHERE id = ?", (mine, job_id))
+                db.execute(
+                    "UPDATE jobs SET bytes = CASE WHEN bytes > ? THEN bytes ELSE ? END WHERE id = ?",
+                    (mine, mine, job_id),
+                )
         if refusal is not None:
             raise refusal
-        try:
-            write_file(self.path(job_id, RESULT), data)
-        except OSError as e:
-            raise storage_error("cannot save the translated file", e) from e
+        self.files.write(job_id, RESULT, data)
 
     def result(self, job_id: str) -> bytes:
-        return self.path(job_id, RESULT).read_bytes()
+        return self.files.read(job_id, RESULT)

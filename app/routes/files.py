@@ -17,15 +17,19 @@ and the scheduler's round-robin over requests keeps everyone else's one-liners m
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 from urllib.parse import quote
 
 from fastapi import APIRouter, HTTPException, Request, Response
+from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from starlette.datastructures import UploadFile
 
 from app.body import MULTIPART, media_type, read_within, replayed, validate_request
 from app.config import Settings
+from app.database import StoreUnavailable, unavailable
+from app.database.postgres import Postgres
 from app.deps import (
     FileRequestsDep,
     FileStoreDep,
@@ -37,7 +41,8 @@ from app.deps import (
     SettingsDep,
 )
 from app.errors import missing_parameter
-from app.filestore import FileStore, NoRoom
+from app.filestore import MIGRATIONS as DOWNLOAD_MIGRATIONS
+from app.filestore import FileStore, NoRoom, SharedDownload, SharedFileStore, StoredFile
 from app.formats.documents import MEDIA_TYPES, SUPPORTED, download_name, extension
 from app.formats.limits import DocumentError
 from app.formats.sandbox import Busy, DocumentReaders
@@ -128,7 +133,11 @@ _ERRORS[400]["model"] = BadRequestResponse
 _ERRORS[422] = {"model": ValidationErrorResponse, "description": _ERRORS[422]["description"]}
 
 
-def new_file_store(settings: Settings) -> FileStore:
+def new_file_store(settings: Settings, database: Postgres | None = None) -> FileStore | SharedFileStore:
+    """In this process, or with ``database`` in the PostgreSQL every replica shares."""
+    if database is not None:
+        db = database.database("downloads", DOWNLOAD_MIGRATIONS)
+        return SharedFileStore(db, settings.file_ttl_s, STORE_FILES * settings.max_file_bytes)
     return FileStore(settings.file_ttl_s, STORE_FILES * settings.max_file_bytes)
 
 
@@ -252,7 +261,7 @@ async def translate_upload(
     keys: KeyLimiter,
     glossaries: GlossaryStore,
     recall: Recall,
-    store: FileStore,
+    store: FileStore | SharedFileStore,
     readers: DocumentReaders,
 ) -> Response:
     form, name, data = await read_form(request, settings.max_file_bytes)
@@ -290,9 +299,15 @@ async def translate_upload(
         raise document_error(e) from e
     saved = download_name(name, form.target)
     try:
-        token = store.put(output, saved, MEDIA_TYPES[extension(name)], client_identity(request))
+        media, owner = MEDIA_TYPES[extension(name)], client_identity(request)
+        if isinstance(store, SharedFileStore):
+            token = await asyncio.to_thread(store.put, output, saved, media, owner)
+        else:
+            token = store.put(output, saved, media, owner)
     except NoRoom as e:
         raise HTTPException(503, str(e), {"Retry-After": "10"}) from e
+    except StoreUnavailable as e:
+        raise unavailable(e, "the download store", "10") from e
     url = str(request.url_for("download_file", filename=f"{token}.{saved}"))
     body = TranslateFileResponse(translatedFileUrl=url).model_dump_json()
     return Response(body, media_type="application/json")
@@ -308,10 +323,20 @@ async def translate_upload(
 )
 async def download_file(filename: str, store: FileStoreDep) -> Response:
     token, _, name = filename.partition(".")
-    stored = store.take(token, name)
+    stored: StoredFile | SharedDownload | None
+    if isinstance(store, SharedFileStore):
+        try:
+            stored = await asyncio.to_thread(store.take, token, name)
+        except StoreUnavailable as e:
+            raise unavailable(e, "the download store", "10") from e
+    else:
+        stored = store.take(token, name)
     if stored is None:
         raise HTTPException(
             404, "no such file: it was downloaded already, expired, or never existed; translate it again"
         )
     disposition = f"attachment; filename=\"{stored.name}\"; filename*=UTF-8''{quote(stored.name)}"
-    return Response(stored.data, media_type=stored.media_type, headers={"Content-Disposition": disposition})
+    headers = {"Content-Disposition": disposition}
+    if isinstance(stored, SharedDownload):
+        return StreamingResponse(stored.chunks, media_type=stored.media_type, headers=headers)
+    return Response(stored.data, media_type=stored.media_type, headers=headers)

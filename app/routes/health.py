@@ -6,8 +6,9 @@ compare the whole body); /health/ready adds the models served and the device.
 Orchestrators restart on a failing liveness probe and stop routing on a failing readiness probe,
 so liveness never depends on the models, and readiness turns 503 while loading, while shutting
 down, while some model has no worker running (one that exited is being started again), and while
-the Redis that counts the keys' usage (NMT_REDIS_URL) is unreachable, naming it: a service that
-cannot translate one of its pairs, or count a key's request, is not ready.
+the Redis that counts the keys' usage (NMT_REDIS_URL) or the database of the stores
+(NMT_DATABASE_URL) is unreachable, naming it: a service that cannot translate one of its pairs,
+count a key's request or find a job is not ready.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ api = APIRouter(tags=["health"])
 _NOT_READY: dict[int | str, dict[str, Any]] = {
     503: {
         "model": NotReadyResponse,
-        "description": "Loading, shutting down, a model without a worker, or the keys' Redis unreachable",
+        "description": "Loading, shutting down, a model without a worker, Redis or the database unreachable",
     }
 }
 
@@ -39,7 +40,9 @@ def readiness(services: AppServices, details: bool = True) -> JSONResponse:
             {"status": "error", "error": "the translation engine is not running"}, status_code=503
         )
     down = services.keys.unavailable() if services.keys is not None else None
-    if down is not None:  # every request with a counted key would get 503: not ready either
+    if down is None and services.database is not None:
+        down = services.database.down()
+    if down is not None:  # every request with a counted key (or for a job) would get 503: not ready either
         return JSONResponse({"status": "error", "error": down}, status_code=503)
     if not details:
         return JSONResponse(StatusResponse(status="ok").model_dump())

@@ -23,9 +23,10 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 from typing import Any, Literal
+from urllib.parse import quote
 
 from fastapi import APIRouter, HTTPException, Request, Response
-from fastapi.responses import FileResponse
+from fastapi.responses import FileResponse, StreamingResponse
 from pydantic import BaseModel, Field
 
 from app.config import Settings
@@ -238,7 +239,20 @@ async def job_result(
     if job.state != "done" or job.result_name is None:
         raise HTTPException(409, f"the job is {job.state}, not done")
     media = MEDIA_TYPES.get(extension(job.name), "application/octet-stream")
-    return FileResponse(store.path(job.id, RESULT), media_type=media, filename=job.result_name)
+    path = store.files.path(job.id, RESULT)
+    if path is not None:
+        return FileResponse(path, media_type=media, filename=job.result_name)
+    # In the shared database: streamed a part at a time, named as FileResponse names a file.
+    headers = {"Content-Disposition": attachment(job.result_name)}
+    return StreamingResponse(store.files.chunks(job.id, RESULT), media_type=media, headers=headers)
+
+
+def attachment(filename: str) -> str:
+    """The Content-Disposition of a download named ``filename`` (RFC 6266; Starlette's form)."""
+    quoted = quote(filename)
+    if quoted != filename:
+        return f"attachment; filename*=utf-8''{quoted}"
+    return f'attachment; filename="{filename}"'
 
 
 @api.post(

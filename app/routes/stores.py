@@ -1,7 +1,7 @@
 """The routes' calls to the stores (SQLite, the jobs' files): on a thread, so that the disk never
 holds the event loop, and a store that cannot be used now answered 503 with Retry-After, naming
 the store but not the file or the database's words, which are logged for the operator
-(``app.terminology.database.unavailable``)."""
+(``app.database.errors.unavailable``)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar, TypeVarTuple
 
-from app.terminology.database import StoreUnavailable, unavailable
+from app.database.errors import StoreUnavailable, unavailable
 
 R = TypeVar("R")
 Ts = TypeVarTuple("Ts")

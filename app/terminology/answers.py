@@ -5,8 +5,9 @@ a request).
 - Memory: the request owner's (``key_owner``), for each sentence's source language (a text's
   detected one when the source is "auto") and the request's target; exact after whitespace is
   normalised. One indexed query per sentence (~30 us): a request of a few sentences reads on
-  the event loop, as ``app.terminology.database`` allows (WAL: readers never wait for a writer),
-  a larger one on a thread.
+  the event loop, as ``app.database.sqlite`` allows (WAL: readers never wait for a writer),
+  a larger one on a thread; in PostgreSQL (``NMT_DATABASE_URL``) one query a request, always on a
+  thread.
 - Cache: keyed by everything that decides the model's answer (``cache_key``), so that a cached
   answer is the one decoding would give ("one answer per input" makes that true).
 - Model: the rest, with their constraints; what it decodes is cached.
@@ -25,10 +26,10 @@ from collections.abc import Awaitable, Callable, Hashable, Sequence
 from typing import Any, TypeVar
 
 from app.config import Settings
+from app.database.errors import StoreUnavailable, unavailable
 from app.key_limits import stores_on
 from app.serving.frontend.router import Route
 from app.terminology.cache import SegmentCache
-from app.terminology.database import StoreUnavailable, unavailable
 from app.terminology.memory import TranslationMemory
 from app.terminology.precedence import plan
 
@@ -61,31 +62,39 @@ def memory_lookup(
     ``stores_on``)."""
     if not stores_on(settings, owner):
         return None
-    return owner_lookup(memory, owner, languages, target)
+    return OwnerLookup(memory, owner, languages, target)
 
 
-def owner_lookup(
-    memory: TranslationMemory, owner: str, languages: Sequence[str], target: str
-) -> MemoryLookup:
-    """``owner``'s memory for some sentences (``languages[i]``: sentence i's source language)."""
+class OwnerLookup:
+    """``owner``'s memory for some sentences (``languages[i]``: sentence i's source language): a
+    ``MemoryLookup``. ``inline_limit``: the most sentences looked up on the event loop itself; none
+    in a database across the network (``NMT_DATABASE_URL``), whose round trips, or a server that
+    does not answer, must not hold the loop."""
 
-    def lookup(indices: Sequence[int], sentences: Sequence[str]) -> list[str | None]:
+    def __init__(self, memory: TranslationMemory, owner: str, languages: Sequence[str], target: str) -> None:
+        self.memory, self.owner, self.languages, self.target = memory, owner, languages, target
+        self.inline_limit = INLINE_LOOKUPS if memory.db.dialect == "sqlite" else 0
+
+    def inline(self, sentences: int) -> bool:
+        """Whether a lookup of that many sentences may run on the event loop (asks no server)."""
+        return sentences <= self.inline_limit or self.memory.known_empty(self.owner)
+
+    def __call__(self, indices: Sequence[int], sentences: Sequence[str]) -> list[str | None]:
         found: list[str | None] = [None] * len(sentences)
         groups: dict[str, list[int]] = {}  # one language pair per lookup_many
         for i, index in enumerate(indices):
-            groups.setdefault(languages[index], []).append(i)
+            groups.setdefault(self.languages[index], []).append(i)
         try:
             for language, members in groups.items():
                 texts = [sentences[i] for i in members]
-                for i, text in zip(members, memory.lookup_many(owner, language, target, texts), strict=True):
+                stored = self.memory.lookup_many(self.owner, language, self.target, texts)
+                for i, text in zip(members, stored, strict=True):
                     found[i] = text
         except StoreUnavailable as e:
             # Not the model instead: the key's team expects their translation, and would get
             # another one silently.
             raise unavailable(e, "the translation memory", STORE_RETRY_AFTER_S) from None
         return found
-
-    return lookup
 
 
 async def answer(
@@ -107,7 +116,7 @@ async def answer(
     if lookup is not None and todo:
         # ~30 us a sentence: a few inline; more (up to NMT_MAX_TEXTS' sentences, milliseconds) on a
         # thread, so that the event loop goes on serving everyone else meanwhile.
-        inline = len(todo) <= INLINE_LOOKUPS
+        inline = lookup.inline(len(todo)) if isinstance(lookup, OwnerLookup) else len(todo) <= INLINE_LOOKUPS
         stored = lookup(todo, texts) if inline else await asyncio.to_thread(lookup, todo, texts)
         memory = lambda _: stored  # noqa: E731  (plan asks for the texts it was given)
     chosen = plan(texts, [keys[i] for i in todo], lookup=memory, cache=cache)

@@ -1,4 +1,5 @@
-"""Stored glossaries: each API key's own, kept in ``<NMT_DATA_DIR>/glossaries.sqlite3``.
+"""Stored glossaries: each API key's own, kept in ``<NMT_DATA_DIR>/glossaries.sqlite3``, or in the
+PostgreSQL of ``NMT_DATABASE_URL`` that every replica shares.
 
 A glossary is a name, a language pair and its entries (``GlossaryEntry``), as DeepL's are; its id
 is a random UUID, so that ids cannot be guessed, and every read and delete is asked for with its
@@ -17,7 +18,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from app.terminology.database import Database
+from app.database import Postgres, open_database
+from app.database.migrations import both
 from app.terminology.tables import Format, TableError, check_term, read_rows
 from model.decoding.terms import GlossaryEntry
 
@@ -31,7 +33,7 @@ MAX_NAME_CHARS = 200
 CACHED_ENTRIES = 100_000  # entries of the glossaries ``GlossaryStore.get`` keeps in memory (~15 MB)
 LANGUAGE = re.compile(r"[A-Za-z]{2,3}(-[A-Za-z0-9]{1,8})*")
 
-_SCHEMA = """
+_SQLITE = """
 CREATE TABLE IF NOT EXISTS glossaries (
     id TEXT PRIMARY KEY,
     owner TEXT NOT NULL,
@@ -50,6 +52,7 @@ CREATE TABLE IF NOT EXISTS entries (
     PRIMARY KEY (glossary, position)
 ) WITHOUT ROWID;
 """
+MIGRATIONS = [both(1, _SQLITE)]
 
 
 class GlossaryError(TableError):
@@ -163,16 +166,22 @@ def check_name(name: str) -> str:
 class GlossaryStore:
     """Every owner's glossaries, persisted in ``data_dir`` (module docstring)."""
 
-    def __init__(self, data_dir: Path, max_glossaries: int = 100, max_entries: int = MAX_ENTRIES) -> None:
+    def __init__(
+        self,
+        data_dir: Path,
+        max_glossaries: int = 100,
+        max_entries: int = MAX_ENTRIES,
+        server: Postgres | None = None,
+    ) -> None:
         self.max_glossaries = max_glossaries
         self.max_entries = max_entries
-        self._db = Database(Path(data_dir) / DATABASE, _SCHEMA)
+        self.db = open_database(server, Path(data_dir) / DATABASE, "glossaries", MIGRATIONS)
         self._cache: OrderedDict[str, Glossary] = OrderedDict()  # by id (owners are checked)
         self._cached_entries = 0
         self._cache_lock = threading.Lock()
 
     def close(self) -> None:
-        self._db.close()
+        self.db.close()
 
     def create(
         self, owner: str, name: str, source_lang: str, target_lang: str, entries: Sequence[GlossaryEntry]
@@ -187,7 +196,7 @@ class GlossaryStore:
         if len(entries) > self.max_entries:
             raise GlossaryError(f"more than {self.max_entries} entries", too_large=True)
         glossary = Glossary(str(uuid.uuid4()), name, source_lang, target_lang, tuple(entries), time.time())
-        with self._db.writing() as db:
+        with self.db.writing() as db:
             (count,) = db.execute("SELECT COUNT(*) FROM glossaries WHERE owner = ?", (owner,)).fetchone()
             if count >= self.max_glossaries:
                 raise StoreFull(
@@ -212,7 +221,7 @@ class GlossaryStore:
         once made, so its entries are kept here (``CACHED_ENTRIES`` of them in all, the least
         recently used glossaries dropped first), and only whether it still exists is asked of the
         database (another process may have deleted it): ~20 us instead of 15-60 ms for 10,000 entries."""
-        with self._db.reading() as db:
+        with self.db.reading() as db:
             if db is None:
                 return None
             with self._cache_lock:
@@ -254,7 +263,7 @@ class GlossaryStore:
 
     def list(self, owner: str) -> list[GlossaryInfo]:
         """The owner's glossaries, oldest first, without their entries."""
-        with self._db.reading() as db:
+        with self.db.reading() as db:
             if db is None:
                 return []
             rows = db.execute(
@@ -266,9 +275,9 @@ class GlossaryStore:
 
     def delete(self, owner: str, glossary_id: str) -> bool:
         """Delete the owner's glossary of that id (its entries too); whether there was one."""
-        if not self._db.path.exists():  # nothing was ever stored: create nothing
+        if not self.db.exists():  # nothing was ever stored: create nothing
             return False
-        with self._db.writing() as db:
+        with self.db.writing() as db:
             deleted = db.execute("DELETE FROM glossaries WHERE id = ? AND owner = ?", (glossary_id, owner))
         if deleted.rowcount > 0:
             with self._cache_lock:

@@ -2,7 +2,8 @@
 
 Imported from TMX (the exchange format of translation tools, version 1.4: ``<tu>`` units of
 ``<tuv xml:lang="..."><seg>`` variants) or a two-column TSV, and kept per owner (the API key's
-name when keys are on, "" otherwise) in ``<NMT_DATA_DIR>/memory.sqlite3``. A unit with variants in
+name when keys are on, "" otherwise) in ``<NMT_DATA_DIR>/memory.sqlite3``, or in the PostgreSQL of
+``NMT_DATABASE_URL`` that every replica shares. A unit with variants in
 several languages (at most ``MAX_UNIT_LANGUAGES``) gives a segment for every ordered pair of them.
 
 A lookup is exact after whitespace is normalised (runs of whitespace are one space; none at the
@@ -19,6 +20,7 @@ bound on the file's bytes and on nesting, so that a hostile file costs its bytes
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,7 +28,9 @@ from pathlib import Path
 from defusedxml import DefusedXmlException
 from defusedxml.ElementTree import DefusedXMLParser
 
-from app.terminology.database import Database
+from app.database import Postgres, open_database
+from app.database.migrations import both
+from app.database.sqlite import ABSENT_RECHECK_S
 from app.terminology.tables import TableError, read_rows
 
 DATABASE = "memory.sqlite3"
@@ -45,7 +49,7 @@ NATIVE_CODE = frozenset({"bpt", "ept", "ph", "it", "ut"})
 LANGUAGE = re.compile(r"([A-Za-z]{2,3})(?:[-_][A-Za-z0-9]{1,8})*")
 FEED_BYTES = 64 * 1024
 
-_SCHEMA = """
+_SQLITE = """
 CREATE TABLE IF NOT EXISTS segments (
     owner TEXT NOT NULL,
     source_lang TEXT NOT NULL,
@@ -55,6 +59,7 @@ CREATE TABLE IF NOT EXISTS segments (
     PRIMARY KEY (owner, source_lang, target_lang, source)
 ) WITHOUT ROWID;
 """
+MIGRATIONS = [both(1, _SQLITE)]
 
 
 class MemoryImportError(TableError):
@@ -202,14 +207,24 @@ class TranslationMemory:
         max_segments: int = MAX_SEGMENTS,
         max_bytes: int = MAX_BYTES,
         max_segment_chars: int = MAX_SEGMENT_CHARS,
+        server: Postgres | None = None,
     ) -> None:
         self.max_segments = max_segments
         self.max_bytes = max_bytes
         self.max_segment_chars = max_segment_chars
-        self._db = Database(Path(data_dir) / DATABASE, _SCHEMA)
+        self.db = open_database(server, Path(data_dir) / DATABASE, "memory", MIGRATIONS)
+        # PostgreSQL: owners found to have no memory, until when (monotonic). A lookup for them asks
+        # nothing of the server until then: most keys have no memory, and every /translate of a key
+        # looks one up. Another replica's first import is seen within ABSENT_RECHECK_S, as another
+        # process's first write to the SQLite file is (app.database.sqlite).
+        self._none_until: dict[str, float] = {}
+
+    def known_empty(self, owner: str) -> bool:
+        """Whether ``owner`` is known to have no memory now, without asking the database."""
+        return self._none_until.get(owner, 0.0) > time.monotonic()
 
     def close(self) -> None:
-        self._db.close()
+        self.db.close()
 
     def import_tmx(self, owner: str, data: bytes) -> int:
         """Add a TMX file's segments (a segment already there gets the new target); how many rows
@@ -246,10 +261,11 @@ class TranslationMemory:
             raise MemoryImportError(f"the file is larger than {self.max_bytes} bytes", too_large=True)
 
     def _add(self, owner: str, rows: Sequence[tuple[str, str, str, str]]) -> int:
-        with self._db.writing() as db:
+        with self.db.writing() as db:
             db.executemany(
                 "INSERT INTO segments VALUES (?, ?, ?, ?, ?) "
-                "ON CONFLICT DO UPDATE SET target = excluded.target",
+                "ON CONFLICT (owner, source_lang, target_lang, source) "
+                "DO UPDATE SET target = excluded.target",
                 ((owner, *row) for row in rows),
             )
             (count,) = db.execute("SELECT COUNT(*) FROM segments WHERE owner = ?", (owner,)).fetchone()
@@ -259,6 +275,7 @@ class TranslationMemory:
                     "(NMT_MEMORY_MAX_SEGMENTS): delete it first, or import less",
                     too_large=True,
                 )
+        self._none_until.pop(owner, None)  # this process's own import is seen at once
         return len(rows)
 
     def lookup(self, owner: str, source_lang: str, target_lang: str, segment: str) -> str | None:
@@ -275,9 +292,26 @@ class TranslationMemory:
             source_lang, target_lang = primary_language(source_lang), primary_language(target_lang)
         except MemoryImportError:  # "auto" or another code no memory is stored under
             return found
-        with self._db.reading() as db:
+        with self.db.reading() as db:
             if db is None:
                 return found
+            if self.db.dialect == "postgresql":  # one round trip to the server, not one a segment
+                if self.known_empty(owner):
+                    return found
+                keys = [normalise(segment) for segment in segments]
+                rows = db.execute(
+                    "SELECT source, target FROM segments "
+                    "WHERE owner = ? AND source_lang = ? AND target_lang = ? AND source = ANY(?)",
+                    (owner, source_lang, target_lang, keys),
+                ).fetchall()
+                if (
+                    not rows
+                    and db.execute("SELECT 1 FROM segments WHERE owner = ? LIMIT 1", (owner,)).fetchone()
+                    is None
+                ):
+                    self._none_until[owner] = time.monotonic() + ABSENT_RECHECK_S
+                targets = dict(rows)
+                return [targets.get(key) for key in keys]
             query = (
                 "SELECT target FROM segments "
                 "WHERE owner = ? AND source_lang = ? AND target_lang = ? AND source = ?"
@@ -290,7 +324,7 @@ class TranslationMemory:
 
     def stats(self, owner: str) -> list[PairCount]:
         """The owner's segments per language pair."""
-        with self._db.reading() as db:
+        with self.db.reading() as db:
             if db is None:
                 return []
             rows = db.execute(
@@ -302,7 +336,7 @@ class TranslationMemory:
 
     def delete(self, owner: str) -> int:
         """Delete the owner's whole memory; how many segments it held."""
-        if not self._db.path.exists():
+        if not self.db.exists():
             return 0
-        with self._db.writing() as db:
+        with self.db.writing() as db:
             return int(db.execute("DELETE FROM segments WHERE owner = ?", (owner,)).rowcount)

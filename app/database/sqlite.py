@@ -1,6 +1,7 @@
 """A SQLite file under ``NMT_DATA_DIR``, opened on first use, shared by every front-end process.
 
-As ``app.usage``: WAL mode, so that readers never wait for a writer and several front-end
+The default of every store (``app.database.postgres`` is the one replicas share). As
+``app.usage``: WAL mode, so that readers never wait for a writer and several front-end
 processes (``uvicorn --workers N``, containers sharing a volume) see one store; explicit
 transactions, ``BEGIN IMMEDIATE`` for writes, so that a check ("this key has fewer than N
 glossaries") and the write it allows are one atomic step across processes.
@@ -16,43 +17,38 @@ Reads and writes have a connection each, each behind its own lock: writes run on
 (``asyncio.to_thread``) and may wait seconds for another process's write lock, while reads are
 made from the event loop too (a /translate request's memory lookup), and must never wait for them.
 
+Its schema is the store's migrations (``app.database.migrations``), applied when the file is
+opened, in a ``BEGIN IMMEDIATE`` transaction: the file's write lock, so that processes opening it at
+once apply them once.
+
 ``StoreUnavailable``'s message names the file, for the operator's log; a client is answered
 ``unavailable``'s 503, which names no path.
 """
 
 from __future__ import annotations
 
-import logging
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
-from fastapi import HTTPException
+from app.database.errors import StoreUnavailable
+from app.database.migrations import Migration, current_version, latest, migrate
 
 ABSENT_RECHECK_S = 1.0
 
-logger = logging.getLogger("uvicorn.error").getChild("nmt")
 
+class SqliteDatabase:
+    dialect = "sqlite"
 
-class StoreUnavailable(RuntimeError):
-    """The database cannot be opened, read or written (HTTP 503): the message says why, naming the
-    file (for the log: ``unavailable`` answers the client)."""
-
-
-def unavailable(e: StoreUnavailable, what: str, retry_after_s: str) -> HTTPException:
-    """The 503 for a store that failed: ``what`` ("the job store") and Retry-After, never the file's
-    path or the database's words, which are logged for the operator instead."""
-    logger.error("%s is unavailable: %s", what, e)
-    return HTTPException(503, f"{what} is unavailable now; retry later", {"Retry-After": retry_after_s})
-
-
-class Database:
-    def __init__(self, path: Path, schema: str, timeout_s: float = 5.0) -> None:
+    def __init__(
+        self, path: Path, store: str, migrations: Sequence[Migration], timeout_s: float = 5.0
+    ) -> None:
         self.path = path
-        self.schema = schema
+        self.store = store
+        self.migrations = migrations
         self.timeout_s = timeout_s
         self._reader: sqlite3.Connection | None = None
         self._writer: sqlite3.Connection | None = None
@@ -73,7 +69,7 @@ class Database:
                 # across a crash of the process, and in WAL mode costs no fsync per commit.
                 db.execute("PRAGMA synchronous=NORMAL")
                 db.execute("PRAGMA foreign_keys=ON")
-                db.executescript(self.schema)
+                self._migrate(db)
             except BaseException:
                 db.close()
                 raise
@@ -81,6 +77,22 @@ class Database:
             reason = e.strerror if isinstance(e, OSError) and e.strerror else e
             raise StoreUnavailable(f"cannot open {self.path}: {reason}") from e
         return db
+
+    def _migrate(self, db: sqlite3.Connection) -> None:
+        """The store's migrations past the file's version, under the file's write lock."""
+        if current_version(db, self.store) >= latest(self.migrations):
+            return
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            migrate(db, self.store, self.migrations, "sqlite")
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+        db.execute("COMMIT")
+
+    def exists(self) -> bool:
+        """Whether anything was ever stored (the file is there)."""
+        return self.path.exists()
 
     @contextmanager
     def reading(self) -> Iterator[sqlite3.Connection | None]:
