@@ -233,6 +233,11 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     services.keys = keys
     database = await open_shared_database(settings)
     services.database = database
+    if database is not None and keys.store is not None and not settings.redis_url:
+        logger.warning(
+            "NMT_DATABASE_URL is set without NMT_REDIS_URL: the keys' limits are counted in this "
+            "replica's NMT_DATA_DIR, so with N replicas a key gets up to N times its limits"
+        )
     # SQLite files are opened on first use (app/database/): nothing touches NMT_DATA_DIR until then.
     glossaries = GlossaryStore(
         settings.data_dir, settings.max_glossaries, settings.glossary_max_entries, server=database

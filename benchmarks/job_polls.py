@@ -97,7 +97,13 @@ def main(argv: list[str] | None = None) -> None:
     with tempfile.TemporaryDirectory() as tmp, ExitStack() as stack:
         servers: dict[str, tuple[Server, httpx.Client, Path]] = {}
         for i, (name, env) in enumerate(arms.items()):
-            base = {"NMT_MODEL_DIR": str(args.model), "NMT_DATA_DIR": f"{tmp}/data-{i}", **env}
+            base = {
+                "NMT_MODEL_DIR": str(args.model),
+                "NMT_DATA_DIR": f"{tmp}/data-{i}",
+                "NMT_MAX_JOBS_PER_KEY": "100000",  # (every job here is the same client's)
+                "NMT_MAX_JOBS": "100000",
+                **env,
+            }
             server = stack.enter_context(serve(base, Path(tmp) / f"server-{i}.log"))
             client = stack.enter_context(httpx.Client(base_url=server.url, timeout=60))
             ids = [make_job(client, f"Ein Hund wartet {j}.")[0] for j in range(args.pollers)]

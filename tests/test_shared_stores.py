@@ -292,9 +292,9 @@ def test_a_server_restarted_mid_run_loses_nothing_and_is_used_again_once_back(
         assert server.down() == "the database (NMT_DATABASE_URL) is unreachable"
     finally:
         postgres_server.start()
-    assert store.get("alice", job.id) is not None  # the pool's broken connections replaced
-    server._check()
+    server._check()  # (the probe, every PROBE_S): the pool's broken connections replaced
     assert server.down() is None
+    assert store.get("alice", job.id) is not None
     assert store.saved_translations(job.id) == ["Hello."] and store.upload(job.id) == b"Hallo."
 
 
