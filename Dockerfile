@@ -11,11 +11,12 @@ RUN apt-get update \
     && rm -rf /var/lib/apt/lists/*
 WORKDIR /app
 COPY Makefile pyproject.toml README.md ./
+COPY requirements/ requirements/
 COPY model/ model/
 COPY training/ training/
 COPY app/ app/
-# The same install steps CI runs (`make install`): torch==2.13.0 first, then the project
-# (without the dev extras here).
+# The same install steps CI runs (`make install`): torch==2.13.0 first, then the project at the
+# versions of requirements/constraints.txt (without the dev extras here).
 RUN make install VENV=/opt/venv EXTRAS= TORCH_INDEX=${TORCH_INDEX} \
     && find /opt/venv -name '__pycache__' -prune -exec rm -rf {} +
 

@@ -21,10 +21,10 @@ from starlette.types import Message
 
 from app.errors import missing_parameter
 from app.schemas import TranslateRequest
+from app.slow_clients import BODY_TIMEOUT_S
 
 URLENCODED = "application/x-www-form-urlencoded"
 MULTIPART = "multipart/form-data"
-BODY_TIMEOUT_S = 10.0
 # Bodies larger than this are parsed on a thread (``parse_request``). One up to this size costs the
 # event loop 7 ms at most (a form of 16,000 bare q fields; as JSON 0.1 ms), and a thread hop ~0.1
 # ms: more than an ordinary request's body (up to NMT_MAX_CHARS = 5,000 characters) takes to parse.
@@ -184,9 +184,8 @@ async def parse_request(request: Request, limit: int, schema: type[Body]) -> Bod
     """Read, decode and validate a body as JSON, urlencoded or multipart form (4xx on any problem:
     400 for a required field missing, ``check_present``; 422 for one of the wrong type).
 
-    A body that takes over ``BODY_TIMEOUT_S`` to arrive is a 408: while it is read the request
-    holds one of the few turns to be parsed (``app.shedding.take_turn``), which a handful of
-    slow uploads must not keep from everyone else.
+    A body that takes over ``BODY_TIMEOUT_S`` to arrive is a 408 (a /translate body is in memory
+    before this, ``app.slow_clients``: no place is held while it arrives).
 
     Parsing costs time linear in the body (up to ~0.25 us a byte: a 1 MiB form of 500,000 ``q``
     fields takes ~0.25 s), so a body over ``INLINE_BYTES`` is parsed on a thread, in an event loop

@@ -22,6 +22,7 @@ from app.metrics import Metrics
 from app.served import ServedModel
 from app.serving.frontend.router import Router
 from app.serving.frontend.scheduler import Scheduler
+from app.slow_clients import ClientLimit
 from app.terminology.cache import SegmentCache
 from app.terminology.glossaries import GlossaryStore
 from app.terminology.memory import TranslationMemory
@@ -48,6 +49,7 @@ class AppServices:
     # Made in the lifespan before the workers start (the stores are opened on first use):
     metrics: Metrics | None = None
     keys: KeyLimiter | None = None  # the API keys, their limits and usage
+    clients: ClientLimit | None = None  # requests open per client address (app.slow_clients)
     database: Postgres | None = None  # the stores' shared PostgreSQL (NMT_DATABASE_URL), if any
     glossaries: GlossaryStore | None = None  # stored glossaries (/glossaries, glossary_id)
     memory: TranslationMemory | None = None  # the keys' translation memories (/memories)

@@ -45,20 +45,39 @@ TURN_KEY = "nmt.turn"  # in the scope: the semaphore whose turn the request hold
 TURNS = 32  # requests parsed at a time: ~15 ms of the event loop's time per turn, not seconds
 
 
+def shed(scope: Scope) -> bool:
+    """Whether ``scope`` is a translation request: one the gate lets through or refuses."""
+    return scope["type"] == "http" and scope["path"] in SHED_PATHS
+
+
+async def refused_at_once(services: AppServices, scope: Scope, send: Send) -> bool:
+    """``refused``'s answer, if there is no room now, without taking a place when there is: before
+    the body is read (``app.slow_clients``), so that a body that trickles in holds no place."""
+    scheduler = services.scheduler
+    if not shed(scope) or scheduler is None or scheduler.has_room():
+        return False
+    await refuse(services, scope, send)
+    return True
+
+
 async def refused(services: AppServices, scope: Scope, send: Send) -> bool:
     """Answer 503 at once if ``scope`` is a translation request and there is no room for it."""
     scheduler = services.scheduler
-    if scope["type"] != "http" or scheduler is None or scope["path"] not in SHED_PATHS:
+    if not shed(scope) or scheduler is None:
         return False
     if scheduler.enter():
         scope[GATE_KEY] = scheduler
         return False
+    await refuse(services, scope, send)
+    return True
+
+
+async def refuse(services: AppServices, scope: Scope, send: Send) -> None:
     await send({"type": "http.response.start", "status": 503, "headers": BUSY_HEADERS})
     await send({"type": "http.response.body", "body": BUSY_BODY})
     if services.metrics is not None:  # (it is: the lifespan makes it before the scheduler)
         services.metrics.requests.labels(endpoint=scope["path"], status="503").inc()
     hold_back(send, float(RETRY_AFTER_S))
-    return True
 
 
 def hold_back(send: Send, seconds: float) -> None:

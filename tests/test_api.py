@@ -426,7 +426,8 @@ def test_a_full_queue_refuses_before_reading_the_body(
     client: TestClient, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     scheduler = client.app.state.services.scheduler  # type: ignore[attr-defined]
-    monkeypatch.setattr(scheduler, "enter", lambda: False)
+    monkeypatch.setattr(scheduler, "enter", lambda: False)  # full: no place to take...
+    monkeypatch.setattr(scheduler, "has_room", lambda: False)  # ...and none to see before the body
     read: list[bool] = []
 
     def body() -> Iterator[bytes]:  # streamed: it is read only if the server asks for it

@@ -56,6 +56,7 @@ class Hub:
     requests: list[str] = field(default_factory=list)
     url: str = ""
     cdn: str = ""
+    sha: str = COMMIT  # what model_info says a revision's commit is
 
     def blob(self, digest: str) -> bytes | None:
         return next((b for files in self.repos.values() for b in files.values() if _sha(b) == digest), None)
@@ -112,7 +113,7 @@ def _handler(hub: Hub) -> type[BaseHTTPRequestHandler]:
                 if name in hub.lfs:
                     sibling["lfs"] = {"size": len(data), "sha256": _sha(data), "pointerSize": 134}
                 siblings.append(sibling)
-            self._send(json.dumps({"id": repo, "sha": COMMIT, "siblings": siblings}).encode(), True, {})
+            self._send(json.dumps({"id": repo, "sha": hub.sha, "siblings": siblings}).encode(), True, {})
 
         def _resolve(self, repo: str, revision: str, name: str, body: bool) -> None:
             if repo not in hub.repos:
@@ -209,6 +210,7 @@ def hub(
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf-cache"))
     monkeypatch.setenv("NMT_ARGOS_INDEX", f"{state.url}/argos/index.json")
     monkeypatch.setenv("NMT_MODEL_STORE", str(tmp_path / "store"))
+    monkeypatch.setenv("NMT_FETCH_INSECURE", "1")  # (the fake index and its links are http:)
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     monkeypatch.setenv("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     # huggingface_hub waits a second before each retry of a cut download: not here.
@@ -364,6 +366,16 @@ def test_names_and_directories() -> None:
     assert parse_name("opus-mt:tc-big-en-ko@abc").revision == "abc"
     assert parse_name("argos:pt-en").dirname == "argos-pt-en"
     assert parse_name("hf:a/b@refs/pr/1").dirname == "hf-a--b@refs--pr--1"
+    # Distinct names, distinct directories: "/" is written "--", so a name holding "--" gets its
+    # own digest, and is never served the other's model.
+    names = [
+        "hf:org/m@release/v1",
+        "hf:org/m@release--v1",
+        "hf:org/m@release--v1/x",
+        "hf:org/m@release/v1--x",
+    ]
+    assert len({parse_name(n).dirname for n in names}) == len(names)
+    assert parse_name("hf:org/m@release/v1").dirname == "hf-org--m@release--v1"
     for bad in ("hf:nobody", "argos:en", "argos:en-fr@1.0", "opus-mt:de", "", "hf:a/b/c"):
         with pytest.raises(FetchError):
             parse_name(bad)
@@ -440,3 +452,58 @@ def test_a_start_that_cannot_fetch_stops_with_one_line(
         open_models(settings)
     (line,) = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
     assert re.match(r"NMT_MODELS: .*opus-mt-de-en/shared_vocabulary\.json: sha256 ", line), line
+
+
+# -- sources treated as hostile ---------------------------------------------------------------------
+
+
+def test_a_commit_that_is_no_commit_id_is_refused_before_it_names_a_cache_path(
+    hub: Hub, tmp_path: Path
+) -> None:
+    hub.sha = "../../../../tmp/elsewhere"
+    with pytest.raises(FetchError, match="not a commit id") as e:
+        fetch("opus-mt:de-en", log=lambda m: None)
+    assert "\n" not in str(e.value)
+    assert not list((tmp_path / "hf-cache").rglob("*elsewhere*")) and leftovers(tmp_path / "store") == []
+
+
+def test_only_https_links_are_followed_unless_allowed(
+    hub: Hub, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("NMT_FETCH_INSECURE")
+    with pytest.raises(FetchError, match="only https") as e:  # the index itself is http: here
+        fetch("argos:en-fr", log=lambda m: None)
+    assert "NMT_FETCH_INSECURE" in str(e.value) and leftovers(tmp_path / "store") == []
+    index = [{"code": "x", "from_code": "en", "to_code": "fr", "links": ["file:///dev/zero"]}]
+    monkeypatch.setenv("NMT_FETCH_INSECURE", "1")
+    hub.static["/argos/index.json"] = json.dumps(index).encode()
+    monkeypatch.setenv("NMT_FETCH_MAX_BYTES", str(1 << 20))  # file:///dev/zero, allowed: capped
+    with pytest.raises(FetchError, match="passed 1048576 bytes"):
+        fetch("argos:en-fr", log=lambda m: None)
+
+
+def test_a_download_is_capped_in_bytes_and_in_time(
+    hub: Hub, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("NMT_FETCH_MAX_BYTES", "1000")  # the package and the hub's weights are larger
+    with pytest.raises(FetchError, match="more than 1000"):
+        fetch("argos:en-fr", log=lambda m: None)
+    with pytest.raises(FetchError, match="more than 1000"):
+        fetch("opus-mt:de-en", log=lambda m: None)
+    monkeypatch.delenv("NMT_FETCH_MAX_BYTES")
+    monkeypatch.setenv("NMT_FETCH_TIMEOUT_S", "0")  # every byte after the first read is late
+    with pytest.raises(FetchError, match="took longer than its NMT_FETCH_TIMEOUT_S"):
+        fetch("argos:en-fr", log=lambda m: None)
+    assert leftovers(tmp_path / "store") == []
+
+
+def test_strings_from_an_index_cannot_write_lines_of_their_own(hub: Hub) -> None:
+    index = [
+        {"code": "evil\nERROR forged line", "from_code": "en", "to_code": "fr", "package_version": "9",
+         "links": [f"{hub.url}/argos/en_fr-1_1.argosmodel"]},
+    ]  # fmt: skip
+    hub.static["/argos/index.json"] = json.dumps(index).encode()
+    logged: list[str] = []
+    fetch("argos:en-fr", log=logged.append)
+    assert logged and all("\n" not in line for line in logged)
+    assert any("evil\\nERROR forged line" in line for line in logged), logged

@@ -402,3 +402,16 @@ def test_a_result_past_the_quota_fails_its_job_with_507(
     assert failed["state"] == "failed", failed
     assert failed["error"]["status"] == 507 and "quota" in failed["error"]["message"], failed
     assert sorted(p.name for p in (store.directory / job["id"]).iterdir()) == [OPTIONS, UPLOAD]
+
+
+def test_jobs_without_a_key_are_counted_per_client_and_with_a_key_per_key(tmp_path: Path) -> None:
+    store = JobStore(tmp_path, max_per_key=2, max_jobs=100, ttl_s=60.0, quota_bytes=MIB, reserve_bytes=0)
+    for client in ("10.0.0.1", "10.0.0.1", "10.0.0.2"):
+        store.create("", "a.txt", "de", "en", JobOptions(), b"x", client=client)
+    with pytest.raises(JobsFull, match="you hold 2 jobs"):
+        store.create("", "a.txt", "de", "en", JobOptions(), b"x", client="10.0.0.1")
+    store.create("", "a.txt", "de", "en", JobOptions(), b"x", client="10.0.0.2")
+    for client in ("10.0.0.1", "10.0.0.2"):  # a key's jobs are the key's, wherever they come from
+        store.create("team", "a.txt", "de", "en", JobOptions(), b"x", client=client)
+    with pytest.raises(JobsFull, match="this key holds 2 jobs"):
+        store.create("team", "a.txt", "de", "en", JobOptions(), b"x", client="10.0.0.3")

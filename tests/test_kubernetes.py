@@ -353,6 +353,8 @@ def test_the_overlays_agree_with_docker_compose() -> None:
         # user's choice at `docker compose up`, not settings of the file; in Kubernetes the Redis
         # URL, which holds a password, comes from a Secret.)
         compose_env = {k: v for k, v in compose_env.items() if "${" not in str(v)}
+        # The proxies trusted to name the client are each deployment's own network's: both name some.
+        assert compose_env.pop("FORWARDED_ALLOW_IPS") and env(container)["FORWARDED_ALLOW_IPS"]
         assert {k: env(container)[k] for k in compose_env} == compose_env, overlay
         for name, key in (("NMT_REDIS_URL", "redis-url"), ("NMT_DATABASE_URL", "database-url")):
             (url,) = [e for e in container["env"] if e["name"] == name]

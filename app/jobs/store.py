@@ -93,6 +93,9 @@ CREATE INDEX IF NOT EXISTS jobs_state ON jobs (state, created);
 
 # Which process holds the job's lease (host:pid), for an operator asking which replica runs it.
 HOLDER = "ALTER TABLE jobs ADD COLUMN holder TEXT NOT NULL DEFAULT ''"
+# Who made it without a key (its client's address; "" with a key): strangers' jobs are counted per
+# client, so that one stranger's jobs do not fill every other's share.
+CLIENT = "ALTER TABLE jobs ADD COLUMN client TEXT NOT NULL DEFAULT ''"
 
 UPLOAD, OPTIONS, PROGRESS, RESULT = "upload", "options.json", "progress.jsonl", "result"
 
@@ -206,6 +209,7 @@ class JobStore:
             Migration(1, SQLITE, postgresql_of(SQLITE) + files_schema("job_files")),
             Migration(2, self._add_bytes, ""),
             Migration(3, HOLDER, HOLDER),
+            Migration(4, CLIENT, CLIENT),
         ]
         self.db: Database = open_database(server, directory / "jobs.sqlite3", "jobs", migrations)
         self.files: JobFiles = (
@@ -251,18 +255,27 @@ class JobStore:
     # --- Made and seen by the routes -----------------------------------------------------------
 
     def create(
-        self, owner: str, name: str, source: str, target: str, options: JobOptions, data: bytes
+        self,
+        owner: str,
+        name: str,
+        source: str,
+        target: str,
+        options: JobOptions,
+        data: bytes,
+        client: str = "",
     ) -> Job:
         """A new queued job holding ``data`` (``JobsFull`` past the limits, ``StorageFull`` past
         the quota or the disk's reserve). Its files are on disk before its row commits: a row always
-        has its files."""
+        has its files. ``client``: who made it without a key (``owner`` ""), whose jobs are counted
+        apart from other strangers'."""
+        client = client if not owner else ""
         encoded = options.encoded()
         need = len(data) * (1 + RESERVE_FACTOR) + len(encoded)
         # Refused before the upload is written when it can be (expired rows removed either way),
         # and checked again with the row's insert: another process may have taken the room.
         with self._writing(serialized=True) as db:
             expired = self._expire(db)
-            refusal = self._refusal(db, owner, need, need)
+            refusal = self._refusal(db, owner, client, need, need)
         self.files.remove(expired)
         if refusal is not None:
             raise refusal
@@ -276,13 +289,14 @@ class JobStore:
         try:
             with self._writing(serialized=True) as db:
                 written = len(encoded) + len(data)
-                refusal = self._refusal(db, owner, need, need - written)
+                refusal = self._refusal(db, owner, client, need, need - written)
                 if refusal is not None:
                     raise refusal
                 db.execute(
-                    "INSERT INTO jobs (id, owner, name, source, target, options, state, created, bytes) "
-                    "VALUES (?, ?, ?, ?, ?, '', 'queued', ?, ?)",
-                    (job_id, owner, name, source, target, time.time(), need),
+                    "INSERT INTO jobs "
+                    "(id, owner, client, name, source, target, options, state, created, bytes) "
+                    "VALUES (?, ?, ?, ?, ?, ?, '', 'queued', ?, ?)",
+                    (job_id, owner, client, name, source, target, time.time(), need),
                 )
         except BaseException:
             self.files.remove([job_id])
@@ -291,12 +305,14 @@ class JobStore:
         assert job is not None
         return job
 
-    def _refusal(self, db: Any, owner: str, need: int, unwritten: int) -> Exception | None:
-        """Why a new job of ``owner`` counting ``need`` bytes, ``unwritten`` of them not on the
-        disk yet, is refused now (None: it is not)."""
-        (mine,) = db.execute("SELECT COUNT(*) FROM jobs WHERE owner = ?", (owner,)).fetchone()
+    def _refusal(self, db: Any, owner: str, client: str, need: int, unwritten: int) -> Exception | None:
+        """Why a new job of ``owner`` (of ``client``, without a key) counting ``need`` bytes,
+        ``unwritten`` of them not on the disk yet, is refused now (None: it is not)."""
+        query = "SELECT COUNT(*) FROM jobs WHERE owner = ? AND client = ?"
+        (mine,) = db.execute(query, (owner, client)).fetchone()
         if mine >= self.max_per_key:
-            message = f"this key holds {mine} jobs (at most {self.max_per_key}): delete finished ones"
+            holder = "this key holds" if owner else "you hold"
+            message = f"{holder} {mine} jobs (at most {self.max_per_key}): delete finished ones"
             return JobsFull(message, per_key=True)
         everyone, used = db.execute("SELECT COUNT(*), COALESCE(SUM(bytes), 0) FROM jobs").fetchone()
         if everyone >= self.max_jobs:

@@ -18,6 +18,7 @@ and the scheduler's round-robin over requests keeps everyone else's one-liners m
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
 from urllib.parse import quote
 
@@ -25,8 +26,9 @@ from fastapi import APIRouter, HTTPException, Request, Response
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from starlette.datastructures import UploadFile
+from starlette.requests import ClientDisconnect
 
-from app.body import MULTIPART, media_type, read_within, replayed, validate_request
+from app.body import MULTIPART, media_type, replayed, too_large, validate_request
 from app.config import Settings
 from app.database import StoreUnavailable, unavailable
 from app.database.postgres import Postgres
@@ -68,6 +70,16 @@ from app.schemas import (
 from app.served import ServedModel
 from app.serving.frontend.router import Route, Router
 from app.serving.frontend.scheduler import Scheduler
+from app.slow_clients import (
+    CLIENT_GONE,
+    MIN_UPLOAD_RATE,
+    UPLOAD_GRACE_S,
+    BodyError,
+    client_address,
+    declared_length,
+    receive_body,
+    upload_seconds,
+)
 from app.terminology.glossaries import GlossaryStore
 from app.terminology.service import SentenceTerms, find_sentence_terms, request_glossary
 from app.uploads import BUSY_RETRY_AFTER_S
@@ -158,9 +170,20 @@ def new_job_readers(settings: Settings) -> DocumentReaders:
     )
 
 
-def upload_seconds(limit: int) -> float:
-    """Time allowed for an upload: 10 s, plus a second per 256 KiB (slow links, large files)."""
-    return 10.0 + limit / (256 * 1024)
+async def read_upload(request: Request, limit: int) -> bytes:
+    """An upload's whole body (at most ``limit`` bytes: 413), arriving at ``MIN_UPLOAD_RATE`` past
+    its first ``UPLOAD_GRACE_S`` and within ``upload_seconds`` of its declared size (408)."""
+    declared = declared_length(request.scope)
+    if declared is not None and declared > limit:
+        raise too_large(limit)
+    deadline = time.monotonic() + upload_seconds(declared if declared is not None else limit)
+    try:
+        return await receive_body(request.receive, limit, deadline, MIN_UPLOAD_RATE, UPLOAD_GRACE_S)
+    except BodyError as e:
+        if e.status == CLIENT_GONE:
+            raise ClientDisconnect from None
+        # (Closed: the rest of the body may still come, and would be read as the next request.)
+        raise HTTPException(e.status, str(e), {"Connection": "close"}) from None
 
 
 async def read_form(request: Request, max_bytes: int) -> tuple[TranslateFileForm, str, bytes]:
@@ -168,7 +191,7 @@ async def read_form(request: Request, max_bytes: int) -> tuple[TranslateFileForm
     if media_type(request) != MULTIPART:
         raise HTTPException(400, "send the file as multipart/form-data (fields file, source, target)")
     limit = max_bytes + FORM_OVERHEAD_BYTES
-    body = await read_within(request, limit, upload_seconds(limit))
+    body = await read_upload(request, limit)
     parsed = replayed(request, body).form(max_files=1, max_fields=16, max_part_size=FORM_OVERHEAD_BYTES)
     async with parsed as form:
         fields = {k: v for k, v in form.multi_items() if isinstance(v, str)}
@@ -235,7 +258,7 @@ async def translate_file(
     readers: ReadersDep,
 ) -> Response:
     await admit_given_key(request, keys)  # a key in a header or the query: refused before the upload is read
-    async with places.place():
+    async with places.place(client_address(request.scope)):
         return await translate_upload(
             request, settings, router, scheduler, keys, glossaries, recall, store, readers
         )

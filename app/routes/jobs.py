@@ -49,6 +49,7 @@ from app.routes.translate import check_languages
 from app.schemas import ErrorResponse
 from app.served import ServedModel
 from app.serving.frontend.router import Router
+from app.slow_clients import client_address
 from app.terminology.glossaries import GlossaryStore
 from app.terminology.service import request_glossary
 
@@ -159,7 +160,8 @@ async def create_job(
     store: JobStoreDep,
     runner: JobRunnerDep,
 ) -> Response:
-    async with places.place():  # uploads in the front end's memory at once: these and /translate_file's
+    # Uploads in the front end's memory at once: these and /translate_file's.
+    async with places.place(client_address(request.scope)):
         job = await store_upload(request, settings, router, keys, glossaries, store)
     runner.notify()
     location = str(request.url_for("get_job", job_id=job.id))
@@ -189,8 +191,8 @@ async def store_upload(
         settings.default_beam_size,
     )
     try:
-        owner = key_owner(request)
-        job: Job = await stored(store.create, owner, name, form.source, form.target, options, data)
+        owner, client = key_owner(request), client_address(request.scope)
+        job: Job = await stored(store.create, owner, name, form.source, form.target, options, data, client)
     except JobsFull as e:
         raise HTTPException(429 if e.per_key else 503, str(e), {"Retry-After": "60"}) from e
     except StorageFull as e:  # past NMT_DATA_QUOTA_MB, or the disk's reserve: until jobs expire

@@ -244,10 +244,11 @@ def read_model(directory: str | Path) -> CT2Model:
             raise ConversionError(f"{binary}: alias {alias} names {name}, which is not a variable")
         if alias in raw:
             raise ConversionError(f"{binary}: alias {alias} is also the name of a variable")
-        raw[alias] = raw[name]
-        if f"{name}_scale" in raw:
-            raw[f"{alias}_scale"] = raw[f"{name}_scale"]
     variables = _dequantize(binary, raw)
+    # An alias is its variable's float tensor, not a float copy of its own: a package of a few
+    # bytes per alias must not ask for a weight's memory per alias (as CTranslate2 shares them).
+    for alias, name in aliases:
+        variables[alias] = variables[name]
 
     config: dict[str, Any] = {}
     if (directory / "config.json").is_file():

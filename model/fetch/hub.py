@@ -10,9 +10,12 @@ from pathlib import Path
 from typing import Any
 
 from model.fetch.names import (
+    COMMIT,
     HUB,
     MARIAN_OPTIONAL,
     MARIAN_REQUIRED,
+    MAX_BYTES_ENV,
+    MAX_DOWNLOAD_BYTES,
     OPUS_MT_SEARCH,
     PYTORCH_BIN,
     SAFETENSORS,
@@ -23,6 +26,8 @@ from model.fetch.names import (
     _convert,
     _now,
     _one_line,
+    env_number,
+    printable,
     sha256,
 )
 
@@ -78,15 +83,26 @@ def fetch_hf(name: ModelName, staging: Path, log: Log) -> dict[str, Any]:
     try:
         info = HfApi(endpoint=endpoint).model_info(name.repo, revision=name.revision, files_metadata=True)
         commit = info.sha
-        if not commit:
-            raise FetchError(f"{name.name}: {endpoint} gave no commit for {name.repo}")
+        if not isinstance(commit, str) or not COMMIT.fullmatch(commit):
+            # It names the cache's directories (snapshots/<commit>): only a commit id, never a path.
+            given = printable(commit, 60)
+            raise FetchError(
+                f"{name.name}: {endpoint} gave {given!r} as {name.repo}'s commit, not a commit id"
+            )
         siblings = {s.rfilename: s for s in info.siblings or []}
         wanted = _marian_files(name, siblings)
         src = staging / name.repo.split("/")[-1]  # its name tells the converter the languages
         src.mkdir()
         downloaded: dict[str, str] = {}
 
+        limit = int(env_number(MAX_BYTES_ENV, MAX_DOWNLOAD_BYTES))
+
         def download(file: str) -> Path:
+            declared_size = getattr(siblings.get(file), "size", None)
+            if isinstance(declared_size, int) and declared_size > limit:
+                raise FetchError(
+                    f"{name.name}: {file} is {declared_size} bytes, more than {limit} ({MAX_BYTES_ENV})"
+                )
             path = Path(
                 hf_hub_download(name.repo, file, revision=commit, endpoint=endpoint, cache_dir=cache_dir)
             )

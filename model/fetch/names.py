@@ -31,6 +31,16 @@ SAFETENSORS, SHARD_INDEX, PYTORCH_BIN = (
 )
 CHUNK = 1 << 20
 TIMEOUT_S = 60.0  # a stalled index or package download: the read that waits longest
+# What a model source may send, whatever it says: every download is capped in bytes
+# (NMT_FETCH_MAX_BYTES; an OPUS-MT big model is ~1 GB) and in time from its first byte to its
+# last (NMT_FETCH_TIMEOUT_S: a server that drips bytes stalls no start-up for ever), an Argos index
+# in bytes. Links are https: only, unless NMT_FETCH_INSECURE is set (http: and file:, for a mirror on
+# a private network, and tests).
+MAX_BYTES_ENV, DEADLINE_ENV, INSECURE_ENV = "NMT_FETCH_MAX_BYTES", "NMT_FETCH_TIMEOUT_S", "NMT_FETCH_INSECURE"
+MAX_DOWNLOAD_BYTES = 4 << 30
+DOWNLOAD_DEADLINE_S = 1800.0
+MAX_INDEX_BYTES = 32 << 20
+COMMIT = re.compile(r"[0-9a-f]{40}")  # a git commit id, as the hub names a revision's
 NAME = re.compile(r"^(?P<kind>opus-mt|hf|argos):(?P<rest>[^@\s]+)(?:@(?P<revision>[\w.\-/]+))?$")
 PAIR = re.compile(r"^([A-Za-z_]+)-([A-Za-z_]+)$")
 REPO = re.compile(r"^[\w.\-]+/[\w.\-]+$")
@@ -54,10 +64,17 @@ class ModelName:
 
     @property
     def dirname(self) -> str:
-        """The model directory's name in the store (also the model's name for clients and metrics)."""
+        r"""The model directory's name in the store (also the model's name for clients and metrics):
+        ``/`` as ``--``, which names that hold no ``--`` and no other character outside
+        ``[\w.@-]`` map back from. Any other name (``hf:o/m@release--v1`` beside
+        ``hf:o/m@release/v1``) gets its own digest appended, so that two names never share one."""
         kind, _, rest = self.name.partition(":")
         base = f"{kind}-{rest.replace('/', '--')}"
-        return re.sub(r"[^\w.@\-]", "_", base)
+        if "--" not in rest and re.fullmatch(r"[\w.@\-/]*", rest):
+            return base
+        digest = hashlib.sha256(self.name.encode()).hexdigest()[:12]
+        safe = re.sub(r"[^\w.@\-]", "_", base)
+        return f"{safe}+{digest}"  # ("+": never in a name mapped without a digest)
 
 
 def parse_name(name: str) -> ModelName:
@@ -94,8 +111,27 @@ Log = Callable[[str], None]
 
 
 def _one_line(e: BaseException) -> str:
-    text = " ".join(str(e).split()) or type(e).__name__
+    text = printable(" ".join(str(e).split())) or type(e).__name__
     return text if len(text) <= 400 else text[:400] + "..."
+
+
+def printable(text: object, limit: int = 200) -> str:
+    """A string from a model source (an index's package code, a link), as a log line may hold it:
+    control characters escaped (a newline cannot start a line of its own), at most ``limit``."""
+    out = "".join(c if c.isprintable() else repr(c)[1:-1] for c in str(text))
+    return out if len(out) <= limit else out[:limit] + "..."
+
+
+def env_number(name: str, default: float) -> float:
+    import os
+
+    value = os.environ.get(name, "").strip()
+    if not value:
+        return default
+    try:
+        return float(value)
+    except ValueError:
+        raise FetchError(f"{name}={value!r} is not a number") from None
 
 
 def _convert(kind: str, src: Path, out: Path, name: ModelName, **languages: str | None) -> None:

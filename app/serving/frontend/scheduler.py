@@ -167,6 +167,10 @@ class Scheduler:
         return not self._stopping and any(s.worker.running for s in self.workers)
 
     # -- admission -------------------------------------------------------------------------------------
+    def has_room(self) -> bool:
+        """Whether ``enter`` would let a request in now (nothing taken)."""
+        return self.waiting + self._entered < self.max_queue
+
     def enter(self) -> bool:
         """Before a request's body is read: whether the queue has room for one more sentence,
         counting the requests let in before and not admitted yet; if so, it holds a place until
