@@ -108,10 +108,10 @@ class Settings(BaseSettings):
     max_file_requests: PositiveInt = 16
     # Requests open at once from one client address (its connections with a request in progress:
     # one waiting for its body counts), 0 for no bound; past it a request is answered 429 and its
-    # connection closed, a second later (app/slow_clients.py). The address is the one a trusted
+    # connection closed, five seconds later (app/slow_clients.py). The address is the one a trusted
     # proxy forwarded (uvicorn's FORWARDED_ALLOW_IPS), else the peer's: behind an untrusted proxy
     # every client shares the proxy's. Health probes are never counted.
-    max_connections_per_client: NonNegativeInt = 256
+    max_connections_per_client: NonNegativeInt = 512
     # Document jobs (POST /jobs: app/jobs): uploads translated in the background, their state and
     # files in NMT_DATA_DIR/jobs (kept across restarts; a job in progress when the service stopped
     # goes on from its last finished chunk). A job's file may be larger and hold more text than a

@@ -10,7 +10,7 @@ another (``POST /translate``) and a probe asks ``GET /health`` every 0.1 s, for 
 Reported: the real client's latency (p50 / p99 / max) and the probe's, beside the flood and alone
 (the same client, before the attacker starts); how long the server held each slow connection
 before closing it, by kind (its deadline: 10 s for a body after its headers, an upload's rate check
-after 5 s, 1 s for a connection past ``NMT_MAX_CONNECTIONS_PER_CLIENT``); connections opened.
+after 5 s, 5 s for a connection past ``NMT_MAX_CONNECTIONS_PER_CLIENT``); connections opened.
 
     .venv/bin/python -m benchmarks.slow_clients --json slow.json      # ~2 min on 2 cores
 """
