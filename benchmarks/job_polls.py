@@ -29,7 +29,6 @@ import httpx
 from benchmarks.common import DEFAULT_MODEL, cpu_name
 from benchmarks.load import Server, run_wrk, serve
 
-POLL_LUA = Path(__file__).resolve().parent / "wrk" / "poll.lua"
 FORM = {"source": "de", "target": "en"}
 
 
@@ -65,7 +64,6 @@ def one_round(server: Server, client: httpx.Client, paths: Path, args: argparse.
             paths,
             connections=args.pollers,
             duration_s=args.duration,
-            script=POLL_LUA,
             variable="WRK_PATHS",
         )
     finally:

@@ -259,11 +259,10 @@ def run_wrk(
     duration_s: float,
     threads: int = 2,
     timeout_s: float = 60.0,
-    script: Path = LUA,
     variable: str = "WRK_BODIES",
 ) -> WrkResult:
     """wrk's closed loop: every connection sends a request as soon as its previous one is answered
-    (``script``, reading the file ``bodies`` names through the environment ``variable``)."""
+    (``bodies``: POST /translate bodies, or with ``variable`` "WRK_PATHS" paths to GET)."""
     if shutil.which("wrk") is None:
         raise RuntimeError("wrk not found: install the Debian package wrk (apt-get install wrk)")
     cmd = [
@@ -273,7 +272,7 @@ def run_wrk(
         f"-d{duration_s:g}s",
         f"--timeout={timeout_s:g}s",
         "-s",
-        str(script),
+        str(LUA),
         url,
     ]
     out = subprocess.run(

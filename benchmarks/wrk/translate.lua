@@ -1,6 +1,8 @@
 -- wrk script for POST /translate (benchmarks/load.py): request bodies, one JSON per line, from the
--- file named by WRK_BODIES, taken in turn from a random start per thread; answers counted by status;
--- 503 answers without Retry-After counted; a one-line JSON summary printed at the end.
+-- file named by WRK_BODIES, taken in turn from a random start per thread; or, with WRK_PATHS
+-- instead, GET of the paths in that file, one per line (benchmarks/job_polls.py: each job's
+-- /jobs/{id}). Answers counted by status; 503 answers without Retry-After counted; a one-line JSON
+-- summary printed at the end.
 
 local bodies = {}
 local next_body = 0
@@ -12,18 +14,27 @@ function setup(thread)
   table.insert(threads, thread)
 end
 
+local gets = os.getenv("WRK_PATHS") ~= nil
+
 function init(args)
-  for line in io.lines(os.getenv("WRK_BODIES")) do
+  for line in io.lines(os.getenv(gets and "WRK_PATHS" or "WRK_BODIES")) do
     if #line > 0 then table.insert(bodies, line) end
   end
   math.randomseed(os.time() + #threads * 7919 + math.floor(os.clock() * 1e6))
   next_body = math.random(#bodies)
-  wrk.method = "POST"
-  wrk.headers["Content-Type"] = "application/json"
+  if gets then
+    wrk.method = "GET"
+  else
+    wrk.method = "POST"
+    wrk.headers["Content-Type"] = "application/json"
+  end
 end
 
 function request()
   next_body = next_body % #bodies + 1
+  if gets then
+    return wrk.format(nil, bodies[next_body])
+  end
   return wrk.format(nil, "/translate", nil, bodies[next_body])
 end
 
