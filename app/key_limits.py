@@ -245,14 +245,14 @@ async def open_key_limiter(settings: Settings, metrics: Metrics) -> KeyLimiter:
     return KeyLimiter(keys, store, metrics, per_key=settings.key_metrics)
 
 
-async def admit_given_key(request: Request, limiter: KeyLimiter) -> None:
-    """Admit the request under the key of its headers or query (``given_key``), before its body is
-    read: 403 for an unknown key, 429 (``Retry-After``) over a limit; it counts as one request and
-    takes the key's concurrency slot. Nothing without keys configured, without such a key, or
-    once admitted."""
+async def admit_given_key(request: Request, limiter: KeyLimiter, given: GivenKey | None = None) -> None:
+    """Admit the request under the key of its headers or query (``given_key``; or ``given``, a
+    form's field read before its file), before its body is read: 403 for an unknown key, 429
+    (``Retry-After``) over a limit; it counts as one request and takes the key's concurrency slot.
+    Nothing without keys configured, without such a key, or once admitted."""
     if not limiter.keys or LEASE_KEY in request.scope:
         return
-    given = given_key(request)
+    given = given or given_key(request)
     if given is None:
         return
     key = limiter.authenticate(given.key)

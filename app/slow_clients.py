@@ -20,6 +20,7 @@ a client that reconnects at once does so every 5 s per connection, not in a busy
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from dataclasses import dataclass
 
@@ -149,3 +150,71 @@ def replayed(body: bytes, receive: Receive) -> Receive:
         return await receive()
 
     return replay
+
+
+# -- a form's key before its file --------------------------------------------------------------------
+
+FORM_PREFIX_BYTES = 64 * 1024  # read at most this much of a form looking for its key
+
+
+def form_fields_before_file(prefix: bytes, boundary: bytes) -> tuple[dict[str, str], bool]:
+    """The fields complete in ``prefix`` (the start of a multipart body) before its first file part,
+    and whether that part (or the body's end) was reached: nothing more can come before it."""
+    fields: dict[str, str] = {}
+    delimiter = b"--" + boundary
+    start = prefix.find(delimiter)
+    while start >= 0:
+        after = start + len(delimiter)
+        if prefix[after : after + 2] == b"--":  # the closing delimiter
+            return fields, True
+        head_end = prefix.find(b"\r\n\r\n", after)
+        if head_end < 0:
+            return fields, False
+        headers = prefix[after:head_end].decode("latin-1").lower()
+        disposition = next((h for h in headers.split("\r\n") if h.startswith("content-disposition:")), "")
+        if "filename=" in disposition:
+            return fields, True
+        end = prefix.find(b"\r\n" + delimiter, head_end + 4)
+        if end < 0:
+            return fields, False
+        name = disposition.split('name="', 1)[1].split('"', 1)[0] if 'name="' in disposition else ""
+        with contextlib.suppress(UnicodeDecodeError):  # (the form's own parser answers it 400 later)
+            fields.setdefault(name, prefix[head_end + 4 : end].decode("utf-8"))
+        start = end + 2
+    return fields, False
+
+
+async def form_key_first(scope: Scope, receive: Receive, deadline: float) -> tuple[str | None, Receive]:
+    """An upload's ``api_key`` field, if the client sent it before the file part: read from the
+    first ``FORM_PREFIX_BYTES`` at most, at ``MIN_UPLOAD_RATE`` past ``UPLOAD_GRACE_S``, by
+    ``deadline``; and the ``receive`` that gives the bytes read again, then the rest."""
+    content_type = dict(scope.get("headers", ())).get(b"content-type", b"")
+    _, _, param = content_type.partition(b"boundary=")
+    boundary = param.split(b";")[0].strip().strip(b'"')
+    prefix, more, started = b"", True, time.monotonic()
+    key: str | None = None
+    while boundary and more and len(prefix) < FORM_PREFIX_BYTES:
+        due = min(deadline, started + UPLOAD_GRACE_S + len(prefix) / MIN_UPLOAD_RATE)
+        try:
+            async with asyncio.timeout(max(0.0, due - time.monotonic())):
+                message = await receive()
+        except TimeoutError:
+            raise BodyError(408, "request body not received in time") from None
+        if message["type"] == "http.disconnect":
+            raise BodyError(CLIENT_GONE, "the client went away")
+        prefix += message.get("body", b"")
+        more = bool(message.get("more_body", False))
+        fields, done = form_fields_before_file(prefix, boundary)
+        key = fields.get("api_key") or None
+        if done or key:
+            break
+    sent = False
+
+    async def replay() -> Message:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": prefix, "more_body": more}
+        return await receive()
+
+    return key, replay

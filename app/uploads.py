@@ -2,9 +2,11 @@
 the front end's memory (``NMT_MAX_FILE_REQUESTS`` at most), so that many large files at once
 cannot fill it.
 
-A place is taken before the upload is read (the key in a form field is known only then), so one
-client address holds at most ``1 / ADDRESS_SHARE`` of them: uploads that trickle in from one
-address (each cut at ``app.slow_clients.MIN_UPLOAD_RATE``) leave the other places to everyone else."""
+A place is taken once the request's key is admitted where it comes before the file (a header, the
+query, or the form's ``api_key`` field sent first: ``app.routes.files.admit_form_key``), else
+before the upload is read; and one client address holds at most ``1 / ADDRESS_SHARE`` of them:
+uploads that trickle in from one address (each cut at ``app.slow_clients.MIN_UPLOAD_RATE``) leave
+the other places to everyone else."""
 
 from __future__ import annotations
 

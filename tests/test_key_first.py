@@ -197,3 +197,75 @@ def test_looking_at_jobs_counts_one_request_each(keyed: TestClient) -> None:
     assert keyed.get(f"/jobs/{job.json()['id']}/result", headers=poller).status_code in (200, 409)  # 3
     assert_error(keyed.get(f"/jobs/{job.json()['id']}", headers=poller), 429, "3 requests per 1 minute")
     assert_error(keyed.get("/jobs", params={"api_key": "poller-secret"}), 429)
+
+
+async def form_prefix(app: Any, path: str, prefix: bytes) -> tuple[int, dict[str, str]]:
+    """``app``'s answer to a multipart upload whose first ``prefix`` bytes arrive and whose rest never
+    does: an answer that waited for the rest would not come (the test fails on the time-out)."""
+    sent = False
+
+    async def receive() -> dict[str, Any]:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": prefix, "more_body": True}
+        await asyncio.Event().wait()  # the file never comes
+        raise AssertionError("unreachable")
+
+    answer: dict[str, Any] = {}
+
+    async def send(message: dict[str, Any]) -> None:
+        if message["type"] == "http.response.start":
+            answer.update(message)
+
+    headers = {
+        "host": "testserver",
+        "content-type": "multipart/form-data; boundary=b",
+        "content-length": "100000",
+    }
+    scope = {
+        "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
+        "path": path, "raw_path": path.encode(), "query_string": b"", "root_path": "",
+        "headers": [(k.encode(), v.encode()) for k, v in headers.items()],
+        "client": ("testclient", 50000), "server": ("testserver", 80),
+    }  # fmt: skip
+    await asyncio.wait_for(app(scope, receive, send), timeout=3)  # (well within the upload's 5 s grace)
+    return int(answer["status"]), {k.decode().lower(): v.decode() for k, v in answer.get("headers", [])}
+
+
+def key_field(key: str) -> bytes:
+    return (
+        f'--b\r\nContent-Disposition: form-data; name="api_key"\r\n\r\n{key}\r\n'
+        '--b\r\nContent-Disposition: form-data; name="file"; filename="a.txt"\r\n\r\nEin'
+    ).encode()
+
+
+@pytest.mark.parametrize("path", ["/jobs", "/translate_file"])  # (in this order: the clock goes on)
+def test_a_key_in_the_form_before_its_file_is_refused_before_the_upload_takes_a_place(
+    keyed: TestClient, path: str
+) -> None:
+    """LibreTranslate's clients send api_key as a form field: sent before the file, it is checked
+    before the upload takes one of the NMT_MAX_FILE_REQUESTS places (here 1), as a header is."""
+    places = keyed.app.state.services.file_requests  # type: ignore[attr-defined]
+    store = keyed.app.state.services.keys.store  # type: ignore[attr-defined]
+    store.clock = lambda: T0 + 3600 * (200 + len(path))  # a fresh minute, later than any before
+    status, _ = keyed.portal.call(form_prefix, keyed.app, path, key_field("nope-secret"))  # type: ignore[union-attr]
+    assert status == 403 and places.count == 0
+    assert (
+        keyed.get("/glossaries", headers={"X-API-Key": "tight-secret"}).status_code == 200
+    )  # its 1 a minute
+    status, headers = keyed.portal.call(form_prefix, keyed.app, path, key_field("tight-secret"))  # type: ignore[union-attr]
+    assert status == 429 and int(headers["retry-after"]) > 0 and places.count == 0
+
+
+def test_a_key_read_from_the_form_early_counts_its_upload_once(keyed: TestClient) -> None:
+    store = keyed.app.state.services.keys.store  # type: ignore[attr-defined]
+    store.clock = lambda: T0 + 3600 * 300
+    first = keyed.post(
+        "/translate_file", data={"api_key": "tight-secret", **FORM}, files={"file": ("a.txt", b"Ein Hund.")}
+    )
+    assert first.status_code == 200, first.text  # one request of its one a minute, not two
+    again = keyed.post(
+        "/translate_file", data={"api_key": "tight-secret", **FORM}, files={"file": ("a.txt", b"Ein Hund.")}
+    )
+    assert again.status_code == 429

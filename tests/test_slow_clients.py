@@ -21,6 +21,7 @@ from app.slow_clients import (
     UPLOAD_GRACE_S,
     BodyError,
     ClientLimit,
+    form_fields_before_file,
     receive_body,
     replayed,
 )
@@ -218,3 +219,17 @@ def test_strangers_jobs_are_counted_per_client_address(server: Server) -> None:
         assert [m.status_code for m in made] == [202] * 20 + [429], made[-1].text
         assert "you hold 20 jobs" in made[-1].json()["error"]
         assert other.post("/jobs", data=form, files={"file": ("b.txt", b"Hallo.")}).status_code == 202
+
+
+def test_the_fields_before_a_forms_file_are_found_in_its_first_bytes() -> None:
+    part = 'Content-Disposition: form-data; name="{}"\r\n\r\n{}\r\n'
+    head = "--b\r\n" + part.format("source", "de") + "--b\r\n" + part.format("api_key", "k1")
+    file = '--b\r\nContent-Disposition: form-data; name="file"; filename="a.txt"\r\n\r\nEin Hund'
+    assert form_fields_before_file((head + file).encode(), b"b") == ({"source": "de", "api_key": "k1"}, True)
+    assert form_fields_before_file(head.encode()[:-10], b"b") == ({"source": "de"}, False)  # more may come
+    after = file + "\r\n--b\r\n" + part.format("api_key", "k2") + "--b--\r\n"
+    assert form_fields_before_file(after.encode(), b"b") == ({}, True)  # the key after the file: too late
+    assert form_fields_before_file((head + "--b--\r\n").encode(), b"b") == (
+        {"source": "de", "api_key": "k1"},
+        True,
+    )

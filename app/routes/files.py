@@ -48,7 +48,15 @@ from app.filestore import FileStore, NoRoom, SharedDownload, SharedFileStore, St
 from app.formats.documents import MEDIA_TYPES, SUPPORTED, download_name, extension
 from app.formats.limits import DocumentError
 from app.formats.sandbox import Busy, DocumentReaders
-from app.key_limits import KeyLimiter, admit_given_key, admit_key, charge_key, client_identity
+from app.key_limits import (
+    LEASE_KEY,
+    GivenKey,
+    KeyLimiter,
+    admit_given_key,
+    admit_key,
+    charge_key,
+    client_identity,
+)
 from app.routes.openapi import multipart_body
 from app.routes.sentences import Recall, RecallDep, SearchPlan, answer_sentences
 from app.routes.translate import (
@@ -72,11 +80,13 @@ from app.serving.frontend.router import Route, Router
 from app.serving.frontend.scheduler import Scheduler
 from app.slow_clients import (
     CLIENT_GONE,
+    FORM_PREFIX_BYTES,
     MIN_UPLOAD_RATE,
     UPLOAD_GRACE_S,
     BodyError,
     client_address,
     declared_length,
+    form_key_first,
     receive_body,
     upload_seconds,
 )
@@ -170,6 +180,24 @@ def new_job_readers(settings: Settings) -> DocumentReaders:
     )
 
 
+async def admit_form_key(request: Request, keys: KeyLimiter) -> None:
+    """A key in the form's ``api_key`` field, sent before the file part: admitted before the upload
+    takes a place, as one in a header is (403 or 429 at once); the bytes read looking for it are
+    read again by the form's parser. Nothing without keys, or once admitted."""
+    if not keys.keys or LEASE_KEY in request.scope or media_type(request) != MULTIPART:
+        return
+    deadline = time.monotonic() + upload_seconds(FORM_PREFIX_BYTES)
+    try:
+        key, receive = await form_key_first(request.scope, request.receive, deadline)
+    except BodyError as e:
+        if e.status == CLIENT_GONE:
+            raise ClientDisconnect from None
+        raise HTTPException(e.status, str(e), {"Connection": "close"}) from None
+    request._receive = receive  # (Starlette's Request reads its body through it)
+    if key:
+        await admit_given_key(request, keys, GivenKey(key, "the form's api_key field"))
+
+
 async def read_upload(request: Request, limit: int) -> bytes:
     """An upload's whole body (at most ``limit`` bytes: 413), arriving at ``MIN_UPLOAD_RATE`` past
     its first ``UPLOAD_GRACE_S`` and within ``upload_seconds`` of its declared size (408)."""
@@ -258,6 +286,7 @@ async def translate_file(
     readers: ReadersDep,
 ) -> Response:
     await admit_given_key(request, keys)  # a key in a header or the query: refused before the upload is read
+    await admit_form_key(request, keys)  # or in the form, before its file: refused before it takes a place
     async with places.place(client_address(request.scope)):
         return await translate_upload(
             request, settings, router, scheduler, keys, glossaries, recall, store, readers

@@ -43,7 +43,7 @@ from app.formats.documents import MEDIA_TYPES, extension
 from app.jobs.store import RESULT, Job, JobOptions, JobsFull, JobStore, StorageFull
 from app.key_limits import KeyLimiter, admit_key, key_owner, store_owner
 from app.routes.access import JOBS, ApiKeyQuery
-from app.routes.files import FILE_FORM_BODY, check_format, read_form
+from app.routes.files import FILE_FORM_BODY, admit_form_key, check_format, read_form
 from app.routes.stores import StoreCalls
 from app.routes.translate import check_languages
 from app.schemas import ErrorResponse
@@ -160,6 +160,7 @@ async def create_job(
     store: JobStoreDep,
     runner: JobRunnerDep,
 ) -> Response:
+    await admit_form_key(request, keys)  # a key in the form, before its file: refused before a place
     # Uploads in the front end's memory at once: these and /translate_file's.
     async with places.place(client_address(request.scope)):
         job = await store_upload(request, settings, router, keys, glossaries, store)
