@@ -16,7 +16,7 @@ requests per minute: waiting would not help), 429 with ``Retry-After`` and
 ``{"error": "Slowdown: ..."}`` (LibreTranslate's body) for one over a budget now. An admitted
 request is counted (``app.usage``; ``app.usage_redis`` with ``NMT_REDIS_URL``), and holds one of
 its key's concurrency slots until it ends, however it ends: ``release_key`` runs in
-``app.main.TranslationApp`` after the response, an error, a client gone or a cancellation alike.
+``app.entry.TranslationApp`` after the response, an error, a client gone or a cancellation alike.
 /translate_file learns its characters only once the file is read: ``charge_key`` spends them then
 (429 if they do not fit).
 

@@ -2,7 +2,7 @@
 
 Under overload most requests are refused, and each refusal costs the front end CPU that the
 workers could use. Here it costs as little as an answer can: checked first thing
-(``app.main.TranslationApp``, before FastAPI's own layers), no body read, no routing, no
+(``app.entry.TranslationApp``, before FastAPI's own layers), no body read, no routing, no
 validation, a fixed response. A request let through holds a place (``Scheduler.enter``) until the
 route is about to admit it (``passed``) or it ends, so that one freed place lets one request be
 parsed, not every one that arrived meanwhile; its sentences are then counted exactly at admission

@@ -41,7 +41,8 @@ from app.database.errors import StoreUnavailable
 from app.formats.documents import MEDIA_TYPES, download_name, extension
 from app.formats.limits import DocumentError
 from app.formats.sandbox import Busy, DocumentReaders
-from app.jobs.store import FINAL, ClaimedJob, Job, JobOptions, JobStore, State, StorageFull
+from app.jobs.job import FINAL, ClaimedJob, Job, JobOptions, State
+from app.jobs.store import JobStore, StorageFull
 from app.key_limits import KeyLimiter, charge_owner, key_identity, stores_on
 from app.routes.sentences import SearchPlan, answer_with, decode_sentences
 from app.routes.translate import AUTO, check_languages, route_of, source_language

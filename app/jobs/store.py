@@ -41,19 +41,16 @@ import socket
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from app.database import Database, Migration, Postgres, StoreUnavailable, open_database
 from app.database.migrations import postgresql_of
 from app.database.postgres import PostgresDatabase
 from app.jobs.disk import MIB, StorageFull
 from app.jobs.files import DiskFiles, JobFiles, TableFiles, files_schema
+from app.jobs.job import RUNNING, ClaimedJob, Job, JobOptions, State
 
-State = Literal["queued", "reading", "translating", "writing", "done", "failed", "cancelled"]
-RUNNING: tuple[State, ...] = ("reading", "translating", "writing")
-FINAL: tuple[State, ...] = ("done", "failed", "cancelled")
 LEASE_S = 30.0  # a claim lasts this long unless renewed (a runner renews it every LEASE_S / 3)
 # Reserved for a new job's progress and result, in times its upload: its translations (as JSON
 # lines) and the translated file are each about the size of a text upload. A result larger than
@@ -111,69 +108,6 @@ class JobsFull(Exception):
     def __init__(self, message: str, per_key: bool) -> None:
         super().__init__(message)
         self.per_key = per_key
-
-
-@dataclass(frozen=True)
-class JobOptions:
-    """What decides the translation besides the file and the languages."""
-
-    glossary: list[tuple[str, str]] = field(default_factory=list)  # resolved when the job was made
-    protect_placeholders: bool = True
-    beam_size: int = 5
-
-    def encoded(self) -> bytes:
-        options = {
-            "glossary": self.glossary,
-            "protect_placeholders": self.protect_placeholders,
-            "beam_size": self.beam_size,
-        }
-        return json.dumps(options, ensure_ascii=False).encode()
-
-    @classmethod
-    def decoded(cls, text: str | bytes) -> JobOptions:
-        options = json.loads(text)
-        return cls(
-            [(s, t) for s, t in options["glossary"]], options["protect_placeholders"], options["beam_size"]
-        )
-
-
-@dataclass(frozen=True)
-class Job:
-    """A job as listed and polled (without its options: ``ClaimedJob``)."""
-
-    id: str
-    owner: str
-    name: str
-    source: str
-    target: str
-    state: State
-    language: str | None
-    done: int
-    total: int | None
-    error_status: int | None
-    error: str | None
-    notes: tuple[str, ...]
-    created: float  # time.time()
-    finished: float | None
-    expires: float | None
-    result_name: str | None
-
-    @classmethod
-    def of(cls, row: Sequence[Any]) -> Job:
-        values = list(row)
-        values[11] = tuple(json.loads(values[11]))
-        return cls(*values)
-
-
-@dataclass(frozen=True)
-class ClaimedJob(Job):
-    """A job as the runner that claimed it has it: with its options."""
-
-    options: JobOptions
-
-    @classmethod
-    def with_options(cls, job: Job, options: JobOptions) -> ClaimedJob:
-        return cls(**{f.name: getattr(job, f.name) for f in fields(Job)}, options=options)
 
 
 COLUMNS = (  # a Job's: never ``options``, whose value may be megabytes (a job made before OPTIONS)
