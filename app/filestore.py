@@ -193,4 +193,4 @@ class SharedFileStore:
 
     def sweep(self, grace_s: float = ORPHAN_GRACE_S) -> int:
         """The parts of downloads whose rows are gone, once older than ``grace_s``."""
-        return self.files.sweep(set(), time.time() - grace_s)
+        return self.files.sweep(set, time.time() - grace_s)

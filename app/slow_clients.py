@@ -114,16 +114,7 @@ async def receive_body(
         due = deadline
         if min_rate > 0:  # when the bytes so far fall behind the rate, unless more come
             due = min(due, started + grace_s + size / min_rate)
-        left = due - time.monotonic()
-        try:
-            if left <= 0:
-                raise TimeoutError
-            async with asyncio.timeout(left):
-                message = await receive()
-        except TimeoutError:
-            raise BodyError(408, "request body not received in time") from None
-        if message["type"] == "http.disconnect":
-            raise BodyError(CLIENT_GONE, "the client went away")
+        message = await next_message(receive, due)
         size += len(message.get("body", b""))
         if size > limit:
             raise BodyError(413, f"request body is larger than {limit} bytes")
@@ -132,21 +123,38 @@ async def receive_body(
             return b"".join(chunks)
 
 
+async def next_message(receive: Receive, due: float) -> Message:
+    """The body's next message, by ``due`` (``time.monotonic()``; ``BodyError`` 408 past it, and
+    ``CLIENT_GONE`` for a client that went away)."""
+    left = due - time.monotonic()
+    try:
+        if left <= 0:
+            raise TimeoutError
+        async with asyncio.timeout(left):
+            message = await receive()
+    except TimeoutError:
+        raise BodyError(408, "request body not received in time") from None
+    if message["type"] == "http.disconnect":
+        raise BodyError(CLIENT_GONE, "the client went away")
+    return message
+
+
 def upload_seconds(size: int) -> float:
     """The most time an upload of ``size`` bytes may take: ``UPLOAD_GRACE_S``, plus a second per
     ``MIN_UPLOAD_RATE`` bytes."""
     return UPLOAD_GRACE_S + size / MIN_UPLOAD_RATE
 
 
-def replayed(body: bytes, receive: Receive) -> Receive:
-    """A ``receive`` that gives ``body`` whole, then what the connection says next (a disconnect)."""
+def replayed(body: bytes, receive: Receive, more: bool = False) -> Receive:
+    """A ``receive`` that gives ``body`` (the whole body, or with ``more`` its start), then what the
+    connection says next (the rest, or a disconnect)."""
     sent = False
 
     async def replay() -> Message:
         nonlocal sent
         if not sent:
             sent = True
-            return {"type": "http.request", "body": body, "more_body": False}
+            return {"type": "http.request", "body": body, "more_body": more}
         return await receive()
 
     return replay
@@ -195,26 +203,11 @@ async def form_key_first(scope: Scope, receive: Receive, deadline: float) -> tup
     key: str | None = None
     while boundary and more and len(prefix) < FORM_PREFIX_BYTES:
         due = min(deadline, started + UPLOAD_GRACE_S + len(prefix) / MIN_UPLOAD_RATE)
-        try:
-            async with asyncio.timeout(max(0.0, due - time.monotonic())):
-                message = await receive()
-        except TimeoutError:
-            raise BodyError(408, "request body not received in time") from None
-        if message["type"] == "http.disconnect":
-            raise BodyError(CLIENT_GONE, "the client went away")
+        message = await next_message(receive, due)
         prefix += message.get("body", b"")
         more = bool(message.get("more_body", False))
         fields, done = form_fields_before_file(prefix, boundary)
         key = fields.get("api_key") or None
         if done or key:
             break
-    sent = False
-
-    async def replay() -> Message:
-        nonlocal sent
-        if not sent:
-            sent = True
-            return {"type": "http.request", "body": prefix, "more_body": more}
-        return await receive()
-
-    return key, replay
+    return key, replayed(prefix, receive, more)

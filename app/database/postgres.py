@@ -22,7 +22,6 @@ import asyncio
 import contextlib
 import functools
 import logging
-import threading
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -170,7 +169,6 @@ class PostgresDatabase:
         self.server = server
         self.store = store
         self.migrations = migrations
-        self._lock = threading.Lock()
 
     def migrate(self) -> int:
         """Apply the store's migrations past its version, under the advisory lock every process

@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import shutil
 import time
-from collections.abc import Container, Iterable, Iterator
+from collections.abc import Callable, Container, Iterable, Iterator
 from pathlib import Path
 from typing import Protocol
 
@@ -34,7 +34,8 @@ class JobFiles(Protocol):
     def lines(self, job_id: str, name: str) -> list[str]: ...  # [] when absent
     def unlink(self, job_id: str, name: str) -> None: ...
     def remove(self, job_ids: Iterable[str]) -> None: ...
-    def sweep(self, jobs: Container[str], cutoff: float) -> int: ...
+    # (``jobs``: the ids of the jobs with a row, read when called, before any file is listed.)
+    def sweep(self, jobs: Callable[[], Container[str]], cutoff: float) -> int: ...
     def refusal(self, need: int) -> StorageFull | None: ...  # the room ``need`` more bytes would leave
 
 
@@ -91,11 +92,12 @@ class DiskFiles:
         for job_id in job_ids:
             shutil.rmtree(self.directory / job_id, ignore_errors=True)
 
-    def sweep(self, jobs: Container[str], cutoff: float) -> int:
+    def sweep(self, jobs: Callable[[], Container[str]], cutoff: float) -> int:
         if not self.directory.is_dir():
             return 0
+        ids = jobs()  # before the directory is listed: a row made since is young
         try:
-            return sweep(self.directory, jobs, cutoff)
+            return sweep(self.directory, ids, cutoff)
         except OSError as e:
             raise StoreUnavailable(f"cannot sweep the jobs' directory: {e.strerror or e}") from e
 
@@ -207,9 +209,9 @@ class TableFiles:
             with self.db.writing() as db:
                 db.execute(f"DELETE FROM {self.table} WHERE job = ANY(?)", (ids,))
 
-    def sweep(self, jobs: Container[str], cutoff: float) -> int:
+    def sweep(self, jobs: Callable[[], Container[str]], cutoff: float) -> int:
         """The files of jobs without a row (a process killed between writing an upload and its
-        row), once older than ``cutoff``."""
+        row), once older than ``cutoff`` (found by the query itself: ``jobs`` is not asked)."""
         with self.db.writing() as db:
             return int(
                 db.execute(

@@ -403,11 +403,12 @@ class JobStore:
         """Remove the files no row accounts for, once older than ``grace_s`` (by mtime): a job
         directory without a row (its process killed between writing the upload and committing the
         row) and a ``.partial`` file (a write cut short); how many."""
-        if not self.db.exists():
-            return self.files.sweep(set(), time.time() - grace_s)
-        with self.db.reading() as db:  # before the files are listed: a row made since is young
-            ids = set() if db is None else {row[0] for row in db.execute("SELECT id FROM jobs")}
-        return self.files.sweep(ids, time.time() - grace_s)
+        return self.files.sweep(self._ids, time.time() - grace_s)
+
+    def _ids(self) -> set[str]:
+        """The ids of every job with a row (none when nothing was ever stored)."""
+        with self.db.reading() as db:
+            return set() if db is None else {row[0] for row in db.execute("SELECT id FROM jobs")}
 
     # --- Files ---------------------------------------------------------------------------------
 

@@ -190,9 +190,7 @@ async def admit_form_key(request: Request, keys: KeyLimiter) -> None:
     try:
         key, receive = await form_key_first(request.scope, request.receive, deadline)
     except BodyError as e:
-        if e.status == CLIENT_GONE:
-            raise ClientDisconnect from None
-        raise HTTPException(e.status, str(e), {"Connection": "close"}) from None
+        raise upload_error(e) from None
     request._receive = receive  # (Starlette's Request reads its body through it)
     if key:
         await admit_given_key(request, keys, GivenKey(key, "the form's api_key field"))
@@ -208,10 +206,15 @@ async def read_upload(request: Request, limit: int) -> bytes:
     try:
         return await receive_body(request.receive, limit, deadline, MIN_UPLOAD_RATE, UPLOAD_GRACE_S)
     except BodyError as e:
-        if e.status == CLIENT_GONE:
-            raise ClientDisconnect from None
-        # (Closed: the rest of the body may still come, and would be read as the next request.)
-        raise HTTPException(e.status, str(e), {"Connection": "close"}) from None
+        raise upload_error(e) from None
+
+
+def upload_error(e: BodyError) -> Exception:
+    """What an upload whose body failed raises: its client gone, or a 408/413 that closes the
+    connection (the rest of the body may still come, and would be read as the next request)."""
+    if e.status == CLIENT_GONE:
+        return ClientDisconnect()
+    return HTTPException(e.status, str(e), {"Connection": "close"})
 
 
 async def read_form(request: Request, max_bytes: int) -> tuple[TranslateFileForm, str, bytes]:
