@@ -66,9 +66,7 @@ from app.serving.frontend.router import Router
 from app.serving.frontend.scheduler import Scheduler
 from app.serving.protocol import ModelDescription, ModelSpec
 from app.shedding import TURNS
-from app.slow_clients import (
-    ClientLimit,
-)
+from app.slow_clients import ClientLimit
 from app.terminology.cache import SegmentCache
 from app.terminology.glossaries import GlossaryStore
 from app.terminology.memory import TranslationMemory
