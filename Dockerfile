@@ -65,7 +65,8 @@ HEALTHCHECK --interval=10s --timeout=3s --start-period=120s --retries=3 \
     CMD ["python", "-c", "import sys, urllib.request; sys.exit(urllib.request.urlopen('http://127.0.0.1:8000/health/ready', timeout=2).status != 200)"]
 # One uvicorn process per container: it is the front end (HTTP, the queue, admission, metrics) and
 # starts the model workers itself (NMT_REPLICAS, one per core by default); scale out with more
-# containers (docker compose up --scale translator=N). asyncio's event loop, not uvloop: under a
-# flood uvloop left new connections unanswered for seconds. No access log: a line per request cost
-# the event loop ~0.4 ms of CPU per request; /metrics counts requests by endpoint and status instead.
-CMD ["uvicorn", "app.main:app", "--host", "0.0.0.0", "--port", "8000", "--workers", "1", "--loop", "asyncio", "--no-access-log"]
+# containers (docker compose up --scale translator=N). Its options are app.connections.SERVE_OPTIONS:
+# uvicorn's protocol with a deadline and a size for each request's head; asyncio's event loop, not
+# uvloop (under a flood uvloop left new connections unanswered for seconds); no access log (a line
+# per request cost the event loop ~0.4 ms of CPU; /metrics counts requests by endpoint and status).
+CMD ["uvicorn", "app.main:app", "--host", "0.0.0.0", "--port", "8000", "--workers", "1", "--http", "app.connections:GuardedHttp", "--loop", "asyncio", "--no-access-log"]

@@ -129,16 +129,20 @@ def cuda_available() -> bool:
 def quiet_garbage_collector() -> None:
     """Keep the cyclic garbage collector's pauses short under load.
 
-    What start-up made stays for good: frozen, out of the collector's sight. Requests make no
-    reference cycles (``Scheduler._drop`` breaks the one they had), so refcounting frees them and
-    a collection finds almost nothing; but a full collection walks every live object, thousands per
-    open connection, and held the event loop for 0.3-0.4 s every 1-1.5 s at 2,048 connections
-    (/health then took up to 1.3 s). With the young generation collected every 10,000 net
-    allocations instead of 700 and the oldest one after 1,000 of its collections instead of 10,
-    objects that live a request's two seconds seldom reach it, and full passes come minutes apart.
+    What start-up made stays for good: frozen, out of the collector's sight. A full collection walks
+    every live object, thousands per open connection: at the default thresholds it came every 1-1.5 s
+    at 2,048 connections and held the event loop for 0.3-0.4 s each time. It now comes after 1,000
+    collections of the middle generation, not 10 (minutes apart under that load; each held the loop
+    for 80-100 ms there, with the closed connections' cycles broken: ``app.connections``).
+
+    The young generation keeps its default of 700: its threshold counts allocations *less
+    deallocations of any generation's objects*, so under a steady flow of requests, whose objects die
+    as fast as new ones are made, 10,000 let it swell to 100,000 live objects between collections,
+    and each of them walked them all: 40 ms, many times a second (``/health`` then took up to 0.3 s,
+    not 17 ms: ``benchmarks.overload``).
     """
     gc.freeze()
-    gc.set_threshold(10_000, 10, 1_000)
+    gc.set_threshold(700, 10, 1_000)
 
 
 def open_models(settings: Settings) -> list[tuple[ModelSpec, ModelInfo, Tokenizer]]:

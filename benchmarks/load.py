@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from app.connections import SERVE_OPTIONS
 from benchmarks.common import REPO
 
 HOST = "127.0.0.1"
@@ -38,7 +39,7 @@ LUA = Path(__file__).resolve().parent / "wrk" / "translate.lua"
 START_TIMEOUT_S = 180.0
 STOP_TIMEOUT_S = 60.0
 # The server as the Dockerfile and `make serve` start it.
-UVICORN = ["-m", "uvicorn", "app.main:app", "--no-access-log", "--loop", "asyncio"]
+UVICORN = ["-m", "uvicorn", "app.main:app", *SERVE_OPTIONS]
 CACHE_SETTING = "NMT_SEGMENT_CACHE_MB"
 CACHE_HITS = "nmt_segment_cache_hits_total"
 

@@ -57,6 +57,7 @@ class Hub:
     url: str = ""
     cdn: str = ""
     sha: str = COMMIT  # what model_info says a revision's commit is
+    declares_sizes: bool = True  # whether model_info gives the files' sizes
 
     def blob(self, digest: str) -> bytes | None:
         return next((b for files in self.repos.values() for b in files.values() if _sha(b) == digest), None)
@@ -109,7 +110,9 @@ def _handler(hub: Hub) -> type[BaseHTTPRequestHandler]:
                 return self._missing("RevisionNotFound")
             siblings = []
             for name, data in hub.repos[repo].items():
-                sibling: dict[str, Any] = {"rfilename": name, "size": len(data)}
+                sibling: dict[str, Any] = {"rfilename": name}
+                if hub.declares_sizes:
+                    sibling["size"] = len(data)
                 if name in hub.lfs:
                     sibling["lfs"] = {"size": len(data), "sha256": _sha(data), "pointerSize": 134}
                 siblings.append(sibling)
@@ -494,6 +497,23 @@ def test_a_download_is_capped_in_bytes_and_in_time(
     monkeypatch.setenv("NMT_FETCH_TIMEOUT_S", "0")  # every byte after the first read is late
     with pytest.raises(FetchError, match="took longer than its NMT_FETCH_TIMEOUT_S"):
         fetch("argos:en-fr", log=lambda m: None)
+    assert leftovers(tmp_path / "store") == []
+
+
+def test_a_hub_download_is_capped_in_bytes_and_in_time_whatever_the_hub_declares(
+    hub: Hub, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    hub.declares_sizes = False  # no size to refuse beforehand: the bytes themselves are counted
+    files = hub.repos["Helsinki-NLP/opus-mt-de-en"]
+    limit = len(files["model.safetensors"]) - 1
+    assert all(len(data) < limit for name, data in files.items() if name != "model.safetensors")
+    monkeypatch.setenv("NMT_FETCH_MAX_BYTES", str(limit))
+    with pytest.raises(FetchError, match=f"passed {limit} bytes \\(NMT_FETCH_MAX_BYTES\\)"):
+        fetch("opus-mt:de-en", log=lambda m: None)
+    monkeypatch.delenv("NMT_FETCH_MAX_BYTES")
+    monkeypatch.setenv("NMT_FETCH_TIMEOUT_S", "0")  # every byte is late
+    with pytest.raises(FetchError, match="took longer than its NMT_FETCH_TIMEOUT_S"):
+        fetch("opus-mt:de-en", log=lambda m: None)
     assert leftovers(tmp_path / "store") == []
 
 

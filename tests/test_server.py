@@ -23,6 +23,7 @@ import pytest
 from conftest import synthetic_sentences
 from starlette.datastructures import State
 
+from app.connections import SERVE_OPTIONS
 from app.main import SHUTDOWN_SIGNALS, readiness_fails_on_shutdown
 from app.main import logger as main_logger
 from app.text import split_text
@@ -65,7 +66,7 @@ def start_server(log: Path, **env: str) -> Server:
     with log.open("wb") as out:  # a file, not a pipe: a full pipe would block the server
         process = subprocess.Popen(
             [
-                *[sys.executable, "-m", "uvicorn", "app.main:app", "--loop", "asyncio", "--no-access-log"],
+                *[sys.executable, "-m", "uvicorn", "app.main:app", *SERVE_OPTIONS],
                 *["--host", "127.0.0.1", "--port", str(port)],
             ],
             cwd=REPO,

@@ -15,7 +15,7 @@ the interpreter while the event loop waits. So each document gets a child proces
 * killed by the front end (413) once it has used no CPU for ``read_seconds`` of wall-clock time:
   a child that waits instead of computing. A child that computes is never killed for the time it
   takes, only for the CPU it uses: at its low priority on a busy core, its wall time is many times
-  its CPU time (a reader at nice +5 beside three busy processes gets ~1/10 of the core), and a
+  its CPU time (a reader at nice +10 beside three busy workers at +5 gets ~1/10 of the core), and a
   limit in wall-clock time (three times its CPU time, before) refused documents within every limit
   on a shared 2-core Xeon. The costliest legal .docx of the tests (180,000 elements) takes 2.6 s of
   CPU to read there, against ``read_seconds``' 10;
@@ -58,7 +58,8 @@ SAMPLE_CHARS = 10_000  # of a document's text, for language identification (its 
 # module in each child (uvicorn's console script, when the server runs as `uvicorn app.main:app`)
 # unless the fork server already has.
 PRELOAD = ["__main__", "app.formats.sandbox", *MODULES, "defusedxml.ElementTree", "sentencex"]
-NICENESS = 5  # added to a reader's nice value: on a busy core it gets ~1/3 of a worker's share
+NICENESS = 10  # added to a reader's nice value: 5 below a worker's, so on a busy core it gets
+# ~1/3 of a worker's share (``app.serving.frontend.handle.WORKER_NICENESS``)
 POLL_S = 0.25  # how often the front end looks at a reader's CPU time while it waits for an answer
 MiB = 1024 * 1024
 

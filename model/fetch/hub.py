@@ -1,5 +1,11 @@
 """Models from the Hugging Face hub (``opus-mt:`` and ``hf:`` names), through ``huggingface_hub``:
-the exact commit resolved, only the files the Marian converter reads downloaded, then converted."""
+the exact commit resolved, only the files the Marian converter reads downloaded, then converted.
+
+Every answer huggingface_hub reads here is capped as the Argos downloads are, whatever its headers
+and the hub's metadata declare (``model.fetch.capped``): in bytes (NMT_FETCH_MAX_BYTES) and in time from
+the request to its last byte (NMT_FETCH_TIMEOUT_S). huggingface_hub's own timeout is per read: a
+server that sends a byte every few seconds, or without end, would hold a start-up for ever.
+"""
 
 from __future__ import annotations
 
@@ -75,8 +81,11 @@ def _hub_errors(name: ModelName, endpoint: str, e: Exception) -> FetchError | No
 
 def fetch_hf(name: ModelName, staging: Path, log: Log) -> dict[str, Any]:
     """Download the Marian files of ``name.repo`` at one commit and convert them into staging/model."""
-    from huggingface_hub import HfApi, hf_hub_download
+    from huggingface_hub import HfApi, hf_hub_download, set_client_factory
 
+    from model.fetch.capped import capped_client
+
+    set_client_factory(capped_client)
     # Read here, not at huggingface_hub's import: a process may set them after importing it.
     endpoint = (os.environ.get("HF_ENDPOINT") or HUB).rstrip("/")
     cache_dir = os.environ.get("HF_HUB_CACHE") or None

@@ -5,7 +5,10 @@ interpreter lock. Under overload the loop is always busy (parsing requests, answ
 thread that wants the lock back waits up to the interpreter's switch interval (5 ms) for it at
 each of a decoding step's ~75 operator calls: at 2,048 connections a model in the front end's
 process answered 2.9 sentences/s, under 1% of its capacity. In a process of its own the model
-shares nothing with HTTP but the CPU.
+shares nothing with HTTP but the CPU, and of that it gets what the front end leaves: a worker runs
+at a lower priority (``WORKER_NICENESS``), so that when the workers keep every core busy the event
+loop that answers ``/health`` and admits or refuses requests still gets a core as soon as it has
+work (at 2,048 connections on 2 cores, the slowest ``/health`` 31 -> 17 ms, ``benchmarks.overload``).
 
 No torch here: the child's side is named, not imported (``WORKER_ENTRY``); the process's target,
 ``_serve``, imports it by that name in the child only. What travels on the pipe is
@@ -17,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import importlib
 import multiprocessing
+import os
 from concurrent.futures import ThreadPoolExecutor
 from multiprocessing.connection import Connection
 from typing import Protocol
@@ -46,6 +50,10 @@ _SPAWNER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="nmt-spawner")
 # The child process's entry point, ``module:function`` (``serve_worker``'s signature): a name, so
 # that the front end's modules import nothing of the worker's (``lint-imports`` checks it).
 WORKER_ENTRY = "app.serving.worker.process:serve_worker"
+# Added to a worker's nice value, before it starts any thread (Linux's nice is per thread and
+# inherited): against the front end's weight of 1024 it weighs 335. Never above a document
+# reader's (``app.formats.sandbox.NICENESS``), so that a document never slows a typed line.
+WORKER_NICENESS = 5
 
 
 class Listener(Protocol):
@@ -59,7 +67,9 @@ class Listener(Protocol):
 
 def _serve(entry: str, *args: object) -> None:
     """The child process's target: import the worker's entry point by its name, in the child only
-    (what imports torch and the models never loads in the front end), and run it."""
+    (what imports torch and the models never loads in the front end), and run it, at a lower CPU
+    priority than the front end's."""
+    os.nice(WORKER_NICENESS)
     module, function = entry.split(":")
     getattr(importlib.import_module(module), function)(*args)
 
