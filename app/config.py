@@ -392,3 +392,11 @@ def describe_settings_error(error: ValidationError) -> str:
         shown = f" (got {got!r})" if loc and loc != "api_keys" and isinstance(got, str | int | float) else ""
         parts.append(f"{name}: {err['msg']}{shown}")
     return "invalid configuration: " + "; ".join(parts)
+
+
+def stores_on(settings: Settings, owner: str) -> bool:
+    """Whether ``owner`` (``key_owner``'s) may use stored glossaries, memories and the list of jobs:
+    a key's own always; without keys ("") only where the operator shares them
+    (``NMT_SHARED_STORES``): one store for every stranger would let each change what the others
+    are answered, and see their documents."""
+    return bool(owner) or settings.shared_stores

@@ -18,6 +18,17 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from app.database.errors import StoreUnavailable, logged
+from app.translation.errors import (
+    Busy,
+    Invalid,
+    TimedOut,
+    TooLarge,
+    TranslationError,
+    Unavailable,
+    Unsupported,
+)
+
 logger = logging.getLogger(__name__)
 
 # Keys of a pydantic error worth returning; "input" is left out so that a 1 MiB body is not echoed.
@@ -61,6 +72,37 @@ def summarize_validation_errors(errors: list[dict[str, Any]]) -> str:
     return "; ".join(parts) + (f" (and {more} more)" if more > 0 else "")
 
 
+# The use case's refusals (``app.translation.errors``) as HTTP statuses, nearest class first. A
+# document job records the same status as its answer.
+TRANSLATION_STATUS: dict[type[TranslationError], int] = {
+    Invalid: 400,
+    TooLarge: 413,
+    Busy: 503,
+    Unavailable: 503,
+    TimedOut: 504,
+    TranslationError: 400,
+}
+
+
+def status_of(error: TranslationError) -> int:
+    return next(TRANSLATION_STATUS[cls] for cls in type(error).__mro__ if cls in TRANSLATION_STATUS)
+
+
+async def translation_error_handler(request: Request, exc: Exception) -> JSONResponse:
+    """A refusal of the use case: its status, its message as ``error``, Retry-After where waiting
+    helps, and the served pairs beside LibreTranslate's words for a pair not served."""
+    assert isinstance(exc, TranslationError)
+    headers = {"Retry-After": exc.retry_after} if exc.retry_after else None
+    fields = {"supportedPairs": exc.supported} if isinstance(exc, Unsupported) else None
+    return error_response(status_of(exc), str(exc), headers, fields)
+
+
+def unavailable(e: StoreUnavailable, what: str, retry_after_s: str) -> StarletteHTTPException:
+    """The 503 for a store that failed: ``what`` ("the job store") and Retry-After, never the file's
+    path or the database's words, which are logged for the operator instead."""
+    return StarletteHTTPException(503, logged(e, what), {"Retry-After": retry_after_s})
+
+
 async def http_exception_handler(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, StarletteHTTPException)
     fields = exc.fields if isinstance(exc, ApiError) else None
@@ -83,5 +125,6 @@ async def unhandled_exception_handler(request: Request, exc: Exception) -> JSONR
 
 def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(StarletteHTTPException, http_exception_handler)
+    app.add_exception_handler(TranslationError, translation_error_handler)
     app.add_exception_handler(RequestValidationError, validation_exception_handler)
     app.add_exception_handler(Exception, unhandled_exception_handler)

@@ -42,7 +42,7 @@ from typing import Protocol
 from fastapi import HTTPException, Request
 from starlette.types import Scope
 
-from app.config import Settings
+from app.config import Settings, stores_on
 from app.keys import ApiKey, Keys, KeysError, load_keys
 from app.metrics import Metrics
 from app.usage import Refusal, UsageStore
@@ -342,14 +342,6 @@ def client_identity(request: Request) -> str:
 def key_identity(owner: str) -> str:
     """``client_identity`` of what is done for the key named ``owner`` (a request, a job)."""
     return f"key {owner}"
-
-
-def stores_on(settings: Settings, owner: str) -> bool:
-    """Whether ``owner`` (``key_owner``'s) may use stored glossaries, memories and the list of jobs:
-    a key's own always; without keys ("") only where the operator shares them
-    (``NMT_SHARED_STORES``): one store for every stranger would let each change what the others
-    are answered, and see their documents."""
-    return bool(owner) or settings.shared_stores
 
 
 def check_stores(limiter: KeyLimiter, settings: Settings) -> None:

@@ -19,7 +19,7 @@ class GlossaryEntryBody(BaseModel):
 
     model_config = ConfigDict(extra="ignore")
 
-    # Not empty (422); one of spaces only is ignored (``app.terminology.service``).
+    # Not empty (422); one of spaces only is ignored (``app.terminology.terms``).
     source: str = Field(min_length=1)
     target: str = Field(min_length=1)
 

@@ -31,7 +31,8 @@ from app.uploads import FileRequests
 
 class JobQueue(Protocol):
     """What the app asks of the document jobs' runner (``app.jobs.runner.JobRunner``; named by
-    this protocol because the runner imports routes, which import ``app.deps``, which imports this)."""
+    this protocol because the runner imports ``app.errors``, which imports FastAPI: nothing of this
+    module needs it)."""
 
     def start(self) -> None: ...
 

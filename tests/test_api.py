@@ -21,8 +21,9 @@ from pydantic import ValidationError
 
 from app.config import Settings
 from app.main import create_app
-from app.routes.sentences import run_until_disconnect, wait_for_disconnect
+from app.routes.sentences import wait_for_disconnect
 from app.serving.errors import DeadlineExceeded, EngineStopped, QueueFull, TooLarge
+from app.translation.sentences import run_until_disconnect
 from model.runtime.precision import int8_pays
 from model.translator import Translator
 

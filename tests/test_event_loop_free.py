@@ -23,7 +23,9 @@ import pytest
 from fastapi.testclient import TestClient
 
 from app import body as request_body
-from app.terminology import memory, service
+from app.routes import request_glossary
+from app.terminology import memory
+from app.terminology import terms as sentence_terms
 from tests.test_api import make_settings, serve
 
 FORM = {"source": "de", "target": "en"}
@@ -105,7 +107,7 @@ def test_health_is_answered_while_the_terms_of_a_file_of_numbers_are_found(
     client: TestClient, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     hold = Hold()
-    monkeypatch.setattr(service, "choose_terms", hold.wrap(service.choose_terms))
+    monkeypatch.setattr(sentence_terms, "choose_terms", hold.wrap(sentence_terms.choose_terms))
     files = {"file": ("numbers.txt", numbers(50_000))}
     response = assert_health_answered_while_held(
         client, hold, lambda: client.post("/translate_file", data=FORM, files=files)
@@ -118,7 +120,7 @@ def test_health_is_answered_while_the_terms_of_a_job_of_numbers_are_found(
 ) -> None:
     """The job's terms are found by the front end's job runner, in the background."""
     hold = Hold()
-    monkeypatch.setattr(service, "choose_terms", hold.wrap(service.choose_terms))
+    monkeypatch.setattr(sentence_terms, "choose_terms", hold.wrap(sentence_terms.choose_terms))
     response = client.post("/jobs", data=FORM, files={"file": ("numbers.txt", numbers(50_000))})
     assert response.status_code == 202, response.text
     job_id = response.json()["id"]
@@ -156,7 +158,7 @@ def test_health_is_answered_while_a_stored_glossary_sharing_a_first_word_is_made
     )
     assert made.status_code == 201, made.text
     hold = Hold()
-    monkeypatch.setattr(service, "Glossary", hold.wrap(service.Glossary))
+    monkeypatch.setattr(request_glossary, "Glossary", hold.wrap(request_glossary.Glossary))
     body = {**FORM, "q": " ".join(["Wort x"] * 500), "glossary_id": made.json()["id"]}
     response = assert_health_answered_while_held(client, hold, lambda: client.post("/translate", json=body))
     assert response.status_code == 200, response.text
@@ -167,7 +169,7 @@ def test_health_is_answered_while_a_long_text_to_translate_is_prepared(
 ) -> None:
     """/translate's own text: parsed, split and its terms found on a thread when it is large."""
     hold = Hold()
-    monkeypatch.setattr(service, "choose_terms", hold.wrap(service.choose_terms))
+    monkeypatch.setattr(sentence_terms, "choose_terms", hold.wrap(sentence_terms.choose_terms))
     body = {**FORM, "q": numbers(2_000).decode()}
     response = assert_health_answered_while_held(client, hold, lambda: client.post("/translate", json=body))
     assert response.status_code == 200, response.text

@@ -240,7 +240,7 @@ def test_the_slot_is_given_back_however_the_request_ends(
         return False, None
 
     with monkeypatch.context() as patch:
-        patch.setattr("app.routes.sentences.run_until_disconnect", gone)
+        patch.setattr("app.translation.sentences.run_until_disconnect", gone)
         assert translate(client, "solo-secret").status_code == 499
     assert free()
     assert translate(client, "solo-secret").status_code == 200

@@ -5,10 +5,11 @@ inflected forms listed, placeholder kinds), and the service's terms per sentence
 from __future__ import annotations
 
 import pytest
-from fastapi import HTTPException
 
-from app.terminology.service import sentence_terms, text_terminology
+from app.errors import status_of
+from app.terminology.terms import sentence_terms, text_terminology
 from app.text import split_text
+from app.translation.errors import TooLarge
 from model.decoding.terms import Glossary, GlossaryEntry, find_terms, placeholders, resolve
 
 # -- matching -------------------------------------------------------------------------------------
@@ -142,9 +143,9 @@ def test_glossary_terms_past_the_sentence_limit_are_a_400_placeholders_fill_what
     glossary = Glossary([GlossaryEntry("Hund", "dog"), GlossaryEntry("Katze", "cat")])
     terms = sentence_terms(["Hund 1 Katze 2 3."], glossary, protect=True, limit=3)
     assert [t.source for t in terms.terms[0]] == ["Hund", "1", "Katze"]
-    with pytest.raises(HTTPException) as refused:
+    with pytest.raises(TooLarge) as refused:
         sentence_terms(["Hund und Katze."], glossary, protect=True, limit=1)
-    assert refused.value.status_code == 413 and "at most 1" in refused.value.detail
+    assert status_of(refused.value) == 413 and "at most 1" in str(refused.value)
 
 
 def test_offsets_in_html_are_into_the_markup_where_the_term_is_written_escaped() -> None:

@@ -8,14 +8,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from app.database.errors import StoreUnavailable, unavailable
+from app.database.errors import StoreUnavailable
 from app.database.migrations import Migration
 from app.database.postgres import Postgres, PostgresDatabase
 from app.database.sqlite import SqliteDatabase
 
 Database = SqliteDatabase | PostgresDatabase
 
-__all__ = ["Database", "Migration", "Postgres", "StoreUnavailable", "open_database", "unavailable"]
+__all__ = ["Database", "Migration", "Postgres", "StoreUnavailable", "open_database"]
 
 
 def open_database(

@@ -38,22 +38,23 @@ from fastapi import HTTPException
 
 from app.config import Settings
 from app.database.errors import StoreUnavailable
+from app.errors import status_of
 from app.formats.documents import MEDIA_TYPES, download_name, extension
 from app.formats.limits import DocumentError
-from app.formats.sandbox import Busy, DocumentReaders
+from app.formats.sandbox import Busy as ReadersBusy
+from app.formats.sandbox import DocumentReaders
 from app.jobs.job import FINAL, ClaimedJob, Job, JobOptions, State
 from app.jobs.store import JobStore, StorageFull
-from app.key_limits import KeyLimiter, charge_owner, key_identity, stores_on
-from app.routes.sentences import SearchPlan, answer_with, decode_sentences
-from app.routes.translate import AUTO, check_languages, route_of, source_language
+from app.key_limits import KeyLimiter, charge_owner, key_identity
 from app.served import ServedModel
-from app.serving.errors import EngineError
 from app.serving.frontend.router import Route, Router
 from app.serving.frontend.scheduler import Scheduler
-from app.terminology.answers import OwnerLookup
 from app.terminology.cache import SegmentCache
 from app.terminology.memory import TranslationMemory
-from app.terminology.service import SentenceTerms, sentence_terms
+from app.terminology.terms import SentenceTerms, sentence_terms
+from app.translation.errors import Busy, TranslationError, Unavailable
+from app.translation.languages import AUTO, check_languages, route_of, source_language
+from app.translation.sentences import Caller, Recall, SearchPlan, SentenceRequest, translate_sentences
 from model.decoding.terms import Glossary, GlossaryEntry
 
 log = logging.getLogger("uvicorn.error").getChild("jobs")
@@ -158,7 +159,9 @@ class JobRunner:
             # runs out, and a runner (this one, or another replica's) takes it up again after its
             # last saved chunk.
             log.error("jobs: job %s paused, the store is unavailable: %s", job.id, e)
-        except HTTPException as e:  # a refusal the request would have had: the job's answer
+        except TranslationError as e:  # a refusal the request would have had: the job's answer
+            await self._fail(job, status_of(e), str(e))
+        except HTTPException as e:  # the key's limits (charge_owner): the job's answer too
             await self._fail(job, e.status_code, str(e.detail))
         except StorageFull as e:  # its result (or progress) would pass NMT_DATA_QUOTA_MB or fill the disk
             await self._fail(job, 507, str(e))
@@ -238,28 +241,19 @@ class JobRunner:
     ) -> list[str]:
         """The translations of ``sentences`` after the ``done`` ones, chunk by chunk, each saved."""
         s = self.services
-        lookup = None
-        if s.memory is not None and stores_on(s.settings, job.owner):  # (no memory to use without keys)
-            lookup = OwnerLookup(s.memory, job.owner, [route.source] * len(sentences), job.target)
-
-        def decode(
-            part: list[str], own: list[Route[ServedModel]], constraints: list[list[str]] | None
-        ) -> Any:
-            return decode_sentences(
-                part, own, s.scheduler, plan, CHUNK_TIMEOUT_S, constraints, background=True
-            )
-
+        recall = Recall(s.settings, s.memory, s.cache)
         # The segment cache's owner, as ``client_identity`` names a request's: the key's, or
         # without keys the job's own (its client's address is not kept).
         cached_as = key_identity(job.owner) if job.owner else f"job {job.id}"
+        caller = Caller(job.owner, cached_as, CHUNK_TIMEOUT_S, background=True)
 
         async def chunk(start: int) -> list[str]:
             part = sentences[start : start + CHUNK_SENTENCES]
             own = SentenceTerms(terms.terms[start : start + CHUNK_SENTENCES])
-            # The memory's lookups index the whole document's languages: one language here.
-            results = await retrying(
-                lambda: answer_with(part, [route] * len(part), plan, own, decode, cached_as, lookup, s.cache)
+            asked = SentenceRequest(
+                part, [route] * len(part), [route.source] * len(part), job.target, plan, own, caller
             )
+            results = await retrying(lambda: translate_sentences(asked, s.scheduler, recall))
             assert results is not None  # no client to go away: cancelling raises instead
             return [result.texts[0] for result in results]
 
@@ -291,22 +285,14 @@ def job_terms(sentences: Sequence[str], options: JobOptions, limit: int) -> Sent
     return sentence_terms(sentences, glossary, protect=options.protect_placeholders, limit=limit)
 
 
-RETRIED_STATUSES = (503,)  # the queue full, the engine restarting, a store busy: of the moment
-
-
 async def retrying(make: Callable[[], Awaitable[Any]]) -> Any:
     """``make()``'s result, tried again after ``RETRY_S`` while it fails for a reason of the moment
     (503: the queue full, every reader busy, no worker running)."""
     while True:
         try:
             return await make()
-        except Busy:
+        except (Busy, Unavailable, ReadersBusy):
             pass
-        except EngineError:
-            pass
-        except HTTPException as e:
-            if e.status_code not in RETRIED_STATUSES:
-                raise
         await asyncio.sleep(RETRY_S)
 
 

@@ -18,8 +18,8 @@ from app.key_limits import admit_given_key, admit_key
 from app.langid import detect
 from app.languages import source_languages
 from app.routes.openapi import openapi_body
-from app.routes.translate import is_utf8
 from app.schemas import DetectedLanguage, DetectRequest, ErrorResponse, ValidationErrorResponse
+from app.translation.texts import is_utf8
 
 api = APIRouter(tags=["translate"])
 

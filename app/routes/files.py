@@ -30,7 +30,7 @@ from starlette.requests import ClientDisconnect
 
 from app.body import MULTIPART, media_type, replayed, too_large, validate_request
 from app.config import Settings
-from app.database import StoreUnavailable, unavailable
+from app.database import StoreUnavailable
 from app.database.postgres import Postgres
 from app.deps import (
     FileRequestsDep,
@@ -42,7 +42,7 @@ from app.deps import (
     SchedulerDep,
     SettingsDep,
 )
-from app.errors import missing_parameter
+from app.errors import missing_parameter, unavailable
 from app.filestore import MIGRATIONS as DOWNLOAD_MIGRATIONS
 from app.filestore import FileStore, NoRoom, SharedDownload, SharedFileStore, StoredFile
 from app.formats.documents import MEDIA_TYPES, SUPPORTED, download_name, extension
@@ -56,17 +56,12 @@ from app.key_limits import (
     admit_key,
     charge_key,
     client_identity,
+    key_owner,
 )
 from app.routes.openapi import multipart_body
-from app.routes.sentences import Recall, RecallDep, SearchPlan, answer_sentences
-from app.routes.translate import (
-    AUTO,
-    CLIENT_CLOSED_REQUEST,
-    check_languages,
-    route_of,
-    shorten,
-    source_language,
-)
+from app.routes.request_glossary import request_glossary
+from app.routes.sentences import RecallDep, request_caller
+from app.routes.translate import CLIENT_CLOSED_REQUEST
 from app.schemas import (
     BadRequestResponse,
     ErrorResponse,
@@ -91,7 +86,10 @@ from app.slow_clients import (
     upload_seconds,
 )
 from app.terminology.glossaries import GlossaryStore
-from app.terminology.service import SentenceTerms, find_sentence_terms, request_glossary
+from app.terminology.terms import SentenceTerms, find_sentence_terms
+from app.translation.languages import AUTO, check_languages, route_of, shorten, source_language
+from app.translation.sentences import Recall, SearchPlan, SentenceRequest
+from app.translation.texts import Translations
 from app.uploads import BUSY_RETRY_AFTER_S
 
 api = APIRouter(tags=["files"])
@@ -243,26 +241,24 @@ async def translate_document(
     request: Request,
     sentences: tuple[str, ...],
     route: Route[ServedModel],
-    scheduler: Scheduler,
-    settings: Settings,
+    service: Translations,
     terms: SentenceTerms,
-    recall: Recall,
 ) -> list[str] | None:
     """Each sentence's best translation, a chunk at a time (the key's translation memory and the
-    segment cache first, as for /translate: ``recall``); None if the client went away. ``terms``:
-    each sentence's (terminology)."""
+    segment cache first, as for /translate); None if the client went away. ``terms``: each
+    sentence's (terminology)."""
+    settings = service.settings
     plan = SearchPlan(beam_size=settings.default_beam_size, n_best=1)
     chunk = max(1, min(CHUNK_SENTENCES, settings.max_queue // 2))
+    caller = request_caller(request, key_owner(request), client_identity(request), settings.request_timeout_s)
     out: list[str] = []
     for start in range(0, len(sentences), chunk):
         part = list(sentences[start : start + chunk])
-        routes = [route] * len(part)
         own = SentenceTerms(terms.terms[start : start + chunk])
-        languages = [route.source] * len(part)
-        timeout_s = settings.request_timeout_s
-        results = await answer_sentences(
-            request, part, routes, languages, route.target, scheduler, plan, timeout_s, own, recall
+        asked = SentenceRequest(
+            part, [route] * len(part), [route.source] * len(part), route.target, plan, own, caller
         )
+        results = await service.sentences(asked)
         if results is None:
             return None
         out += [result.texts[0] for result in results]
@@ -342,9 +338,8 @@ async def translate_upload(
     terms = await find_sentence_terms(
         document.sentences, glossary, protect=form.protect_placeholders, limit=limit
     )
-    translations = await translate_document(
-        request, document.sentences, route, scheduler, settings, terms, recall
-    )
+    service = Translations(settings, router, scheduler, recall)
+    translations = await translate_document(request, document.sentences, route, service, terms)
     if translations is None:
         return Response(status_code=CLIENT_CLOSED_REQUEST)
     try:

@@ -44,14 +44,14 @@ from app.jobs.store import RESULT, Job, JobOptions, JobsFull, JobStore, StorageF
 from app.key_limits import KeyLimiter, admit_key, key_owner, store_owner
 from app.routes.access import JOBS, ApiKeyQuery
 from app.routes.files import FILE_FORM_BODY, admit_form_key, check_format, read_form
+from app.routes.request_glossary import request_glossary
 from app.routes.stores import StoreCalls
-from app.routes.translate import check_languages
 from app.schemas import ErrorResponse
 from app.served import ServedModel
 from app.serving.frontend.router import Router
 from app.slow_clients import client_address
 from app.terminology.glossaries import GlossaryStore
-from app.terminology.service import request_glossary
+from app.translation.languages import check_languages
 
 api = APIRouter(tags=["jobs"], dependencies=JOBS)
 

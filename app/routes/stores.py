@@ -10,7 +10,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar, TypeVarTuple
 
-from app.database.errors import StoreUnavailable, unavailable
+from app.database.errors import StoreUnavailable
+from app.errors import unavailable
 
 R = TypeVar("R")
 Ts = TypeVarTuple("Ts")

@@ -1,5 +1,5 @@
 """Why a translation was not served; the API maps each to its status code
-(app.routes.sentences.engine_error)."""
+(app.translation.sentences.engine_error)."""
 
 from __future__ import annotations
 

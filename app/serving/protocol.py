@@ -39,7 +39,7 @@ from pathlib import Path
 # indices into its ids, end exclusive (``model.decoding.search.Hypothesis.spans``).
 Spans = tuple[tuple[int, int, int], ...]
 # Where the best text put each term: (term index, start, end) in characters, end exclusive, in
-# text order (the response's terminology, ``app.terminology.service.text_terminology``).
+# text order (the response's terminology, ``app.terminology.terms.text_terminology``).
 Placed = tuple[tuple[int, int, int], ...]
 # A sentence's constraints: target token-id sequences (no bos/eos) its translation must contain.
 Constraints = tuple[tuple[int, ...], ...]

@@ -25,13 +25,13 @@ import asyncio
 from collections.abc import Awaitable, Callable, Hashable, Sequence
 from typing import Any, TypeVar
 
-from app.config import Settings
-from app.database.errors import StoreUnavailable, unavailable
-from app.key_limits import stores_on
+from app.config import Settings, stores_on
+from app.database.errors import StoreUnavailable, logged
 from app.serving.frontend.router import Route
 from app.terminology.cache import SegmentCache
 from app.terminology.memory import TranslationMemory
 from app.terminology.precedence import plan
+from app.translation.errors import Unavailable
 
 R = TypeVar("R")
 # The memory's answers to some of a request's sentences: (their indices, their texts) -> each one's
@@ -93,7 +93,7 @@ class OwnerLookup:
         except StoreUnavailable as e:
             # Not the model instead: the key's team expects their translation, and would get
             # another one silently.
-            raise unavailable(e, "the translation memory", STORE_RETRY_AFTER_S) from None
+            raise Unavailable(logged(e, "the translation memory"), retry_after=STORE_RETRY_AFTER_S) from None
         return found
 
 
