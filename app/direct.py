@@ -7,9 +7,12 @@ quarter of the front end's CPU per /translate request, on the two cores the work
 straight from ``TranslationApp.__call__``, after the shedding gate and the turn, as FastAPI would
 have served it:
 
-- the endpoint is the route's own function (``app.routes.translate.translate``), called with the
-  dependencies' own functions (``app.deps``): a 503 before the models are loaded comes from the
-  same code;
+- the endpoint is the route's own function (``app.routes.translate.translate``), called with its
+  dependencies' own functions, found in the dependency tree FastAPI built from the endpoint's
+  signature (``route.dependant``: nothing here names them or their order), each called once per
+  request as FastAPI caches them: a 503 before the models are loaded comes from the same code. A
+  dependency that needs FastAPI's own parsing (a query, header or body parameter, a sync
+  function run on a thread, a security scope) is refused when the app starts;
 - ``RequestMetricsMiddleware`` counts it (with the matched route in ``scope``, as the router
   leaves it: the same labels);
 - an exception is answered by the handler the app registered for it (``app.errors``), looked up
@@ -27,24 +30,14 @@ import inspect
 from typing import Any
 
 from fastapi import FastAPI, Request
+from fastapi.dependencies.models import Dependant
 from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException
 from starlette.types import Receive, Scope, Send
 
-from app.deps import (
-    get_glossaries,
-    get_keys,
-    get_memory,
-    get_router,
-    get_scheduler,
-    get_segment_cache,
-    get_settings,
-    services_of,
-)
+from app.deps import services_of
 from app.middleware import RequestMetricsMiddleware
-from app.routes.sentences import get_recall
 from app.routes.translate import api as translate_routes
-from app.routes.translate import translate
 
 PATH = "/translate"
 
@@ -62,6 +55,7 @@ class DirectRoute:
         if len(routes) != 1:
             raise RuntimeError(f"expected one POST {PATH} route, found {len(routes)}")
         self.route = routes[0]
+        check_plain(self.route.dependant)
         self.asgi = RequestMetricsMiddleware(self._serve, services_of(app))
 
     @staticmethod
@@ -78,15 +72,9 @@ class DirectRoute:
     async def _serve(self, scope: Scope, receive: Receive, send: Send) -> None:
         request = Request(scope, receive, send)
         try:
-            # In the order of the endpoint's parameters, as FastAPI solves them.
-            settings, router, scheduler = (
-                await get_settings(request),
-                await get_router(request),
-                await get_scheduler(request),
-            )
-            keys, glossaries = await get_keys(request), await get_glossaries(request)
-            recall = await get_recall(settings, await get_memory(request), await get_segment_cache(request))
-            response = await translate(request, settings, router, scheduler, keys, glossaries, recall)
+            dependant = self.route.dependant
+            assert dependant.call is not None
+            response = await dependant.call(**await solve(dependant, request, {}))
         except Exception as exc:
             key = self._handler(exc)
             if key is None:
@@ -106,3 +94,43 @@ class DirectRoute:
         if isinstance(exc, HTTPException) and exc.status_code in handlers:
             return exc.status_code
         return next((cls for cls in type(exc).__mro__ if cls in handlers), None)
+
+
+def check_plain(dependant: Dependant) -> None:
+    """``RuntimeError`` unless every dependency of ``dependant`` (and it) takes only the request and
+    other such dependencies, and is a coroutine function: what ``solve`` can call as FastAPI would."""
+    parsed = (
+        dependant.path_params,
+        dependant.query_params,
+        dependant.header_params,
+        dependant.cookie_params,
+        dependant.body_params,
+    )
+    others = (
+        dependant.websocket_param_name,
+        dependant.http_connection_param_name,
+        dependant.response_param_name,
+        dependant.background_tasks_param_name,
+        dependant.security_scopes_param_name,
+    )
+    name = getattr(dependant.call, "__qualname__", repr(dependant.call))
+    plain = inspect.iscoroutinefunction(dependant.call) and dependant.use_cache
+    if any(parsed) or any(others) or not plain:
+        raise RuntimeError(f"{PATH}: {name} needs more than the request and its dependencies")
+    for sub in dependant.dependencies:
+        check_plain(sub)
+
+
+async def solve(dependant: Dependant, request: Request, solved: dict[Any, Any]) -> dict[str, Any]:
+    """The keyword arguments of ``dependant.call``: the request, and each dependency's value, each
+    dependency called once per request (``solved``: by function, as FastAPI's cache does)."""
+    values: dict[str, Any] = {}
+    if dependant.request_param_name:
+        values[dependant.request_param_name] = request
+    for sub in dependant.dependencies:
+        if sub.call not in solved:
+            assert sub.call is not None
+            solved[sub.call] = await sub.call(**await solve(sub, request, solved))
+        if sub.name is not None:
+            values[sub.name] = solved[sub.call]
+    return values

@@ -7,14 +7,17 @@ which is what the direct route must reproduce, status, body, headers and metrics
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import pytest
+from fastapi import Depends, Request
+from fastapi.dependencies.utils import get_dependant
 from fastapi.testclient import TestClient
 
-from app.direct import DirectRoute
+from app.direct import DirectRoute, check_plain, solve
 from app.main import TranslationApp, create_app
 from tests.test_api import make_settings
 
@@ -96,3 +99,45 @@ def test_not_ready_is_the_same_503_both_ways(client: TestClient) -> None:
         assert answer(client, True, request) == via_fastapi
     finally:
         state.ready = True
+
+
+# (At module level: the annotations are strings, resolved in the module's names.)
+async def by_query(q: str) -> str:
+    return q
+
+
+async def needs_a_query(request: Request, value: Annotated[str, Depends(by_query)]) -> None:
+    return None
+
+
+CALLS: list[str] = []
+
+
+async def shared(request: Request) -> int:
+    CALLS.append(request.url.path)
+    return 7
+
+
+async def built_on_it(value: Annotated[int, Depends(shared)]) -> int:
+    return value + 1
+
+
+async def endpoint(
+    request: Request, x: Annotated[int, Depends(shared)], y: Annotated[int, Depends(built_on_it)]
+) -> None:
+    return None
+
+
+def test_a_dependency_that_needs_fastapis_own_parsing_is_refused_when_the_app_starts() -> None:
+    with pytest.raises(RuntimeError, match="by_query needs more than the request"):
+        check_plain(get_dependant(path="/translate", call=needs_a_query))
+
+
+def test_the_endpoints_dependencies_are_found_in_its_signature_each_called_once() -> None:
+    dependant = get_dependant(path="/translate", call=endpoint)
+    check_plain(dependant)
+    request = Request({"type": "http", "method": "POST", "path": "/translate", "headers": []})
+    CALLS.clear()
+    values = asyncio.run(solve(dependant, request, {}))
+    assert values == {"request": request, "x": 7, "y": 8}
+    assert CALLS == ["/translate"]  # once, though two parameters need it

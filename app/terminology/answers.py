@@ -32,6 +32,7 @@ from app.terminology.cache import SegmentCache
 from app.terminology.memory import TranslationMemory
 from app.terminology.precedence import plan
 from app.translation.errors import Unavailable
+from model.decoding.options import nonblank
 
 R = TypeVar("R")
 # The memory's answers to some of a request's sentences: (their indices, their texts) -> each one's
@@ -109,8 +110,8 @@ async def answer(
     """Each sentence's result: ``remembered(text)`` for the memory's, a cached one, or the model's
     (``decode(indices)``: the results of those sentences, in that order, or None when the client
     went away, which this returns too)."""
-    todo = [i for i, s in enumerate(sentences) if s.strip()]
-    blank = [i for i, s in enumerate(sentences) if not s.strip()]
+    todo = nonblank(sentences)
+    blank = sorted(set(range(len(sentences))) - set(todo))
     texts = [sentences[i] for i in todo]
     memory: Callable[[Sequence[str]], Sequence[str | None]] | None = None
     if lookup is not None and todo:

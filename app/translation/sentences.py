@@ -23,6 +23,7 @@ from app.terminology.cache import SegmentCache
 from app.terminology.memory import TranslationMemory
 from app.terminology.terms import SentenceTerms
 from app.translation.errors import Busy, TimedOut, TooLarge, TranslationError, Unavailable
+from model.decoding.options import nonblank
 
 T = TypeVar("T")
 QUEUE_RETRY_AFTER_S = "1"  # a full queue: what the gate says too (``app.shedding.RETRY_AFTER_S``)
@@ -129,7 +130,7 @@ async def decode_sentences(
     workers, as they are if this is cancelled). ``terms``: each sentence's target strings its
     translation must contain."""
     caller.admitted()
-    todo = [i for i, s in enumerate(sentences) if s.strip()]
+    todo = nonblank(sentences)
     results = [SentenceResult.of_texts([""] * plan.n_best)] * len(sentences)
     if not todo:
         return results

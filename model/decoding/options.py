@@ -123,3 +123,10 @@ def ctranslate2_options(options: DecodeOptions) -> dict[str, Any]:
         "max_decoding_length": options.max_output_tokens - 1,
         "no_repeat_ngram_size": options.no_repeat_ngram_size,
     }
+
+
+def nonblank(texts: Sequence[str]) -> list[int]:
+    """The indices of the texts with something to translate. A blank text (empty, or whitespace
+    only) translates to "" without model work: the library, the service's sentence stage, its
+    memory and cache, and a pivot's second hop all skip them by this one rule."""
+    return [i for i, text in enumerate(texts) if text.strip()]

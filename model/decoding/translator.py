@@ -17,7 +17,7 @@ import torch
 from model.checkpoint import ModelInfo, load_model, read_info_and_tokenizer, source_prefix
 from model.decoding.batch import decode, pad_batch
 from model.decoding.constraints import beam_for
-from model.decoding.options import MAX_BEAM_SIZE, DecodeOptions
+from model.decoding.options import MAX_BEAM_SIZE, DecodeOptions, nonblank
 from model.decoding.search import Hypothesis
 from model.runtime.allocator import keep_freed_memory, release_freed_memory
 from model.runtime.precision import int8_pays
@@ -278,7 +278,7 @@ class Translator:
         source_prefix(self.info, target)  # ValueError for a target it cannot give, even for blank input
         n = chosen.n_best
         results: list[TranslationResult | None] = [None] * len(texts)
-        todo = [i for i, t in enumerate(texts) if t.strip()]
+        todo = nonblank(texts)
         for i in set(range(len(texts))) - set(todo):  # blank input: blank output, no model work
             results[i] = TranslationResult([""] * n, [0.0] * n, [[]] * n, [[] for _ in range(n)])
         if terms is not None and len(terms) != len(texts):

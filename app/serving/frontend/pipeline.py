@@ -28,6 +28,7 @@ from app.serving.errors import DeadlineExceeded
 from app.serving.frontend.router import Route
 from app.serving.frontend.scheduler import Request, Scheduler
 from app.serving.protocol import SentenceResult
+from model.decoding.options import nonblank
 
 
 class Translation:
@@ -129,7 +130,7 @@ class Translation:
             last = hop == hops - 1
             inputs = [one.texts[0] for one in rendered]
             rendered = [SentenceResult.of_texts([""] * (self.n_best if last else 1)) for _ in inputs]
-            todo = [i for i, text in enumerate(inputs) if text.strip()]
+            todo = nonblank(inputs)
             if not todo:
                 continue
             mine = [terms[i] for i in todo] if last else []
