@@ -28,17 +28,16 @@ from app.serving.protocol import (
     Answers,
     Constraints,
     Done,
-    Hypothesis,
     ModelDescription,
     Sentence,
     SentenceResult,
-    Spans,
 )
 from app.serving.worker.executor import Executor
 from app.serving.worker.inbox import HeldSentence, Inbox
 from app.serving.worker.models import ModelTable
 from model.decoding.batch import RunningBatch, Source
 from model.decoding.constraints import beam_for
+from model.decoding.hypothesis import Hypothesis, Spans
 from model.decoding.terms import GlossaryEntry
 from model.tokenizer import Tokenizer
 from model.translator import Translator
@@ -78,7 +77,8 @@ def test_served_model_renders_hypotheses_with_their_spans(model_dir: Path) -> No
 
 def nbest(*hypotheses: tuple[list[int], float, Spans]) -> SentenceResult:
     """A sentence's result as a worker sends it: each hypothesis's tokens, score and spans."""
-    return SentenceResult(tuple(Hypothesis(tokens, score, spans) for tokens, score, spans in hypotheses))
+    found = (Hypothesis(tokens, score, spans=spans) for tokens, score, spans in hypotheses)
+    return SentenceResult(tuple(found))
 
 
 class FakeRequest:

@@ -35,28 +35,13 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
 
-# Where one hypothesis realised its sentence's constraints: (start, end, constraint index), token
-# indices into its ids, end exclusive (``model.decoding.search.Hypothesis.spans``).
-Spans = tuple[tuple[int, int, int], ...]
+from model.decoding.hypothesis import Hypothesis
+
 # Where the best text put each term: (term index, start, end) in characters, end exclusive, in
 # text order (the response's terminology, ``app.terminology.terms.text_terminology``).
 Placed = tuple[tuple[int, int, int], ...]
 # A sentence's constraints: target token-id sequences (no bos/eos) its translation must contain.
 Constraints = tuple[tuple[int, ...], ...]
-
-
-@dataclass(frozen=True, slots=True)
-class Hypothesis:
-    """One translation of a sentence: the worker finds its tokens, score and spans, the front end
-    writes its text (``app.served.ServedModel.render``)."""
-
-    # Target ids, without bos and eos: the worker's. The front end drops them once it has written
-    # ``text`` (nothing after needs them, and a cached answer then costs its text alone: 447 bytes
-    # for a 15-token sentence against 995 with them).
-    tokens: list[int]
-    score: float  # length-normalised log-probability
-    spans: Spans = ()  # where it realised the sentence's constraints (none without)
-    text: str = ""
 
 
 @dataclass(frozen=True, slots=True)

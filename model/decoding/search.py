@@ -29,18 +29,9 @@ from torch import Tensor
 
 from model.decoding.constraints import ConstraintSet, ConstraintState
 from model.decoding.device_search import Found, Group, SearchRows, advance
+from model.decoding.hypothesis import Hypothesis
 from model.decoding.prefix import drop_secondary_eos
 from model.runtime.step import StepChoice
-
-
-@dataclass
-class Hypothesis:
-    tokens: list[int]  # generated ids, without bos and eos
-    score: float  # sum of token log-probs (eos included) / length**length_penalty
-    log_prob: float  # sum of token log-probs, eos included
-    # (start, end, constraint index) where each constraint was realised in ``tokens``, end
-    # exclusive, in the order they were met; empty without constraints.
-    spans: tuple[tuple[int, int, int], ...] = ()
 
 
 def length_normalized(log_prob: float, length: int, length_penalty: float) -> float:

@@ -36,7 +36,6 @@ from typing import Protocol
 
 from app.config import Settings
 from app.metrics import Metrics
-from app.serving.protocol import Hypothesis as Found
 from app.serving.protocol import SentenceResult
 from app.serving.worker.models import LoadedModel, ModelTable
 from model.decoding.batch import JOIN_RATIO, JOIN_WAIT_STEPS, RunningBatch, Source
@@ -363,4 +362,4 @@ class Executor:
         if lane.metrics is not None:
             lane.metrics.generated_tokens.inc(len(hyps[0].tokens) + 1 if hyps else 0)
             lane.metrics.sentences.labels("translated").inc()
-        return SentenceResult(tuple(Found(h.tokens, h.score, h.spans) for h in hyps))
+        return SentenceResult(tuple(hyps))

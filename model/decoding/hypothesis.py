@@ -1,0 +1,22 @@
+"""One translation of a sentence, from the search to the caller: what the search found (its tokens,
+score and log-probability, where it realised the sentence's constraints) and, once written, its
+text. The library's ``Translator``, the service's worker (it sends these to the front end:
+``app.serving.protocol.SentenceResult``) and the front end (``app.served.ServedModel.render`` writes
+the text and drops the tokens) use this one class. Torch-free: the front end imports it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# (start, end, constraint index) where each constraint was realised in ``tokens``, end exclusive, in
+# the order they were met; empty without constraints.
+Spans = tuple[tuple[int, int, int], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Hypothesis:
+    tokens: list[int]  # generated ids, without bos and eos (the front end drops them once written)
+    score: float  # sum of token log-probs (eos included) / length**length_penalty
+    log_prob: float = 0.0  # sum of token log-probs, eos included
+    spans: Spans = ()
+    text: str = ""  # written by the front end (``ServedModel.render``); "" before
