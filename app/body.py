@@ -19,9 +19,9 @@ from pydantic import BaseModel, ValidationError
 from pydantic.fields import FieldInfo
 from starlette.types import Message
 
-from app.errors import missing_parameter
 from app.schemas import TranslateRequest
 from app.slow_clients import BODY_TIMEOUT_S
+from app.translation.errors import missing_parameter
 
 URLENCODED = "application/x-www-form-urlencoded"
 MULTIPART = "multipart/form-data"

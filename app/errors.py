@@ -3,7 +3,8 @@
 Bad input is always a 4xx with a message saying what to change; a 500 means a bug in the service
 and is logged. Where LibreTranslate has a message for a case (a missing parameter, an unsupported
 language) the ``error`` is its message word for word, since clients and LibreTranslate's own tests
-compare it; anything more we have to say goes in other fields of the body (``ApiError``).
+compare it; anything more we have to say goes in other fields of the body (``supportedPairs``
+beside an unsupported language: ``translation_error_handler``).
 """
 
 from __future__ import annotations
@@ -34,19 +35,6 @@ logger = logging.getLogger(__name__)
 # Keys of a pydantic error worth returning; "input" is left out so that a 1 MiB body is not echoed.
 _ERROR_KEYS = ("type", "loc", "msg", "ctx")
 _MAX_LISTED_ERRORS = 5
-
-
-class ApiError(StarletteHTTPException):
-    """An HTTP error whose body has ``fields`` beside ``error`` (``{"error": ..., **fields}``)."""
-
-    def __init__(self, status_code: int, message: str, **fields: Any) -> None:
-        super().__init__(status_code, message)
-        self.fields = fields
-
-
-def missing_parameter(name: str) -> ApiError:
-    """LibreTranslate's 400 for a request without ``name`` (its words, which clients compare)."""
-    return ApiError(400, f"Invalid request: missing {name} parameter")
 
 
 def error_response(
@@ -105,8 +93,7 @@ def unavailable(e: StoreUnavailable, what: str, retry_after_s: str) -> Starlette
 
 async def http_exception_handler(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, StarletteHTTPException)
-    fields = exc.fields if isinstance(exc, ApiError) else None
-    return error_response(exc.status_code, str(exc.detail), exc.headers, fields)
+    return error_response(exc.status_code, str(exc.detail), exc.headers)
 
 
 async def validation_exception_handler(request: Request, exc: Exception) -> JSONResponse:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from fastapi import APIRouter, HTTPException, Request, Response
+from fastapi import APIRouter, Request, Response
 
 from app.body import parse_request
 from app.deps import KeysDep, RouterDep, SettingsDep
@@ -19,7 +19,7 @@ from app.langid import detect
 from app.languages import source_languages
 from app.routes.openapi import openapi_body
 from app.schemas import DetectedLanguage, DetectRequest, ErrorResponse, ValidationErrorResponse
-from app.translation.texts import is_utf8
+from app.translation.texts import check_encodable, check_limits
 
 api = APIRouter(tags=["translate"])
 
@@ -55,12 +55,8 @@ async def detect_language(
 ) -> Response:
     await admit_given_key(request, keys)  # a key in a header or the query: refused before the body is read
     req = await parse_request(request, settings.max_body_bytes, DetectRequest)
-    if len(req.q) > settings.max_chars:
-        raise HTTPException(
-            413, f"too much text: {len(req.q)} characters (at most {settings.max_chars} per request)"
-        )
-    if not is_utf8(req.q) or not is_utf8(req.api_key or ""):
-        raise HTTPException(400, "invalid text: unpaired surrogate (not representable in UTF-8)")
+    check_limits([req.q], settings)
+    check_encodable([req.q, req.api_key or ""])
     await admit_key(request, keys, req.api_key, requests=1, text_lengths=[len(req.q)])
     candidates = source_languages(router)
     if len(req.q) <= INLINE_CHARS:

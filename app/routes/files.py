@@ -42,7 +42,7 @@ from app.deps import (
     SchedulerDep,
     SettingsDep,
 )
-from app.errors import missing_parameter, unavailable
+from app.errors import unavailable
 from app.filestore import MIGRATIONS as DOWNLOAD_MIGRATIONS
 from app.filestore import FileStore, NoRoom, SharedDownload, SharedFileStore, StoredFile
 from app.formats.documents import MEDIA_TYPES, SUPPORTED, download_name, extension
@@ -87,6 +87,7 @@ from app.slow_clients import (
 )
 from app.terminology.glossaries import GlossaryStore
 from app.terminology.terms import SentenceTerms, find_sentence_terms
+from app.translation.errors import missing_parameter
 from app.translation.languages import AUTO, check_languages, route_of, shorten, source_language
 from app.translation.sentences import Recall, SearchPlan, SentenceRequest
 from app.translation.texts import Translations

@@ -20,11 +20,11 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from app.body import MULTIPART, media_type, validate_request
 from app.deps import KeysDep, MemoryDep, SettingsDep
-from app.errors import missing_parameter
 from app.routes.access import STORES, ApiKeyQuery
 from app.routes.glossaries import ERRORS, FORM_OVERHEAD_BYTES, in_store, owner_of, read_fields, store_error
 from app.routes.openapi import multipart_body
 from app.terminology.memory import MemoryImportError, TranslationMemory
+from app.translation.errors import missing_parameter
 
 api = APIRouter(tags=["memories"], dependencies=STORES)
 

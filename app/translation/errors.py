@@ -22,6 +22,11 @@ class Invalid(TranslationError):
     that is not UTF-8, HTML that cannot be read)."""
 
 
+def missing_parameter(name: str) -> Invalid:
+    """LibreTranslate's words for a request without ``name`` (clients compare them)."""
+    return Invalid(f"Invalid request: missing {name} parameter")
+
+
 class Unsupported(Invalid):
     """A language, or a pair, that no served model translates; ``supported``: the pairs served."""
 

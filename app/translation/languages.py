@@ -10,7 +10,7 @@ from app.languages import language_name, served_pairs, source_languages
 from app.schemas import DetectedLanguage
 from app.served import ServedModel
 from app.serving.frontend.router import Route, Router
-from app.translation.errors import Invalid, Unsupported
+from app.translation.errors import Unsupported, missing_parameter
 
 AUTO = "auto"
 
@@ -23,11 +23,6 @@ def clip(value: str, limit: int = 32) -> str:
 def shorten(value: str, limit: int = 32) -> str:
     """A user-supplied value quoted for an error message, cut so that messages stay small."""
     return repr(clip(value, limit))
-
-
-def missing_parameter(name: str) -> Invalid:
-    """LibreTranslate's words for a request without ``name`` (clients compare them)."""
-    return Invalid(f"Invalid request: missing {name} parameter")
 
 
 def unsupported(message: str, router: Router[ServedModel]) -> Unsupported:
