@@ -55,18 +55,18 @@ RUN if [ -n "$NMT_MODELS" ]; then \
         && rm -rf /tmp/hf-cache; \
     fi
 # docker build --build-arg PRECOMPILE=true: the shipped models' decoding steps compiled into the
-# image (python -m app.precompile), so that a container is ready in seconds rather than compiling
+# image (python -m app.models.precompile), so that a container is ready in seconds rather than compiling
 # at its first start. A compiled step is named by the CPU's features: build on the CPU kind you
 # serve on (on another, the step is compiled at start, as without this).
 ARG PRECOMPILE=false
-RUN if [ "$PRECOMPILE" = true ]; then python -m app.precompile; fi
+RUN if [ "$PRECOMPILE" = true ]; then python -m app.models.precompile; fi
 EXPOSE 8000
 HEALTHCHECK --interval=10s --timeout=3s --start-period=120s --retries=3 \
     CMD ["python", "-c", "import sys, urllib.request; sys.exit(urllib.request.urlopen('http://127.0.0.1:8000/health/ready', timeout=2).status != 200)"]
 # One uvicorn process per container: it is the front end (HTTP, the queue, admission, metrics) and
 # starts the model workers itself (NMT_REPLICAS, one per core by default); scale out with more
-# containers (docker compose up --scale translator=N). Its options are app.connections.SERVE_OPTIONS:
+# containers (docker compose up --scale translator=N). Its options are app.http.connections.SERVE_OPTIONS:
 # uvicorn's protocol with a deadline and a size for each request's head; asyncio's event loop, not
 # uvloop (under a flood uvloop left new connections unanswered for seconds); no access log (a line
 # per request cost the event loop ~0.4 ms of CPU; /metrics counts requests by endpoint and status).
-CMD ["uvicorn", "app.main:app", "--host", "0.0.0.0", "--port", "8000", "--workers", "1", "--http", "app.connections:GuardedHttp", "--loop", "asyncio", "--no-access-log"]
+CMD ["uvicorn", "app.main:app", "--host", "0.0.0.0", "--port", "8000", "--workers", "1", "--http", "app.http.connections:GuardedHttp", "--loop", "asyncio", "--no-access-log"]

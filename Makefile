@@ -61,7 +61,7 @@ lint: $(STAMP)
 	$(BIN)/lint-imports
 
 serve: $(if $(wildcard $(STAMP)),$(STAMP),$(SERVE_STAMP))
-	$(BIN)/uvicorn app.main:app --host 0.0.0.0 --port $(PORT) --http app.connections:GuardedHttp --loop asyncio --no-access-log
+	$(BIN)/uvicorn app.main:app --host 0.0.0.0 --port $(PORT) --http app.http.connections:GuardedHttp --loop asyncio --no-access-log
 
 train:
 	$(BIN)/python -m training.train --config $(CONFIG)

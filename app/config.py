@@ -45,7 +45,7 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="ignore", frozen=True)
 
     # The model directories to serve: comma-separated paths, each a model directory or a directory
-    # of model directories (every subdirectory with a config.json, by name; app.served). By default
+    # of model directories (every subdirectory with a config.json, by name; app.models.served). By default
     # every model shipped in artifacts/: both directions where both are shipped. Each model is one
     # worker's own (app/serving/frontend/placement.py: the machine holds it once, more only for a
     # hot model), not workers of its own (NMT_WORKER_MODEL_MEMORY_MB bounds what a worker holds).
@@ -108,7 +108,7 @@ class Settings(BaseSettings):
     max_file_requests: PositiveInt = 16
     # Requests open at once from one client address (its connections with a request in progress:
     # one waiting for its body counts), 0 for no bound; past it a request is answered 429 and its
-    # connection closed, five seconds later (app/slow_clients.py). The address is the one a trusted
+    # connection closed, five seconds later (app/http/slow_clients.py). The address is the one a trusted
     # proxy forwarded (uvicorn's FORWARDED_ALLOW_IPS), else the peer's: behind an untrusted proxy
     # every client shares the proxy's. Health probes are never counted.
     max_connections_per_client: NonNegativeInt = 512
@@ -136,8 +136,8 @@ class Settings(BaseSettings):
     frontend_timeout_ms: PositiveInt = 500
     # Comma-separated in the environment ("k1,k2"); empty means no authentication (unless a keys file).
     api_keys: Annotated[tuple[str, ...], NoDecode] = ()
-    # More keys, each with a name and limits of its own: a TOML file (app/keys.py, docs/keys.md "API keys
-    # and limits"), read at start.
+    # More keys, each with a name and limits of its own: a TOML file (app/keys/accepted.py,
+    # docs/keys.md "API keys and limits"), read at start.
     api_keys_file: Path | None = None
     # Each key's limits where the keys file sets none (0: no limit): requests as LibreTranslate's
     # req_limit counts them (a list q is one per text) and characters, in any minute and any 24 hours;
@@ -153,12 +153,12 @@ class Settings(BaseSettings):
     key_metrics: bool = False
     # The keys' windows and requests in flight in this Redis (redis://[:password@]host:port/db,
     # rediss:// for TLS, unix://), shared by every replica of the service, so that a key's limits
-    # hold across them (app/usage_redis.py). Unset: counted in NMT_DATA_DIR (usage.sqlite3), shared
+    # hold across them (app/keys/usage_redis.py). Unset: counted in NMT_DATA_DIR (usage.sqlite3), shared
     # only by the processes that use the same directory.
     redis_url: str | None = None
     # The jobs (with their files), stored glossaries and translation memories in this PostgreSQL
     # (postgresql://user:password@host:port/database), shared by every replica of the service, so
-    # that whichever replica answers finds them (app/database/). Unset: SQLite files and job
+    # that whichever replica answers finds them (app/stores/database/). Unset: SQLite files and job
     # directories in NMT_DATA_DIR, shared only by the processes that use the same directory.
     database_url: str | None = None
     # Where the keys' usage is counted (usage.sqlite3) without NMT_REDIS_URL: shared by the front

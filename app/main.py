@@ -27,25 +27,12 @@ from fastapi import FastAPI
 from pydantic import ValidationError
 
 from app.config import Settings, describe_settings_error, service_version
-from app.database import Database, StoreUnavailable
-from app.database.postgres import DatabaseUnusable, Postgres, PostgresDatabase
-from app.deps import services_of
-from app.direct import DirectRoute
-from app.entry import TranslationApp
-from app.errors import install_error_handlers
-from app.fetched import named_model_dirs
-from app.filestore import SharedFileStore
-from app.jobs.disk import MIB
-from app.jobs.runner import JobRunner, Services
-from app.jobs.store import JobStore
-from app.key_limits import open_key_limiter
-from app.keys import KeysError
-from app.langid import prepare as prepare_langid
-from app.languages import source_languages, target_languages
-from app.loop_monitor import watch_event_loop
-from app.metrics import Metrics, process_metrics
-from app.middleware import RequestMetricsMiddleware
-from app.routes import (
+from app.http.deps import services_of
+from app.http.direct import DirectRoute
+from app.http.entry import TranslationApp
+from app.http.errors import install_error_handlers
+from app.http.middleware import RequestMetricsMiddleware
+from app.http.routes import (
     detect,
     files,
     frontend,
@@ -58,19 +45,32 @@ from app.routes import (
     metrics,
     translate,
 )
-from app.served import ServedModel, find_model_dirs, model_names
+from app.http.shedding import TURNS
+from app.http.slow_clients import ClientLimit
+from app.http.uploads import FileRequests
+from app.jobs.disk import MIB
+from app.jobs.runner import JobRunner, Services
+from app.jobs.store import JobStore
+from app.keys.accepted import KeysError
+from app.keys.limits import open_key_limiter
+from app.models.fetched import named_model_dirs
+from app.models.served import ServedModel, find_model_dirs, model_names
+from app.monitoring.loop import watch_event_loop
+from app.monitoring.metrics import Metrics, process_metrics
 from app.services import AppServices
 from app.serving.cores import CoreBoard
 from app.serving.frontend.handle import WorkerProcess
 from app.serving.frontend.router import Router
 from app.serving.frontend.scheduler import Scheduler
 from app.serving.protocol import ModelDescription, ModelSpec
-from app.shedding import TURNS
-from app.slow_clients import ClientLimit
+from app.stores.database import Database, StoreUnavailable
+from app.stores.database.postgres import DatabaseUnusable, Postgres, PostgresDatabase
+from app.stores.downloads import SharedFileStore
 from app.terminology.cache import SegmentCache
 from app.terminology.glossaries import GlossaryStore
 from app.terminology.memory import TranslationMemory
-from app.uploads import FileRequests
+from app.translation.codes import source_languages, target_languages
+from app.translation.langid import prepare as prepare_langid
 from model.directory import ModelDirError, ModelInfo
 from model.fetch import FetchError
 from model.tokenizer import Tokenizer
@@ -133,7 +133,7 @@ def quiet_garbage_collector() -> None:
     every live object, thousands per open connection: at the default thresholds it came every 1-1.5 s
     at 2,048 connections and held the event loop for 0.3-0.4 s each time. It now comes after 1,000
     collections of the middle generation, not 10 (minutes apart under that load; each held the loop
-    for 80-100 ms there, with the closed connections' cycles broken: ``app.connections``).
+    for 80-100 ms there, with the closed connections' cycles broken: ``app.http.connections``).
 
     The young generation keeps its default of 700: its threshold counts allocations *less
     deallocations of any generation's objects*, so under a steady flow of requests, whose objects die
@@ -147,7 +147,7 @@ def quiet_garbage_collector() -> None:
 
 def open_models(settings: Settings) -> list[tuple[ModelSpec, ModelInfo, Tokenizer]]:
     """Every model directory ``NMT_MODEL_DIR`` names, then those of ``NMT_MODELS`` (fetched now where
-    they were not before: app/fetched.py), with their metadata and vocabulary; a missing or broken
+    they were not before: app/models/fetched.py), with their metadata and vocabulary; a missing or broken
     one stops the start here, named, before any worker starts."""
     try:
         dirs = find_model_dirs(settings.model_dir)
@@ -244,7 +244,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
             "NMT_DATABASE_URL is set without NMT_REDIS_URL: the keys' limits are counted in this "
             "replica's NMT_DATA_DIR, so with N replicas a key gets up to N times its limits"
         )
-    # SQLite files are opened on first use (app/database/): nothing touches NMT_DATA_DIR until then.
+    # SQLite files are opened on first use (app/stores/database/): nothing touches NMT_DATA_DIR until then.
     glossaries = GlossaryStore(
         settings.data_dir, settings.max_glossaries, settings.glossary_max_entries, server=database
     )
@@ -352,7 +352,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         services.scheduler = scheduler
         services.turns = asyncio.Semaphore(TURNS)
         # The loop's lag recorded, and a request that holds the loop named, while ready
-        # (app/loop_monitor.py); start-up's own work on the loop is not what it warns about.
+        # (app/monitoring/loop.py); start-up's own work on the loop is not what it warns about.
         with readiness_fails_on_shutdown(services), watch_event_loop(metrics):
             services.ready = True
             for model in models:

@@ -2,8 +2,8 @@
 
 ``create_app`` (app.main) stores one on ``app.state.services``, empty but for the settings it was
 given; the lifespan fills it in as it opens and starts each part, and closes them at shutdown.
-Routes reach a part through its dependency (``app.deps``: 503 while it is None); the layers that
-run before FastAPI's (``app.shedding``, ``app.middleware``) are given the object itself.
+Routes reach a part through its dependency (``app.http.deps``: 503 while it is None); the layers that
+run before FastAPI's (``app.http.shedding``, ``app.http.middleware``) are given the object itself.
 """
 
 from __future__ import annotations
@@ -13,25 +13,25 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from app.config import Settings
-from app.database.postgres import Postgres
-from app.filestore import FileStore, SharedFileStore
 from app.formats.sandbox import DocumentReaders
+from app.http.slow_clients import ClientLimit
+from app.http.uploads import FileRequests
 from app.jobs.store import JobStore
-from app.key_limits import KeyLimiter
-from app.metrics import Metrics
-from app.served import ServedModel
+from app.keys.limits import KeyLimiter
+from app.models.served import ServedModel
+from app.monitoring.metrics import Metrics
 from app.serving.frontend.router import Router
 from app.serving.frontend.scheduler import Scheduler
-from app.slow_clients import ClientLimit
+from app.stores.database.postgres import Postgres
+from app.stores.downloads import FileStore, SharedFileStore
 from app.terminology.cache import SegmentCache
 from app.terminology.glossaries import GlossaryStore
 from app.terminology.memory import TranslationMemory
-from app.uploads import FileRequests
 
 
 class JobQueue(Protocol):
     """What the app asks of the document jobs' runner (``app.jobs.runner.JobRunner``; named by
-    this protocol because the runner imports ``app.errors``, which imports FastAPI: nothing of this
+    this protocol because the runner imports ``app.http.errors``, which imports FastAPI: nothing of this
     module needs it)."""
 
     def start(self) -> None: ...
@@ -50,7 +50,7 @@ class AppServices:
     # Made in the lifespan before the workers start (the stores are opened on first use):
     metrics: Metrics | None = None
     keys: KeyLimiter | None = None  # the API keys, their limits and usage
-    clients: ClientLimit | None = None  # requests open per client address (app.slow_clients)
+    clients: ClientLimit | None = None  # requests open per client address (app.http.slow_clients)
     database: Postgres | None = None  # the stores' shared PostgreSQL (NMT_DATABASE_URL), if any
     glossaries: GlossaryStore | None = None  # stored glossaries (/glossaries, glossary_id)
     memory: TranslationMemory | None = None  # the keys' translation memories (/memories)
@@ -63,6 +63,6 @@ class AppServices:
     jobs: JobStore | None = None  # document jobs, on disk or in the database
     job_runner: JobQueue | None = None  # runs the queued jobs
     scheduler: Scheduler | None = None  # the workers, and the queues in front of them
-    turns: asyncio.Semaphore | None = None  # requests parsed at a time past the gate (app.shedding)
+    turns: asyncio.Semaphore | None = None  # requests parsed at a time past the gate (app.http.shedding)
     # True from the end of start-up until shutdown begins (a signal, or the lifespan's end).
     ready: bool = False

@@ -1,4 +1,4 @@
-"""What per-key limits cost a request: ``admit_key`` and ``release_key`` (app/key_limits.py), the
+"""What per-key limits cost a request: ``admit_key`` and ``release_key`` (app/keys/limits.py), the
 whole path a keyed request takes (the key found by its SHA-256, its limits checked and counted in
 the usage store, its metrics, its slot given back), without HTTP or a model. The store is the SQLite
 file, or with ``--redis-url`` the Redis that replicas share (``NMT_REDIS_URL``).
@@ -27,11 +27,11 @@ from typing import Any, cast
 
 from fastapi import Request
 
-from app.key_limits import KeyLimiter, admit_key, release_key
-from app.keys import ApiKey, Keys, sha256
-from app.metrics import process_metrics
-from app.usage import KeyLimits, UsageStore
-from app.usage_redis import RedisUsageStore
+from app.keys.accepted import ApiKey, Keys, sha256
+from app.keys.limits import KeyLimiter, admit_key, release_key
+from app.keys.usage import KeyLimits, UsageStore
+from app.keys.usage_redis import RedisUsageStore
+from app.monitoring.metrics import process_metrics
 
 HIGH = 10**12
 CONFIGURATIONS = {

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from app.connections import SERVE_OPTIONS
+from app.http.connections import SERVE_OPTIONS
 from benchmarks.common import REPO
 
 HOST = "127.0.0.1"

@@ -164,7 +164,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--uvicorn-args",
         default=None,
-        help="uvicorn's options, one string (default: as deployed, app.connections.SERVE_OPTIONS)",
+        help="uvicorn's options, one string (default: as deployed, app.http.connections.SERVE_OPTIONS)",
     )
     p.add_argument("--json", type=Path)
     return p.parse_args(argv)

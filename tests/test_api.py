@@ -20,8 +20,8 @@ from fastapi.testclient import TestClient
 from pydantic import ValidationError
 
 from app.config import Settings
+from app.http.routes.sentences import wait_for_disconnect
 from app.main import create_app
-from app.routes.sentences import wait_for_disconnect
 from app.serving.errors import DeadlineExceeded, EngineStopped, QueueFull, TooLarge
 from app.translation.sentences import run_until_disconnect
 from model.runtime.precision import int8_pays
@@ -649,8 +649,8 @@ def test_spec_is_the_openapi_document_with_the_served_languages(client: TestClie
 
 def test_every_request_gives_back_its_gate_place_and_its_turn(client: TestClient) -> None:
     """Translated, refused by a route check or malformed: none keeps (or gives back twice) the
-    admission place and the parsing turn it took (app.shedding)."""
-    from app.shedding import TURNS
+    admission place and the parsing turn it took (app.http.shedding)."""
+    from app.http.shedding import TURNS
 
     assert translate(client, q="Ein Mann.").status_code == 200
     assert translate(client, q=["Eins.", "Zwei."]).status_code == 200

@@ -1,4 +1,4 @@
-"""Request bodies (``app.body``): repeated fields grouped as LibreTranslate does, and a large body
+"""Request bodies (``app.http.body``): repeated fields grouped as LibreTranslate does, and a large body
 parsed on a thread into the very request a small one parsed on the event loop gives."""
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ import pytest
 from fastapi import HTTPException
 from starlette.requests import Request
 
-from app import body as request_body
-from app.body import INLINE_BYTES, group_fields, parse_request
-from app.schemas import TranslateRequest
+from app.http import body as request_body
+from app.http.body import INLINE_BYTES, group_fields, parse_request
+from app.http.schemas import TranslateRequest
 from tests.test_api import multipart
 
 

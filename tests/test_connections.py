@@ -1,4 +1,4 @@
-"""A request's head has a deadline and a size (app/connections.py): uvicorn serving a small app in
+"""A request's head has a deadline and a size (app/http/connections.py): uvicorn serving a small app in
 this process with ``GuardedHttp``, and with uvicorn's own protocol where the difference shows."""
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ import uvicorn
 from starlette.types import ASGIApp, Receive, Scope, Send
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-import app.connections
-from app.connections import MAX_HEAD_BYTES, SERVE_OPTIONS, GuardedHttp
+import app.http.connections
+from app.http.connections import MAX_HEAD_BYTES, SERVE_OPTIONS, GuardedHttp
 
 REPO = Path(__file__).resolve().parents[1]
 DEADLINE_S = 0.5  # HEADER_TIMEOUT_S here
@@ -62,7 +62,7 @@ def serving(protocol: type[HttpToolsProtocol], asgi: ASGIApp = length_app) -> It
 
 @pytest.fixture
 def port(monkeypatch: pytest.MonkeyPatch) -> Iterator[int]:
-    monkeypatch.setattr(app.connections, "HEADER_TIMEOUT_S", DEADLINE_S)
+    monkeypatch.setattr(app.http.connections, "HEADER_TIMEOUT_S", DEADLINE_S)
     with serving(GuardedHttp) as p:
         yield p
 
@@ -140,7 +140,7 @@ def test_a_slow_answer_is_never_cut_by_the_head_deadline(monkeypatch: pytest.Mon
         await asyncio.sleep(DEADLINE_S * 3)
         await length_app(scope, receive, send)
 
-    monkeypatch.setattr(app.connections, "HEADER_TIMEOUT_S", DEADLINE_S)
+    monkeypatch.setattr(app.http.connections, "HEADER_TIMEOUT_S", DEADLINE_S)
     with serving(GuardedHttp, slow_app) as p, connect(p) as s:
         s.sendall(request(b"abcd"))
         assert read_response(s) == (b"HTTP/1.1 200 OK", b"4")

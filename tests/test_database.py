@@ -1,4 +1,4 @@
-"""``app.database.sqlite.SqliteDatabase``: a store that was never written is looked for at most
+"""``app.stores.database.sqlite.SqliteDatabase``: a store that was never written is looked for at most
 once per ``ABSENT_RECHECK_S``; this process's own writes are read at once, another's within that."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ from unittest import mock
 
 import pytest
 
-from app.database import sqlite as database
-from app.database.migrations import Migration
-from app.database.sqlite import SqliteDatabase
+from app.stores.database import sqlite as database
+from app.stores.database.migrations import Migration
+from app.stores.database.sqlite import SqliteDatabase
 
 SCHEMA = "CREATE TABLE IF NOT EXISTS t (x INTEGER);"
 MIGRATIONS = [Migration(1, SCHEMA, SCHEMA)]

@@ -1,4 +1,4 @@
-"""POST /translate served by ``app.direct.DirectRoute`` answers exactly as FastAPI's own route.
+"""POST /translate served by ``app.http.direct.DirectRoute`` answers exactly as FastAPI's own route.
 
 The reference is the same started app with the direct route switched off (``app.direct = None``):
 every request then goes through FastAPI's routing, dependencies, middleware and exception handlers,
@@ -17,7 +17,7 @@ from fastapi import Depends, Request
 from fastapi.dependencies.utils import get_dependant
 from fastapi.testclient import TestClient
 
-from app.direct import DirectRoute, check_plain, solve
+from app.http.direct import DirectRoute, check_plain, solve
 from app.main import TranslationApp, create_app
 from tests.test_api import make_settings
 
@@ -82,7 +82,7 @@ def test_a_bug_is_the_same_500_both_ways(client: TestClient, monkeypatch: pytest
     def boom(*args: Any, **kwargs: Any) -> Any:
         raise RuntimeError("boom")
 
-    monkeypatch.setattr("app.routes.translate.check_limits", boom)
+    monkeypatch.setattr("app.http.routes.translate.check_limits", boom)
     request = {"json": {"q": "x", "source": "de", "target": "en"}}
     via_fastapi = answer(client, False, request)
     assert via_fastapi[0] == 500

@@ -22,8 +22,8 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from app import body as request_body
-from app.routes import request_glossary
+from app.http import body as request_body
+from app.http.routes import request_glossary
 from app.terminology import memory
 from app.terminology import terms as sentence_terms
 from tests.test_api import make_settings, serve

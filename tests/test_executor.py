@@ -17,7 +17,7 @@ import pytest
 import torch
 from conftest import SENTENCES, compile_cache_dir, needs_cpu_package, synthetic_sentences
 
-from app.metrics import Metrics, process_metrics
+from app.monitoring.metrics import Metrics, process_metrics
 from app.serving.protocol import Sentence, SentenceResult
 from app.serving.worker.executor import BACKGROUND_EVERY, JOIN_RATIO, JOIN_WAIT_STEPS, Executor, Held
 from app.serving.worker.inbox import Inbox

@@ -23,7 +23,7 @@ import pytest
 from pydantic import ValidationError
 
 from app.config import Settings
-from app.fetched import named_model_dirs
+from app.models.fetched import named_model_dirs
 from model.decoding.options import DecodeOptions
 from model.fetch import (
     ARGOS_SEARCH,

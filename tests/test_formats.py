@@ -16,7 +16,7 @@ from app.formats.documents import read
 from app.formats.html import HtmlDocument
 from app.formats.inline import Block, Mark
 from app.formats.limits import DocumentError
-from app.text import sentence_spans
+from app.translation.segments import sentence_spans
 
 Translate = Callable[[str], str]
 LIMITS = Settings().document_limits()  # the defaults

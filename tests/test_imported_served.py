@@ -25,7 +25,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from app.config import Settings
-from app.metrics import Metrics
+from app.monitoring.metrics import Metrics
 from model.decoding.terms import sentence_terms
 from model.translator import Translator
 from tests.conftest import under_ci

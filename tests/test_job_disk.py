@@ -21,12 +21,12 @@ from fastapi.testclient import TestClient
 from starlette.requests import Request
 
 from app.config import Settings
-from app.filestore import OWNER_SHARE, FileStore, NoRoom
 from app.jobs import files as job_files
 from app.jobs import store as job_store
 from app.jobs.disk import MIB
 from app.jobs.store import OPTIONS, PROGRESS, RESULT, UPLOAD, JobOptions, JobsFull, JobStore, StorageFull
-from app.key_limits import client_identity
+from app.keys.limits import client_identity
+from app.stores.downloads import OWNER_SHARE, FileStore, NoRoom
 from tests.test_api import assert_error, make_settings, serve
 from tests.test_jobs import FORM, german, submit, text_file, wait
 

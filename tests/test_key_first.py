@@ -1,4 +1,4 @@
-"""The key before the body (app/key_limits.py ``admit_given_key``): given in a header
+"""The key before the body (app/keys/limits.py ``admit_given_key``): given in a header
 (``Authorization: Bearer``, ``X-API-Key``) or the query, it is checked before a byte of the body
 is read and before an upload takes a place; the body's ``api_key`` field still works, and may not
 name another key. Looking at jobs counts under the key's limits."""

@@ -1,4 +1,4 @@
-"""API keys with limits over HTTP (app/key_limits.py): what clients get from the real app with a
+"""API keys with limits over HTTP (app/keys/limits.py): what clients get from the real app with a
 model worker and the tiny random model. The usage store's clock is replaced by one the tests
 move: Retry-After values are exact."""
 
@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
+from app.keys.usage import KeyLimits, UsageStore
 from app.main import create_app, lifespan
-from app.usage import KeyLimits, UsageStore
 from tests.test_api import assert_error, make_settings, serve
 from tests.test_keys import write_keys
 

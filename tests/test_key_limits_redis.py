@@ -1,4 +1,4 @@
-"""A key's limits across replicas (NMT_REDIS_URL, app/usage_redis.py), against a real Redis
+"""A key's limits across replicas (NMT_REDIS_URL, app/keys/usage_redis.py), against a real Redis
 (tests/redis_server.py): replicas count in one place, so a key gets its limits once, not once per
 replica; a replica that dies frees its slots; a Redis that cannot be used stops the start with one
 line, and one lost while running answers 503 with Retry-After until it is back."""
@@ -18,12 +18,12 @@ import httpx
 import pytest
 from fastapi.testclient import TestClient
 
-from app.key_limits import LEASE_KEY, KeyLimiter, Lease, release_key
-from app.keys import ApiKey, Keys
+from app.keys.accepted import ApiKey, Keys
+from app.keys.limits import LEASE_KEY, KeyLimiter, Lease, release_key
+from app.keys.usage import KeyLimits
+from app.keys.usage_redis import HOLDER_TTL_S, PREFIX, RedisUsageStore
 from app.main import create_app, lifespan
-from app.metrics import process_metrics
-from app.usage import KeyLimits
-from app.usage_redis import HOLDER_TTL_S, PREFIX, RedisUsageStore
+from app.monitoring.metrics import process_metrics
 from tests.redis_server import RedisServer, start_redis
 from tests.test_api import assert_error, make_settings, serve
 from tests.test_keys import write_keys

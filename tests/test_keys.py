@@ -1,5 +1,5 @@
 """API keys and their limits as configured: ``NMT_API_KEYS``, the keys file ``NMT_API_KEYS_FILE``
-and the ``NMT_KEY_*`` defaults (app/keys.py)."""
+and the ``NMT_KEY_*`` defaults (app/keys/accepted.py)."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ from fastapi.testclient import TestClient
 from pydantic import ValidationError
 
 from app.config import describe_settings_error
-from app.keys import KeysError, load_keys
-from app.usage import KeyLimits
+from app.keys.accepted import KeysError, load_keys
+from app.keys.usage import KeyLimits
 from tests.test_api import make_settings, serve
 
 REPO = Path(__file__).resolve().parents[1]
@@ -136,7 +136,7 @@ def test_a_key_of_nmt_api_keys_is_named_by_its_digest_wherever_it_is_listed(mode
 
 def test_the_owner_command_prints_a_keys_name_never_the_key() -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "app.keys", "owner"],
+        [sys.executable, "-m", "app.keys.accepted", "owner"],
         input="  the-secret-key \n",
         capture_output=True,
         text=True,
@@ -145,7 +145,9 @@ def test_the_owner_command_prints_a_keys_name_never_the_key() -> None:
     )
     assert done.stdout == digest_name("the-secret-key") + "\n"
     assert "secret" not in done.stdout + done.stderr
-    usage = subprocess.run([sys.executable, "-m", "app.keys"], capture_output=True, text=True, cwd=REPO)
+    usage = subprocess.run(
+        [sys.executable, "-m", "app.keys.accepted"], capture_output=True, text=True, cwd=REPO
+    )
     assert usage.returncode == 2 and "usage" in usage.stderr
 
 
@@ -206,7 +208,7 @@ def test_a_key_moved_into_the_keys_file_under_its_owner_name_keeps_its_data(
     data = tmp_path / "data"
     with serve(make_settings(model_dir, api_keys="old-key", data_dir=data, warmup=False)) as client:
         glossary, job = store_each(client, "old-key", segments=1)
-    # Rotated: a new key, the name the old one had (what `python -m app.keys owner` prints).
+    # Rotated: a new key, the name the old one had (what `python -m app.keys.accepted owner` prints).
     keys = write_keys(tmp_path, f'[[keys]]\nname = "{digest_name("old-key")}"\nkey = "new-key"\n')
     with serve(make_settings(model_dir, api_keys_file=keys, data_dir=data, warmup=False)) as client:
         assert holdings(client, "new-key") == ([glossary], 1, [job])

@@ -29,8 +29,8 @@ from kubernetes_validate.utils import latest_version
 from test_deploy import tool
 
 from app.config import ENV_PREFIX, Settings
-from app.routes import health
-from app.routes import metrics as metrics_route
+from app.http.routes import health
+from app.http.routes import metrics as metrics_route
 from tests.test_fetch import COMMIT, Hub, argos_package, hub, marian, translate  # noqa: F401 - fixtures
 
 REPO = Path(__file__).resolve().parents[1]
@@ -239,13 +239,14 @@ def test_what_the_service_writes_is_on_writable_volumes(docs: tuple[Doc, ...]) -
     volumes = {v["name"]: v for v in spec["volumes"]}
     settings = env(container)
     # The compile cache (NMT_COMPILE_CACHE_DIR), the keys' usage (NMT_DATA_DIR) and, under $TMPDIR,
-    # Prometheus' multiprocess directory (app/metrics.py: tempfile.mkdtemp) and the C++ compiler's files.
+    # Prometheus' multiprocess directory (app/monitoring/metrics.py: tempfile.mkdtemp) and the C++
+    # compiler's files.
     for path in (settings["NMT_COMPILE_CACHE_DIR"], settings["NMT_DATA_DIR"], settings.get("TMPDIR", "/tmp")):
         mount, volume = mount_of(container, volumes, path)
         assert not mount.get("readOnly", False), path
         assert "emptyDir" in volume, path
     assert "TMPDIR" not in settings  # the default, /tmp, is what is mounted
-    assert "PROMETHEUS_MULTIPROC_DIR" not in settings  # app/metrics.py sets it itself
+    assert "PROMETHEUS_MULTIPROC_DIR" not in settings  # app/monitoring/metrics.py sets it itself
 
 
 def value_of(container: Doc, name: str) -> Any:
@@ -398,7 +399,7 @@ def test_dashboard_configmap_is_the_dashboard_file(docs: tuple[Doc, ...]) -> Non
 
 @functools.cache
 def app_metrics() -> dict[str, str]:
-    """Name -> type (Counter, Gauge, Histogram) of every metric app/metrics.py defines."""
+    """Name -> type (Counter, Gauge, Histogram) of every metric app/monitoring/metrics.py defines."""
     found = {}
     for node in ast.walk(ast.parse((REPO / "app" / "metrics.py").read_text())):
         func = node.func if isinstance(node, ast.Call) else None
@@ -426,7 +427,7 @@ def test_adapter_rules_serve_gauges_of_the_service() -> None:
     for rule in rules:
         name = series_name(rule)
         # A gauge: an average of a counter or histogram series would mean nothing.
-        assert app_metrics().get(name) == "Gauge", f"{name} is not a gauge of app/metrics.py"
+        assert app_metrics().get(name) == "Gauge", f"{name} is not a gauge of app/monitoring/metrics.py"
         assert rule["resources"]["overrides"] == {
             "namespace": {"resource": "namespace"},
             "pod": {"resource": "pod"},

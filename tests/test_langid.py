@@ -1,11 +1,11 @@
-"""Language identification (app.langid) among several candidates: what /detect and source "auto"
+"""Language identification (app.translation.langid) among several candidates: what /detect and source "auto"
 will choose from once the service serves several source languages."""
 
 from __future__ import annotations
 
 import pytest
 
-from app.langid import detect, known_languages
+from app.translation.langid import detect, known_languages
 
 # Multi30k-like sentences (not from its test set).
 SENTENCES = {

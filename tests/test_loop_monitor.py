@@ -1,4 +1,4 @@
-"""The event loop's monitor (app/loop_monitor.py): a request that holds the front end's loop is named
+"""The event loop's monitor (app/monitoring/loop.py): a request that holds the front end's loop is named
 in a warning while it holds it, its lag is recorded, and normal requests are not warned about.
 
 Each hold below lasts 0.3 s (three times the warning's threshold) and then goes on until the warning
@@ -21,7 +21,9 @@ from typing import Any, cast
 import pytest
 from fastapi.testclient import TestClient
 
-from app.loop_monitor import (
+from app.main import create_app
+from app.models.served import ServedModel
+from app.monitoring.loop import (
     HOLD_WARNING_S,
     INTERVAL_S,
     REQUEST,
@@ -30,9 +32,7 @@ from app.loop_monitor import (
     logger,
     watch_event_loop,
 )
-from app.main import create_app
-from app.metrics import Metrics, process_metrics
-from app.served import ServedModel
+from app.monitoring.metrics import Metrics, process_metrics
 from tests.test_api import make_settings
 
 HOLD_S = 0.3
@@ -160,7 +160,7 @@ def test_a_hold_is_recorded_as_lag_in_the_histogram_and_the_gauge(
 def test_a_hold_in_a_task_started_by_post_translate_names_post_translate(
     client: TestClient, captured: Captured, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """POST /translate goes around FastAPI's router (app/direct.py), and renders its translations in
+    """POST /translate goes around FastAPI's router (app/http/direct.py), and renders its translations in
     tasks of its own (``Translation.result``'s gather): the warning still names the request."""
     render = ServedModel.render
 

@@ -17,7 +17,7 @@ from conftest import random_model, synthetic_sentences
 from fastapi.testclient import TestClient
 from test_api import make_settings, serve
 
-from app.metrics import process_metrics
+from app.monitoring.metrics import process_metrics
 from app.serving.protocol import ModelSpec, Sentence
 from app.serving.worker.executor import Executor
 from app.serving.worker.inbox import Inbox

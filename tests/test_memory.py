@@ -1,5 +1,5 @@
 """Translation memories (TMX and TSV imports, exact lookups, persistence, limits, /memories) and the
-segment cache of recent translations (app/terminology/memory.py, cache.py, app/routes/memories.py)."""
+segment cache of recent translations (app/terminology/memory.py, cache.py, app/http/routes/memories.py)."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from app.database.errors import StoreUnavailable
-from app.keys import owner_name
-from app.metrics import process_metrics
+from app.keys.accepted import owner_name
+from app.monitoring.metrics import process_metrics
+from app.stores.database.errors import StoreUnavailable
 from app.terminology import precedence
 from app.terminology.cache import ENTRY_OVERHEAD_BYTES, SegmentCache, approximate_size
 from app.terminology.memory import (

@@ -17,7 +17,7 @@ import torch
 from conftest import synthetic_sentences
 from test_many_models import alone, de_en, en_de, job, two_dirs  # noqa: F401 - fixtures
 
-from app.metrics import Metrics, process_metrics
+from app.monitoring.metrics import Metrics, process_metrics
 from app.serving.protocol import ModelSpec, Sentence, SentenceResult
 from app.serving.worker import models as models_module
 from app.serving.worker.executor import Executor

@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from app.metrics import Metrics
-from app.text import split_text
+from app.monitoring.metrics import Metrics
+from app.translation.segments import split_text
 from model.checkpoint import ModelInfo, save_model_dir
 from model.tokenizer import Tokenizer, target_token
 from model.translator import Translator

@@ -1,4 +1,4 @@
-"""``python -m app.precompile``: the steps a server would compile at start are compiled before it,
+"""``python -m app.models.precompile``: the steps a server would compile at start are compiled before it,
 into NMT_COMPILE_CACHE_DIR, and the server's workers then load them."""
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ ROOT = Path(__file__).parent.parent
 
 
 def precompile(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    """``python -m app.precompile`` run with ``env``, as an image build would run it."""
+    """``python -m app.models.precompile`` run with ``env``, as an image build would run it."""
     return subprocess.run(
-        [sys.executable, "-m", "app.precompile"],
+        [sys.executable, "-m", "app.models.precompile"],
         cwd=ROOT,
         env=env,
         capture_output=True,

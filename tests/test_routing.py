@@ -13,9 +13,9 @@ import pytest
 from pydantic import ValidationError
 
 from app.config import Settings
-from app.languages import languages, source_languages, supported_pairs, target_languages
-from app.served import find_model_dirs, model_names
+from app.models.served import find_model_dirs, model_names
 from app.serving.frontend.router import Router
+from app.translation.codes import languages, source_languages, supported_pairs, target_languages
 from model.checkpoint import ModelDirError, ModelInfo
 from tests.conftest import tiny_config
 

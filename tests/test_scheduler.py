@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 import app.serving.frontend.scheduler as scheduler_module
-from app.metrics import process_metrics
+from app.monitoring.metrics import process_metrics
 from app.serving.errors import DeadlineExceeded, EngineError, EngineStopped, QueueFull, TooLarge
 from app.serving.frontend.scheduler import MAX_ATTEMPTS, Request, Scheduler
 from app.serving.frontend.spreading import SPREAD_AFTER_S

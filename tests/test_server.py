@@ -23,10 +23,10 @@ import pytest
 from conftest import synthetic_sentences
 from starlette.datastructures import State
 
-from app.connections import SERVE_OPTIONS
+from app.http.connections import SERVE_OPTIONS
 from app.main import SHUTDOWN_SIGNALS, readiness_fails_on_shutdown
 from app.main import logger as main_logger
-from app.text import split_text
+from app.translation.segments import split_text
 from model.translator import Translator
 
 REPO = Path(__file__).resolve().parents[1]

@@ -1,4 +1,4 @@
-"""The stores in one PostgreSQL (NMT_DATABASE_URL, app/database/), against a real server
+"""The stores in one PostgreSQL (NMT_DATABASE_URL, app/stores/database/), against a real server
 (tests/postgres_server.py): what one replica stores, another finds; replicas starting at once
 migrate once; two never claim the same job, and a lease that runs out passes the job on with its
 saved progress; the quotas hold across replicas; files go with their rows; a server that cannot be
@@ -23,14 +23,14 @@ import psycopg
 import pytest
 from fastapi.testclient import TestClient
 
-from app.database import StoreUnavailable
-from app.database.postgres import DatabaseUnusable, Postgres
-from app.database.sqlite import ABSENT_RECHECK_S
-from app.filestore import MIGRATIONS as DOWNLOAD_MIGRATIONS
-from app.filestore import NoRoom, SharedFileStore
 from app.jobs import files as job_files
 from app.jobs.store import OPTIONS, RESULT, UPLOAD, JobOptions, JobsFull, JobStore
 from app.main import create_app, lifespan
+from app.stores.database import StoreUnavailable
+from app.stores.database.postgres import DatabaseUnusable, Postgres
+from app.stores.database.sqlite import ABSENT_RECHECK_S
+from app.stores.downloads import MIGRATIONS as DOWNLOAD_MIGRATIONS
+from app.stores.downloads import NoRoom, SharedFileStore
 from app.terminology import glossaries as glossary_module
 from app.terminology import memory as memory_module
 from app.terminology.glossaries import GlossaryStore

@@ -1,4 +1,4 @@
-"""Load shedding in the front end (app.shedding): the gate, turns to be parsed, and the body time-out.
+"""Load shedding in the front end (app.http.shedding): the gate, turns to be parsed, and the body time-out.
 
 Raw ASGI calls with a fake scheduler: what is checked is who waits, who is refused and what is given
 back, not the model."""
@@ -12,9 +12,9 @@ import pytest
 from fastapi import HTTPException, Request
 from starlette.datastructures import State
 
-import app.body as body_module
-from app.body import parse_translate_request
-from app.shedding import GATE_KEY, passed, refused, take_turn
+import app.http.body as body_module
+from app.http.body import parse_translate_request
+from app.http.shedding import GATE_KEY, passed, refused, take_turn
 
 
 class Gate:

@@ -1,4 +1,4 @@
-"""Slow clients cost only themselves (app/slow_clients.py), against ``uvicorn app.main:app`` as
+"""Slow clients cost only themselves (app/http/slow_clients.py), against ``uvicorn app.main:app`` as
 deployed: connections that send a request's headers and never its body hold no parsing turn and no
 place in the queue, and are answered 408 and closed at their deadline; one address past
 NMT_MAX_CONNECTIONS_PER_CLIENT gets 429 and a closed connection, and no one else notices; health
@@ -15,8 +15,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from app.connections import HEADER_TIMEOUT_S
-from app.slow_clients import (
+from app.http.connections import HEADER_TIMEOUT_S
+from app.http.slow_clients import (
     BODY_TIMEOUT_S,
     EXCESS_HOLD_S,
     UPLOAD_GRACE_S,
@@ -72,7 +72,7 @@ def test_requests_without_their_body_or_head_hold_nothing_and_are_closed_at_thei
 ) -> None:
     # 300 of them: more than the 32 parsing turns, and than the scheduler's places would be spared;
     # and 200 that never end their head (half of them send nothing at all: uvicorn alone would
-    # hold those for good, app/connections.py).
+    # hold those for good, app/http/connections.py).
     slow = [header_only(server) for _ in range(300)]
     headless = [head_begun(server, b"" if i % 2 else b"POST /translate HTTP/1.1\r\nHo") for i in range(200)]
     try:

@@ -23,7 +23,7 @@ import torch
 from test_device_search import Plan, assert_identical, reference, run_plan
 from test_search import ScriptedModel, V, as_model, hashed
 
-from app.served import ServedModel
+from app.models.served import ServedModel
 from app.serving.protocol import ModelDescription, Sentence, SentenceResult
 from app.serving.worker.executor import Executor
 from app.serving.worker.inbox import Inbox

@@ -20,8 +20,8 @@ import pytest
 import torch
 from fastapi.testclient import TestClient
 
-from app.keys import owner_name
-from app.served import ServedModel
+from app.keys.accepted import owner_name
+from app.models.served import ServedModel
 from app.serving.frontend.pipeline import Translation
 from app.serving.frontend.router import Hop, Route
 from app.serving.protocol import (

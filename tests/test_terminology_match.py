@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import pytest
 
-from app.errors import status_of
+from app.http.errors import status_of
 from app.terminology.terms import sentence_terms, text_terminology
-from app.text import split_text
 from app.translation.errors import TooLarge
+from app.translation.segments import split_text
 from model.decoding.terms import Glossary, GlossaryEntry, find_terms, placeholders, resolve
 
 # -- matching -------------------------------------------------------------------------------------

@@ -1,10 +1,10 @@
-"""app.text: sentence splitting and putting translations back into the text's layout."""
+"""app.translation.segments: sentence splitting and putting translations back into the text's layout."""
 
 from __future__ import annotations
 
 import pytest
 
-from app.text import SplitText, split_sentences, split_text
+from app.translation.segments import SplitText, split_sentences, split_text
 
 
 def identity(split: SplitText) -> str:

@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from app.database.errors import StoreUnavailable
 from app.serving.protocol import Sentence
+from app.stores.database.errors import StoreUnavailable
 from app.terminology.answers import answer
 from app.terminology.cache import SegmentCache
 from model.translator import Translator

@@ -1,4 +1,4 @@
-"""The per-key usage store (app/usage.py): moving windows, Retry-After, the concurrency cap, and
+"""The per-key usage store (app/keys/usage.py): moving windows, Retry-After, the concurrency cap, and
 counts shared by processes. Time is an injected clock: no assertion depends on how long anything
 takes."""
 
@@ -16,8 +16,8 @@ from typing import Any, cast
 
 import pytest
 
-from app.usage import DAY_S, KeyLimits, Refusal, UsageStore
-from app.usage_redis import PREFIX, RedisUsageStore
+from app.keys.usage import DAY_S, KeyLimits, Refusal, UsageStore
+from app.keys.usage_redis import PREFIX, RedisUsageStore
 
 T0 = 1_700_000_000.25  # a wall-clock time, not on a bucket boundary
 

@@ -20,8 +20,8 @@ from fastapi.testclient import TestClient
 from test_api import assert_error, best, make_settings, serve
 
 from app.main import worker_count, worker_threads
-from app.metrics import Metrics
-from app.served import ServedModel
+from app.models.served import ServedModel
+from app.monitoring.metrics import Metrics
 from app.serving.frontend.handle import WorkerProcess
 from app.serving.frontend.scheduler import Scheduler
 from app.serving.protocol import ModelSpec, ToWorker, Translate

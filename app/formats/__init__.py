@@ -1,5 +1,6 @@
-"""Request texts and files as sentences to translate, and back: plain text (``app.text``), HTML
-(``html``), documents (``documents``); markup inside sentences is placed by ``inline``."""
+"""Request texts and files as sentences to translate, and back: plain text
+(``app.translation.segments``), HTML (``html``), documents (``documents``); markup inside sentences
+is placed by ``inline``."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from dataclasses import dataclass
 from typing import Literal, Protocol
 
 from app.formats.html import HtmlDocument
-from app.text import split_text
+from app.translation.segments import split_text
 
 Format = Literal["text", "html"]
 

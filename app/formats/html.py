@@ -304,7 +304,7 @@ class HtmlDocument:
 @dataclass(frozen=True)
 class HtmlText(SplitBlocks):
     """A document split into sentences; ``join`` puts their translations back into its markup
-    (the same protocol as ``app.text.SplitText``)."""
+    (the same protocol as ``app.translation.segments.SplitText``)."""
 
     document: HtmlDocument
 

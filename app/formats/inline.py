@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from app.text import sentence_spans
+from app.translation.segments import sentence_spans
 
 Side = Literal["before", "after"]
 Span = tuple[int, int]

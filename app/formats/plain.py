@@ -10,7 +10,7 @@ from app.formats import Layout
 from app.formats.documents import Document, decode, encode
 from app.formats.html import HtmlDocument, HtmlError
 from app.formats.limits import DocumentError, DocumentLimits
-from app.text import split_text
+from app.translation.segments import split_text
 
 
 def read(kind: str, data: bytes, limits: DocumentLimits) -> Document:

@@ -14,7 +14,7 @@ import shutil
 from collections.abc import Container
 from pathlib import Path
 
-from app.database.errors import StoreUnavailable
+from app.stores.database.errors import StoreUnavailable
 
 MIB = 1024 * 1024
 PARTIAL = ".partial"  # a file being written (``write_file``)

@@ -17,9 +17,9 @@ from collections.abc import Callable, Container, Iterable, Iterator
 from pathlib import Path
 from typing import Protocol
 
-from app.database.errors import StoreUnavailable
-from app.database.postgres import PostgresDatabase
 from app.jobs.disk import StorageFull, disk_refusal, file_size, folder_size, storage_error, sweep, write_file
+from app.stores.database.errors import StoreUnavailable
+from app.stores.database.postgres import PostgresDatabase
 
 PART_BYTES = 1024 * 1024  # a row of a file in the database; a download's read
 
@@ -107,7 +107,7 @@ class DiskFiles:
 
 
 # The files' table beside the jobs' (in ``app.jobs.store``'s migrations for PostgreSQL; the
-# downloads of ``app.filestore`` have one of their own). A file is its parts in order, written in
+# downloads of ``app.stores.downloads`` have one of their own). A file is its parts in order, written in
 # one transaction: a reader never sees half of one. ``written`` is when, for the sweep's grace period.
 FILES_SCHEMA = """
 CREATE TABLE {table} (

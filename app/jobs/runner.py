@@ -37,18 +37,18 @@ from typing import Any
 from fastapi import HTTPException
 
 from app.config import Settings
-from app.database.errors import StoreUnavailable
-from app.errors import status_of
 from app.formats.documents import MEDIA_TYPES, download_name, extension
 from app.formats.limits import DocumentError
 from app.formats.sandbox import Busy as ReadersBusy
 from app.formats.sandbox import DocumentReaders
+from app.http.errors import status_of
 from app.jobs.job import FINAL, ClaimedJob, Job, JobOptions, State
 from app.jobs.store import JobStore, StorageFull
-from app.key_limits import KeyLimiter, charge_owner, key_identity
-from app.served import ServedModel
+from app.keys.limits import KeyLimiter, charge_owner, key_identity
+from app.models.served import ServedModel
 from app.serving.frontend.router import Route, Router
 from app.serving.frontend.scheduler import Scheduler
+from app.stores.database.errors import StoreUnavailable
 from app.terminology.cache import SegmentCache
 from app.terminology.memory import TranslationMemory
 from app.terminology.terms import SentenceTerms, sentence_terms

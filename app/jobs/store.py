@@ -44,12 +44,12 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from app.database import Database, Migration, Postgres, StoreUnavailable, open_database
-from app.database.migrations import postgresql_of
-from app.database.postgres import PostgresDatabase
 from app.jobs.disk import MIB, StorageFull
 from app.jobs.files import DiskFiles, JobFiles, TableFiles, files_schema
 from app.jobs.job import RUNNING, ClaimedJob, Job, JobOptions, State
+from app.stores.database import Database, Migration, Postgres, StoreUnavailable, open_database
+from app.stores.database.migrations import postgresql_of
+from app.stores.database.postgres import PostgresDatabase
 
 LEASE_S = 30.0  # a claim lasts this long unless renewed (a runner renews it every LEASE_S / 3)
 # Reserved for a new job's progress and result, in times its upload: its translations (as JSON

@@ -5,7 +5,7 @@ a request).
 - Memory: the request owner's (``key_owner``), for each sentence's source language (a text's
   detected one when the source is "auto") and the request's target; exact after whitespace is
   normalised. One indexed query per sentence (~30 us): a request of a few sentences reads on
-  the event loop, as ``app.database.sqlite`` allows (WAL: readers never wait for a writer),
+  the event loop, as ``app.stores.database.sqlite`` allows (WAL: readers never wait for a writer),
   a larger one on a thread; in PostgreSQL (``NMT_DATABASE_URL``) one query a request, always on a
   thread.
 - Cache: keyed by everything that decides the model's answer (``cache_key``), so that a cached
@@ -26,8 +26,8 @@ from collections.abc import Awaitable, Callable, Hashable, Sequence
 from typing import Any, TypeVar
 
 from app.config import Settings, stores_on
-from app.database.errors import StoreUnavailable, logged
 from app.serving.frontend.router import Route
+from app.stores.database.errors import StoreUnavailable, logged
 from app.terminology.cache import SegmentCache
 from app.terminology.memory import TranslationMemory
 from app.terminology.precedence import plan
@@ -49,7 +49,7 @@ def cache_key(
     served names) and the languages they translate between, the search, the terms' targets (in
     order: a term's index is in the answer's marks) and the sentence exactly as sent (the
     tokenizer, not this cache, decides what whitespace means); and whose it is
-    (``app.key_limits.client_identity``: a key's, or without keys a client address's): shared, a
+    (``app.keys.limits.client_identity``: a key's, or without keys a client address's): shared, a
     client could tell from the time of its answer that another translated that sentence recently."""
     hops = tuple((hop.model.name, hop.source, hop.target) for hop in route.hops)
     return (owner, hops, beam_size, n_best, tuple(targets), sentence)
@@ -123,7 +123,7 @@ async def answer(
     chosen = plan(texts, [keys[i] for i in todo], lookup=memory, cache=cache)
     asked = sorted(blank + [todo[j] for j in chosen.decode])
     # Called even with nothing to decode: the caller's decoding also ends the request's wait at the
-    # admission gate (``app.shedding.passed``).
+    # admission gate (``app.http.shedding.passed``).
     results = await decode(asked)
     if results is None:
         return None

@@ -23,7 +23,7 @@ from collections import OrderedDict
 from collections.abc import Hashable
 from typing import Generic, TypeVar
 
-from app.metrics import Metrics
+from app.monitoring.metrics import Metrics
 
 V = TypeVar("V")
 ENTRY_OVERHEAD_BYTES = 160  # an OrderedDict entry: hash table slot, linked-list node, the size int

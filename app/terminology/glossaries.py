@@ -18,8 +18,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from app.database import Postgres, open_database
-from app.database.migrations import both
+from app.stores.database import Postgres, open_database
+from app.stores.database.migrations import both
 from app.terminology.tables import Format, TableError, check_term, read_rows
 from model.decoding.terms import GlossaryEntry
 

@@ -28,9 +28,9 @@ from pathlib import Path
 from defusedxml import DefusedXmlException
 from defusedxml.ElementTree import DefusedXMLParser
 
-from app.database import Postgres, open_database
-from app.database.migrations import both
-from app.database.sqlite import ABSENT_RECHECK_S
+from app.stores.database import Postgres, open_database
+from app.stores.database.migrations import both
+from app.stores.database.sqlite import ABSENT_RECHECK_S
 from app.terminology.tables import TableError, read_rows
 
 DATABASE = "memory.sqlite3"
@@ -216,7 +216,7 @@ class TranslationMemory:
         # PostgreSQL: owners found to have no memory, until when (monotonic). A lookup for them asks
         # nothing of the server until then: most keys have no memory, and every /translate of a key
         # looks one up. Another replica's first import is seen within ABSENT_RECHECK_S, as another
-        # process's first write to the SQLite file is (app.database.sqlite).
+        # process's first write to the SQLite file is (app.stores.database.sqlite).
         self._none_until: dict[str, float] = {}
 
     def known_empty(self, owner: str) -> bool:

@@ -1,7 +1,7 @@
 """What a translation makes of terminology: each sentence's terms (a glossary's, placeholders),
 whose targets the decoder is given as constraints; and the response's ``terminology``: where each
 term is in the translated text. (The request's glossary itself, inline entries or a stored one, is
-resolved at the HTTP edge: ``app.routes.request_glossary``.)
+resolved at the HTTP edge: ``app.http.routes.request_glossary``.)
 
 HTML (``format: "html"``) takes both too: its sentences are text. A term's offsets are then into
 the translated markup, where the term is written escaped (``&amp;``); a term that an inline tag
@@ -15,9 +15,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from app.schemas import Span, Terminology, TermMark
-from app.text import SplitText
 from app.translation.errors import TooLarge
+from app.translation.results import Span, Terminology, TermMark
+from app.translation.segments import SplitText
 from model.decoding.terms import Glossary, Term, TooManyTerms
 from model.decoding.terms import sentence_terms as choose_terms
 

@@ -1,5 +1,5 @@
 """Why a translation was refused, in the use case's own words: no HTTP status here. The HTTP edge
-gives each kind its status in one table (``app.errors.TRANSLATION_STATUS``); a document job records
+gives each kind its status in one table (``app.http.errors.TRANSLATION_STATUS``); a document job records
 the same status as its answer (``app.jobs.runner``)."""
 
 from __future__ import annotations

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from app.langid import detect
-from app.languages import language_name, served_pairs, source_languages
-from app.schemas import DetectedLanguage
-from app.served import ServedModel
+from app.models.served import ServedModel
 from app.serving.frontend.router import Route, Router
+from app.translation.codes import language_name, served_pairs, source_languages
 from app.translation.errors import Unsupported, missing_parameter
+from app.translation.langid import detect
+from app.translation.results import DetectedLanguage
 
 AUTO = "auto"
 

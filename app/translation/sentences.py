@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from app.config import Settings
-from app.served import ServedModel
+from app.models.served import ServedModel
 from app.serving.errors import DeadlineExceeded, EngineError, EngineStopped, QueueFull
 from app.serving.errors import TooLarge as TooManySentences
 from app.serving.frontend.pipeline import Translation
@@ -26,7 +26,7 @@ from app.translation.errors import Busy, TimedOut, TooLarge, TranslationError, U
 from model.decoding.options import nonblank
 
 T = TypeVar("T")
-QUEUE_RETRY_AFTER_S = "1"  # a full queue: what the gate says too (``app.shedding.RETRY_AFTER_S``)
+QUEUE_RETRY_AFTER_S = "1"  # a full queue: what the gate says too (``app.http.shedding.RETRY_AFTER_S``)
 
 
 @dataclass(frozen=True)
@@ -54,7 +54,7 @@ class Caller:
     """Who asks for a translation, and how the asking ends.
 
     ``owner``: whose translation memory answers (a key's owner; "" without keys); ``identity``:
-    whose segment cache entries they are (``app.key_limits.client_identity``: a key's, or without
+    whose segment cache entries they are (``app.keys.limits.client_identity``: a key's, or without
     keys a client's). ``gone``: made into an awaitable that completes when the caller has gone
     away (then its sentences are withdrawn and the answer is None); ``admitted``: called once, when
     the sentences are handed to the scheduler (the HTTP edge's gate then frees the request's place);

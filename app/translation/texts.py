@@ -24,14 +24,14 @@ from functools import partial
 from app.config import Settings
 from app.formats import Layout, PlainText, parse
 from app.formats.html import HtmlDocument, HtmlError
-from app.schemas import DetectedLanguage, Terminology
-from app.served import ServedModel
+from app.models.served import ServedModel
 from app.serving.frontend.router import Route, Router
 from app.serving.frontend.scheduler import Scheduler
 from app.serving.protocol import SentenceResult
 from app.terminology.terms import INLINE_CHARS, SentenceTerms, sentence_terms, text_terminology
 from app.translation.errors import Invalid, TooLarge
 from app.translation.languages import AUTO, check_languages, route_of, source_language
+from app.translation.results import DetectedLanguage, Terminology
 from app.translation.sentences import Caller, Recall, SearchPlan, SentenceRequest, translate_sentences
 from model.decoding.terms import Glossary
 

@@ -1,7 +1,7 @@
 """One translation of a sentence, from the search to the caller: what the search found (its tokens,
 score and log-probability, where it realised the sentence's constraints) and, once written, its
 text. The library's ``Translator``, the service's worker (it sends these to the front end:
-``app.serving.protocol.SentenceResult``) and the front end (``app.served.ServedModel.render`` writes
+``app.serving.protocol.SentenceResult``) and the front end (``app.models.served.ServedModel.render`` writes
 the text and drops the tokens) use this one class. Torch-free: the front end imports it."""
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ import asyncio
 import time
 from collections.abc import Sequence
 
-from app.served import ServedModel
+from app.models.served import ServedModel
 from app.serving.errors import DeadlineExceeded
 from app.serving.frontend.router import Route
 from app.serving.frontend.scheduler import Request, Scheduler

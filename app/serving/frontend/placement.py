@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from app.metrics import Metrics
+from app.monitoring.metrics import Metrics
 from app.serving.fairqueue import FairQueue
 from app.serving.frontend.handle import Listener
 from app.serving.protocol import Sentence, SentenceResult, ToWorker

@@ -10,7 +10,7 @@ bilingual model, several for a multilingual one, which is asked for a target by 
 
 No other pivots, and never more than two hops: each hop loses a little, and English is what the
 training data of such models is aligned on (Multi30k's languages all are). Plain Python over the
-models' metadata; the models are whatever the caller serves (``app.served.ServedModel``).
+models' metadata; the models are whatever the caller serves (``app.models.served.ServedModel``).
 """
 
 from __future__ import annotations

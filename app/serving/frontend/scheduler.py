@@ -15,7 +15,7 @@ Plain Python on the event loop, no torch: it decides *what* runs next; the worke
 - **Admission** from exact counts, without asking anyone: at most ``max_queue`` sentences wait
   here for a worker, all models together (the gate below is passed before the body says which
   model a request is for); a request that does not fit is refused at once (``QueueFull``: 503 with
-  Retry-After), one that could never fit too (``TooLarge``: 413). Before that, ``app.shedding``
+  Retry-After), one that could never fit too (``TooLarge``: 413). Before that, ``app.http.shedding``
   lets a request's body be read only if there is room (``enter``): each request let through holds
   a place until it is admitted or refused, so that when one place frees up, one request is parsed,
   not every request that arrived meanwhile.
@@ -45,7 +45,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from app.metrics import Metrics
+from app.monitoring.metrics import Metrics
 from app.serving.errors import DeadlineExceeded, EngineError, EngineStopped, QueueFull, TooLarge
 from app.serving.fairqueue import FairQueue
 from app.serving.frontend.placement import ModelQueue, Request, SentenceState, Worker, WorkerState, homes

@@ -35,7 +35,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 from app.config import Settings
-from app.metrics import Metrics
+from app.monitoring.metrics import Metrics
 from app.serving.protocol import SentenceResult
 from app.serving.worker.models import LoadedModel, ModelTable
 from model.decoding.batch import JOIN_RATIO, JOIN_WAIT_STEPS, RunningBatch, Source

@@ -8,7 +8,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 
-from app.metrics import Metrics
+from app.monitoring.metrics import Metrics
 from app.serving.fairqueue import FairQueue
 from app.serving.protocol import Sentence
 from app.serving.worker.executor import Held

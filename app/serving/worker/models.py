@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 
 from app.config import Settings
-from app.metrics import Metrics
+from app.monitoring.metrics import Metrics
 from app.serving.protocol import ModelDescription, ModelSpec
 from app.serving.worker.loader import Loader
 from model.decoding.constraints import beam_for

@@ -26,7 +26,7 @@ from multiprocessing.connection import Connection
 import torch
 
 from app.config import Settings
-from app.metrics import process_metrics
+from app.monitoring.metrics import process_metrics
 from app.serving.cores import CoreShare
 from app.serving.protocol import (
     Answers,

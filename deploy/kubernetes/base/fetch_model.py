@@ -96,7 +96,7 @@ def extract(archive: Path, into: Path) -> Path:
 
 def model_root(folder: Path) -> Path:
     """``folder`` itself if it holds a model directory's config.json, else its only subfolder that
-    does (as the translator finds model directories: app.served.find_model_dirs)."""
+    does (as the translator finds model directories: app.models.served.find_model_dirs)."""
     if (folder / CONFIG_FILE).is_file():
         return folder
     found = [d for d in folder.iterdir() if d.is_dir() and (d / CONFIG_FILE).is_file()]
@@ -107,7 +107,7 @@ def model_root(folder: Path) -> Path:
 
 def check_model_dir(root: Path, what: str) -> None:
     """Refuse ``root`` unless the translator would load it: its config, the tokenizer files that
-    config needs and their vocabulary against the weights' shape, as app.served.ServedModel.open
+    config needs and their vocabulary against the weights' shape, as app.models.served.ServedModel.open
     reads them (model.directory.read_info_and_tokenizer), and the weights the workers load. Here,
     so that a broken archive stops the init container with the file named, not every translator
     start."""
