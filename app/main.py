@@ -29,10 +29,8 @@ from pydantic import ValidationError
 from app.config import Settings, describe_settings_error, service_version
 from app.http.deps import services_of
 from app.http.direct import DirectRoute
-from app.http.entry import TranslationApp
-from app.http.errors import install_error_handlers
-from app.http.middleware import RequestMetricsMiddleware
-from app.http.routes import (
+from app.http.endpoints import (
+    deepl,
     detect,
     files,
     frontend,
@@ -45,11 +43,14 @@ from app.http.routes import (
     metrics,
     translate,
 )
+from app.http.entry import TranslationApp
+from app.http.errors import install_error_handlers
+from app.http.middleware import RequestMetricsMiddleware
 from app.http.shedding import TURNS
 from app.http.slow_clients import ClientLimit
 from app.http.uploads import FileRequests
 from app.jobs.disk import MIB
-from app.jobs.runner import JobRunner, Services
+from app.jobs.runner import JobRunner
 from app.jobs.store import JobStore
 from app.keys.accepted import KeysError
 from app.keys.limits import open_key_limiter
@@ -70,7 +71,9 @@ from app.terminology.cache import SegmentCache
 from app.terminology.glossaries import GlossaryStore
 from app.terminology.memory import TranslationMemory
 from app.translation.codes import source_languages, target_languages
+from app.translation.documents import Documents
 from app.translation.langid import prepare as prepare_langid
+from app.translation.sentences import Recall
 from model.directory import ModelDirError, ModelInfo
 from model.fetch import FetchError
 from model.tokenizer import Tokenizer
@@ -337,16 +340,9 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         services.file_requests = FileRequests(settings.max_file_requests)
         services.readers = await asyncio.to_thread(files.new_readers, settings)
         services.jobs = jobs_store
-        job_services = Services(
-            settings,
-            router,
-            scheduler,
-            files.new_job_readers(settings),
-            keys,
-            memory,
-            segment_cache,
-        )
-        job_runner = JobRunner(jobs_store, job_services, settings.max_running_jobs)
+        recall = Recall(settings, memory, segment_cache)
+        job_documents = Documents(settings, router, scheduler, recall, files.new_job_readers(settings))
+        job_runner = JobRunner(jobs_store, job_documents, keys, settings.max_running_jobs)
         services.job_runner = job_runner
         await asyncio.to_thread(prepare_detection, router)
         services.scheduler = scheduler
@@ -467,6 +463,7 @@ def create_app(settings: Settings | None = None) -> TranslationApp:
         health,
         info,
         metrics,
+        deepl,
     ):
         app.include_router(module.api)
     app.mount("/static", frontend.static_files(), name="static")

@@ -1,4 +1,4 @@
-"""Who may use what, over HTTP (app/http/routes/access.py, app/keys/limits.py): without keys the stores
+"""Who may use what, over HTTP (app/http/endpoints/access.py, app/keys/limits.py): without keys the stores
 every stranger would share are off unless NMT_SHARED_STORES shares them, a job stays reachable by
 its id; the writes of the stores and jobs refuse what a page of another site sends; a failing
 store's 503 names no file."""

@@ -20,7 +20,7 @@ from fastapi.testclient import TestClient
 from pydantic import ValidationError
 
 from app.config import Settings
-from app.http.routes.sentences import wait_for_disconnect
+from app.http.endpoints.sentences import wait_for_disconnect
 from app.main import create_app
 from app.serving.errors import DeadlineExceeded, EngineStopped, QueueFull, TooLarge
 from app.translation.sentences import run_until_disconnect

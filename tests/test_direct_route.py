@@ -82,7 +82,7 @@ def test_a_bug_is_the_same_500_both_ways(client: TestClient, monkeypatch: pytest
     def boom(*args: Any, **kwargs: Any) -> Any:
         raise RuntimeError("boom")
 
-    monkeypatch.setattr("app.http.routes.translate.check_limits", boom)
+    monkeypatch.setattr("app.http.endpoints.translate.check_limits", boom)
     request = {"json": {"q": "x", "source": "de", "target": "en"}}
     via_fastapi = answer(client, False, request)
     assert via_fastapi[0] == 500

@@ -23,7 +23,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from app.http import body as request_body
-from app.http.routes import request_glossary
+from app.http.endpoints import request_glossary
 from app.terminology import memory
 from app.terminology import terms as sentence_terms
 from tests.test_api import make_settings, serve

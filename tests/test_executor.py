@@ -19,7 +19,8 @@ from conftest import SENTENCES, compile_cache_dir, needs_cpu_package, synthetic_
 
 from app.monitoring.metrics import Metrics, process_metrics
 from app.serving.protocol import Sentence, SentenceResult
-from app.serving.worker.executor import BACKGROUND_EVERY, JOIN_RATIO, JOIN_WAIT_STEPS, Executor, Held
+from app.serving.worker.executor import BACKGROUND_EVERY, JOIN_RATIO, JOIN_WAIT_STEPS, Executor
+from app.serving.worker.held import HeldSentence
 from app.serving.worker.inbox import Inbox
 from app.serving.worker.models import ModelTable
 from model.cache import KVCache
@@ -116,7 +117,7 @@ def drive(
     raise AssertionError("unreachable")
 
 
-def ids(jobs: Sequence[Held]) -> list[int]:
+def ids(jobs: Sequence[HeldSentence]) -> list[int]:
     """The ids of these jobs: the inbox hands the executor its own wrappers of what it was given."""
     return [j.id for j in jobs]
 

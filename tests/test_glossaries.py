@@ -1,5 +1,5 @@
 """Stored glossaries: CSV and TSV tables as DeepL accepts them, the store (per owner, persisted) and
-the /glossaries endpoints (app/terminology/glossaries.py, app/http/routes/glossaries.py)."""
+the /glossaries endpoints (app/terminology/glossaries.py, app/http/endpoints/glossaries.py)."""
 
 from __future__ import annotations
 

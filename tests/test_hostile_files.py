@@ -29,7 +29,7 @@ from app.formats.documents import read
 from app.formats.html import HtmlDocument
 from app.formats.limits import DocumentLimits, TooLarge
 from app.formats.sandbox import Busy, DocumentReaders, Opened, ReadFile, Reading, Refused, SplitFile
-from app.http.routes.files import BUSY_RETRY_AFTER_S
+from app.http.uploads import BUSY_RETRY_AFTER_S
 from model.translator import Translator
 from tests.hostile_files import HOSTILE, Hostile, many_elements, small_docx
 from tests.test_api import assert_error, make_settings, serve

@@ -29,8 +29,8 @@ from kubernetes_validate.utils import latest_version
 from test_deploy import tool
 
 from app.config import ENV_PREFIX, Settings
-from app.http.routes import health
-from app.http.routes import metrics as metrics_route
+from app.http.endpoints import health
+from app.http.endpoints import metrics as metrics_route
 from tests.test_fetch import COMMIT, Hub, argos_package, hub, marian, translate  # noqa: F401 - fixtures
 
 REPO = Path(__file__).resolve().parents[1]
@@ -401,7 +401,7 @@ def test_dashboard_configmap_is_the_dashboard_file(docs: tuple[Doc, ...]) -> Non
 def app_metrics() -> dict[str, str]:
     """Name -> type (Counter, Gauge, Histogram) of every metric app/monitoring/metrics.py defines."""
     found = {}
-    for node in ast.walk(ast.parse((REPO / "app" / "metrics.py").read_text())):
+    for node in ast.walk(ast.parse((REPO / "app" / "monitoring" / "metrics.py").read_text())):
         func = node.func if isinstance(node, ast.Call) else None
         if isinstance(func, ast.Name) and func.id in {"Counter", "Gauge", "Histogram"}:
             assert isinstance(node, ast.Call)

@@ -1,5 +1,5 @@
 """Translation memories (TMX and TSV imports, exact lookups, persistence, limits, /memories) and the
-segment cache of recent translations (app/terminology/memory.py, cache.py, app/http/routes/memories.py)."""
+segment cache of recent translations (app/terminology/memory.py, cache.py, app/http/endpoints/memories.py)."""
 
 from __future__ import annotations
 

@@ -230,6 +230,32 @@ def test_detect_a_long_text_costs_linear_time(client: TestClient) -> None:
     assert_linear(make, 20_000)
 
 
+# -- DeepL's /v2/translate ----------------------------------------------------------------------------
+
+
+def test_deepl_text_fields_urlencoded_cost_linear_time(client: TestClient) -> None:
+    """DeepL's form repeats ``text`` as LibreTranslate's repeats ``q``: too many texts (413)."""
+
+    def make(n: int) -> Send:
+        body = b"&".join([b"text=a"] * n) + b"&target_lang=EN-US"
+        headers = {"Content-Type": "application/x-www-form-urlencoded"}
+        return post(client, "/v2/translate", 413, content=body, headers=headers)
+
+    assert_linear(make, 60_000)
+
+
+def test_deepl_markup_with_ignore_tags_costs_linear_time(client: TestClient) -> None:
+    """The ignored elements marked (app/http/endpoints/deepl/markup.py), then parsed and split: more
+    sentences than the queue holds (413), before any decoding."""
+
+    def make(n: int) -> Send:
+        text = "".join(f"<p>Der Mann {i} <keep>x</keep> spielt.</p>" for i in range(n))
+        body = {"text": [text], "target_lang": "EN-US", "tag_handling": "xml", "ignore_tags": ["keep"]}
+        return post(client, "/v2/translate", 413, json=body)
+
+    assert_linear(make, 4_000)
+
+
 # -- files and jobs --------------------------------------------------------------------------------
 
 

@@ -102,9 +102,9 @@ def test_replicas_starting_at_once_migrate_each_store_once(
     with ThreadPoolExecutor(len(servers)) as pool:
         applied = list(pool.map(migrate, servers))
     # Each store's migrations applied once in all (by whichever replica took the lock first).
-    assert [sum(column) for column in zip(*applied, strict=True)] == [4, 1, 1], applied
+    assert [sum(column) for column in zip(*applied, strict=True)] == [6, 1, 1], applied
     versions = dict(rows(url, "SELECT store, version FROM schema_versions"))
-    assert versions == {"jobs": 4, "glossaries": 1, "memory": 1}
+    assert versions == {"jobs": 6, "glossaries": 1, "memory": 1}
     assert not (tmp_path / "jobs.sqlite3").exists()  # nothing written to the data directory
 
 
@@ -130,6 +130,18 @@ def test_a_job_made_through_one_replica_is_polled_claimed_and_downloaded_through
     assert one.get("alice", job.id).state == "done"  # type: ignore[union-attr]
     assert [j.id for j in other.jobs_of("alice")] == [job.id]
     assert one.files.path(job.id, RESULT) is None and not (tmp_path / "1").exists()
+
+
+def test_a_job_made_with_a_secret_is_found_through_any_replica_with_that_secret_only(
+    replica: Callable[[], Postgres], tmp_path: Path
+) -> None:
+    """(DeepL's document_key: app/http/endpoints/deepl/documents.py keeps its digest as the secret.)"""
+    one, other = job_store(replica(), tmp_path / "1"), job_store(replica(), tmp_path / "2")
+    job = one.create("alice", "a.txt", "de", "en", JobOptions(), b"Ein Hund.", "", "d1gest")
+    assert other.get("alice", job.id, "d1gest") == job == other.get("alice", job.id)
+    assert other.get("alice", job.id, "other") is None and other.get("bob", job.id, "d1gest") is None
+    plain = one.create("alice", "b.txt", "de", "en", JobOptions(), b"Eine Katze.")
+    assert other.get("alice", plain.id, "d1gest") is None  # a job of /jobs has none
 
 
 def test_concurrent_claims_from_replicas_take_each_job_once(

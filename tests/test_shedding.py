@@ -6,6 +6,7 @@ back, not the model."""
 from __future__ import annotations
 
 import asyncio
+import json
 from typing import Any
 
 import pytest
@@ -77,6 +78,25 @@ def test_requests_beyond_the_gate_are_refused_with_retry_after() -> None:
         assert not await refused(s, scope("/health"), no_send)  # only translations are shed
         passed(first)
         assert not await refused(s, scope(), no_send)  # its place was given back
+
+    asyncio.run(main())
+
+
+def test_deepls_translate_is_shed_at_the_gate_with_deepls_error_body() -> None:
+    async def main() -> None:
+        s = state(places=1, turns=4)
+        assert not await refused(s, scope("/v2/translate"), no_send)
+        sent: list[Any] = []
+
+        async def send(message: Any) -> None:
+            sent.append(message)
+
+        assert await refused(s, scope("/v2/translate"), send)
+        assert await refused(s, scope("/translate"), send)  # the two APIs share the places
+        assert [m["status"] for m in sent[::2]] == [503, 503]
+        deepl, libre = json.loads(sent[1]["body"]), json.loads(sent[3]["body"])
+        assert list(deepl) == ["message"] and list(libre) == ["error"]
+        assert deepl["message"] == libre["error"]
 
     asyncio.run(main())
 

@@ -33,7 +33,8 @@ from app.serving.protocol import (
     SentenceResult,
 )
 from app.serving.worker.executor import Executor
-from app.serving.worker.inbox import HeldSentence, Inbox
+from app.serving.worker.held import HeldSentence
+from app.serving.worker.inbox import Inbox
 from app.serving.worker.models import ModelTable
 from model.decoding.batch import RunningBatch, Source
 from model.decoding.constraints import beam_for

@@ -30,6 +30,8 @@ MULTIPART = "multipart/form-data"
 # ms: more than an ordinary request's body (up to NMT_MAX_CHARS = 5,000 characters) takes to parse.
 INLINE_BYTES = 32 * 1024
 LIST_FIELDS = frozenset({"q"})  # form fields that become a list when repeated (q=a&q=b)
+# A schema's own such fields, as a class variable of that name (DeepL's ``text``, ``ignore_tags``).
+FORM_LISTS = "form_lists"
 Body = TypeVar("Body", bound=BaseModel)
 
 
@@ -85,15 +87,15 @@ def parse_json(text: str) -> Any:
         raise json_error(0, "nested too deeply") from e
 
 
-def group_fields(pairs: list[tuple[str, str]]) -> dict[str, Any]:
-    """Form pairs to a request dict: repeated ``q`` becomes a list; other fields keep their first
-    value (as LibreTranslate's ``request.values.get`` does)."""
+def group_fields(pairs: list[tuple[str, str]], repeated: frozenset[str] = LIST_FIELDS) -> dict[str, Any]:
+    """Form pairs to a request dict: a field of ``repeated`` (``q``) given again becomes a list;
+    other fields keep their first value (as LibreTranslate's ``request.values.get`` does)."""
     data: dict[str, Any] = {}
     lists: dict[str, list[str]] = {}  # the list each repeated field became, appended to in place
     for key, value in pairs:
         if key in lists:
             lists[key].append(value)
-        elif key in LIST_FIELDS and key in data:
+        elif key in repeated and key in data:
             data[key] = lists[key] = [data[key], value]
         else:
             data.setdefault(key, value)
@@ -102,12 +104,12 @@ def group_fields(pairs: list[tuple[str, str]]) -> dict[str, Any]:
     return data
 
 
-def parse_urlencoded(text: str) -> dict[str, Any]:
+def parse_urlencoded(text: str, lists: frozenset[str] = LIST_FIELDS) -> dict[str, Any]:
     try:
         pairs = parse_qsl(text, keep_blank_values=True, encoding="utf-8", errors="strict")
     except UnicodeDecodeError as e:  # a %-escape that decodes to invalid UTF-8
         raise HTTPException(400, "form field is not valid UTF-8") from e
-    return group_fields(pairs)
+    return group_fields(pairs, lists)
 
 
 def replayed(request: Request, body: bytes) -> Request:
@@ -124,7 +126,9 @@ def replayed(request: Request, body: bytes) -> Request:
     return Request(request.scope, replay)
 
 
-async def parse_multipart(request: Request, body: bytes, limit: int) -> dict[str, Any]:
+async def parse_multipart(
+    request: Request, body: bytes, limit: int, lists: frozenset[str] = LIST_FIELDS
+) -> dict[str, Any]:
     """Parse with Starlette's multipart parser, replaying the body that was already read.
 
     The whole body was checked to be UTF-8 before, so every field decodes as UTF-8 (boundaries
@@ -133,7 +137,7 @@ async def parse_multipart(request: Request, body: bytes, limit: int) -> dict[str
     # Field count is bounded by the body size already; MAX_TEXTS is checked (413) on the result.
     async with replayed(request, body).form(max_files=0, max_fields=limit, max_part_size=limit) as form:
         pairs = [(key, value) for key, value in form.multi_items() if isinstance(value, str)]
-    return group_fields(pairs)
+    return group_fields(pairs, lists)
 
 
 def needs_content(field: FieldInfo) -> bool:
@@ -206,22 +210,23 @@ def parse_body_blocking(request: Request, body: bytes, limit: int, schema: type[
 async def parse_body(request: Request, body: bytes, limit: int, schema: type[Body]) -> Body:
     """``body``, read already, decoded and validated (``parse_request``)."""
     kind = media_type(request)
+    lists: frozenset[str] = getattr(schema, FORM_LISTS, LIST_FIELDS)
     if body and kind == MULTIPART:
         decode_utf8(body)  # (400 unless UTF-8: every field then decodes as such)
-        data = await parse_multipart(request, body, limit)
+        data = await parse_multipart(request, body, limit, lists)
     else:
-        data = parse_text(body, kind)
+        data = parse_text(body, kind, lists)
     return validate_request(data, schema)
 
 
-def parse_text(body: bytes, kind: str) -> Any:
+def parse_text(body: bytes, kind: str, lists: frozenset[str] = LIST_FIELDS) -> Any:
     """A body that is no multipart form, decoded and parsed as ``kind`` says: urlencoded, or JSON
     (also when the client forgot the Content-Type header); ``{}`` for no body at all, whatever the
     type says ("missing q", as LibreTranslate has it). 400 or 422 for a body that is neither."""
     text = decode_utf8(body)
     if not body:
         return {}
-    return parse_urlencoded(text) if kind == URLENCODED else parse_json(text)
+    return parse_urlencoded(text, lists) if kind == URLENCODED else parse_json(text)
 
 
 async def parse_text_body(body: bytes, kind: str) -> Any:

@@ -7,7 +7,7 @@ quarter of the front end's CPU per /translate request, on the two cores the work
 straight from ``TranslationApp.__call__``, after the shedding gate and the turn, as FastAPI would
 have served it:
 
-- the endpoint is the route's own function (``app.http.routes.translate.translate``), called with its
+- the endpoint is the route's own function (``app.http.endpoints.translate.translate``), called with its
   dependencies' own functions, found in the dependency tree FastAPI built from the endpoint's
   signature (``route.dependant``: nothing here names them or their order), each called once per
   request as FastAPI caches them: a 503 before the models are loaded comes from the same code. A
@@ -36,8 +36,8 @@ from starlette.exceptions import HTTPException
 from starlette.types import Receive, Scope, Send
 
 from app.http.deps import services_of
+from app.http.endpoints.translate import api as translate_routes
 from app.http.middleware import RequestMetricsMiddleware
-from app.http.routes.translate import api as translate_routes
 
 PATH = "/translate"
 

@@ -9,7 +9,6 @@ endpoint directly (``app.http.direct``), everything else through FastAPI. Made b
 
 from __future__ import annotations
 
-import json
 import time
 from typing import Any
 
@@ -19,10 +18,11 @@ from starlette.types import Receive, Scope, Send
 from app.http.body import too_large
 from app.http.deps import services_of
 from app.http.direct import DirectRoute
+from app.http.endpoints import translate
+from app.http.endpoints.deepl.errors import deepl_error
 from app.http.errors import http_exception_handler
 from app.http.middleware import UNKNOWN_ENDPOINT
-from app.http.routes import translate
-from app.http.shedding import passed, refused, refused_at_once, shed, take_turn
+from app.http.shedding import DEEPL_PATHS, error_body, passed, refused, refused_at_once, shed, take_turn
 from app.http.slow_clients import (
     BODY_TIMEOUT_S,
     CLIENT_GONE,
@@ -79,7 +79,10 @@ class TranslationApp(FastAPI):
                     raise too_large(services.settings.max_body_bytes)
             except HTTPException as e:
                 self._count(scope, str(e.status_code))
-                await (await http_exception_handler(request, e))(scope, receive, send)
+                deepl = scope["path"].startswith(DEEPL_PATHS)
+                response = deepl_error(e) if deepl else await http_exception_handler(request, e)
+                assert response is not None
+                await response(scope, receive, send)
                 return
             try:
                 body = await receive_body(
@@ -88,7 +91,7 @@ class TranslationApp(FastAPI):
             except BodyError as e:
                 if e.status != CLIENT_GONE:
                     self._count(scope, str(e.status))
-                    await answer(send, e.status, json.dumps({"error": str(e)}).encode(), close=True)
+                    await answer(send, e.status, error_body(scope, str(e)), close=True)
                 return
             receive = replayed(body, receive)
         if await refused(services, scope, send):

@@ -26,20 +26,26 @@ on 2 cores; with the hold-back, under 1 s).
 from __future__ import annotations
 
 import asyncio
+import json
 from typing import Any
 
 from starlette.types import Scope, Send
 
 from app.services import AppServices
 
-SHED_PATHS = frozenset({"/translate"})
+SHED_PATHS = frozenset({"/translate", "/v2/translate"})  # LibreTranslate's and DeepL's
+DEEPL_PATHS = "/v2/"  # DeepL's API: its errors say ``message``, LibreTranslate's ``error``
 RETRY_AFTER_S = "1"
-BUSY_BODY = b'{"error":"server busy: every translation queue is full, retry later"}'
-BUSY_HEADERS = [
-    (b"content-type", b"application/json"),
-    (b"content-length", str(len(BUSY_BODY)).encode()),
-    (b"retry-after", RETRY_AFTER_S.encode()),
-]
+BUSY = "server busy: every translation queue is full, retry later"
+
+
+def error_body(scope: Scope, message: str) -> bytes:
+    """An error's JSON body in the words of the API ``scope`` asks."""
+    field = "message" if scope["path"].startswith(DEEPL_PATHS) else "error"
+    return json.dumps({field: message}).encode()
+
+
+BUSY_BODIES = {path: error_body({"path": path}, BUSY) for path in SHED_PATHS}
 GATE_KEY = "nmt.gate"  # in the scope: the scheduler whose place the request holds
 TURN_KEY = "nmt.turn"  # in the scope: the semaphore whose turn the request holds
 TURNS = 32  # requests parsed at a time: ~15 ms of the event loop's time per turn, not seconds
@@ -73,8 +79,14 @@ async def refused(services: AppServices, scope: Scope, send: Send) -> bool:
 
 
 async def refuse(services: AppServices, scope: Scope, send: Send) -> None:
-    await send({"type": "http.response.start", "status": 503, "headers": BUSY_HEADERS})
-    await send({"type": "http.response.body", "body": BUSY_BODY})
+    body = BUSY_BODIES[scope["path"]]
+    headers = [
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(body)).encode()),
+        (b"retry-after", RETRY_AFTER_S.encode()),
+    ]
+    await send({"type": "http.response.start", "status": 503, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
     if services.metrics is not None:  # (it is: the lifespan makes it before the scheduler)
         services.metrics.requests.labels(endpoint=scope["path"], status="503").inc()
     hold_back(send, float(RETRY_AFTER_S))

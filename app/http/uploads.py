@@ -3,7 +3,7 @@ the front end's memory (``NMT_MAX_FILE_REQUESTS`` at most), so that many large f
 cannot fill it.
 
 A place is taken once the request's key is admitted where it comes before the file (a header, the
-query, or the form's ``api_key`` field sent first: ``app.http.routes.files.admit_form_key``), else
+query, or the form's ``api_key`` field sent first: ``app.http.endpoints.files.admit_form_key``), else
 before the upload is read; and one client address holds at most ``1 / ADDRESS_SHARE`` of them:
 uploads that trickle in from one address (each cut at ``app.http.slow_clients.MIN_UPLOAD_RATE``) leave
 the other places to everyone else."""

@@ -56,6 +56,7 @@ class Job:
     finished: float | None
     expires: float | None
     result_name: str | None
+    chars: int | None  # of its text, once read: what its owner was charged
 
     @classmethod
     def of(cls, row: Sequence[Any]) -> Job:

@@ -1,4 +1,5 @@
-"""The front end's background loop that runs document jobs (``app.jobs.store``) to the end.
+"""The front end's background loop that runs document jobs (``app.jobs.store``) to the end: the
+stages of the documents' use case (``app.translation.documents``), each chunk saved as it ends.
 
 A job goes queued -> reading -> translating -> writing -> done (or failed, or cancelled):
 
@@ -29,32 +30,22 @@ import asyncio
 import contextlib
 import logging
 from collections import deque
-from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable
 from functools import partial
 from typing import Any
 
 from fastapi import HTTPException
 
-from app.config import Settings
 from app.formats.documents import MEDIA_TYPES, download_name, extension
 from app.formats.limits import DocumentError
-from app.formats.sandbox import Busy as ReadersBusy
-from app.formats.sandbox import DocumentReaders
 from app.http.errors import status_of
-from app.jobs.job import FINAL, ClaimedJob, Job, JobOptions, State
+from app.jobs.job import FINAL, ClaimedJob, Job, State
 from app.jobs.store import JobStore, StorageFull
 from app.keys.limits import KeyLimiter, charge_owner, key_identity
-from app.models.served import ServedModel
-from app.serving.frontend.router import Route, Router
-from app.serving.frontend.scheduler import Scheduler
 from app.stores.database.errors import StoreUnavailable
-from app.terminology.cache import SegmentCache
-from app.terminology.memory import TranslationMemory
-from app.terminology.terms import SentenceTerms, sentence_terms
+from app.translation.documents import DocumentRequest, Documents, ReadDocument
 from app.translation.errors import Busy, TranslationError, Unavailable
-from app.translation.languages import AUTO, check_languages, route_of, source_language
-from app.translation.sentences import Caller, Recall, SearchPlan, SentenceRequest, translate_sentences
+from app.translation.sentences import Caller, SearchPlan
 from model.decoding.terms import Glossary, GlossaryEntry
 
 log = logging.getLogger("uvicorn.error").getChild("jobs")
@@ -73,23 +64,11 @@ class Stopped(Exception):
     """The job was cancelled or deleted while it ran."""
 
 
-@dataclass
-class Services:
-    """What a job uses of the running service (parts of ``app.services.AppServices``)."""
-
-    settings: Settings
-    router: Router[ServedModel]
-    scheduler: Scheduler
-    readers: DocumentReaders  # with the job limits
-    keys: KeyLimiter
-    memory: TranslationMemory | None
-    cache: SegmentCache[Any] | None
-
-
 class JobRunner:
-    def __init__(self, store: JobStore, services: Services, max_running: int) -> None:
+    def __init__(self, store: JobStore, documents: Documents, keys: KeyLimiter, max_running: int) -> None:
         self.store = store
-        self.services = services
+        self.documents = documents  # the use case, with the readers of jobs (their larger limits)
+        self.keys = keys
         self.max_running = max_running
         self.running: dict[str, asyncio.Task[None]] = {}  # job id -> its task
         self.owners: dict[str, str] = {}  # job id -> owner
@@ -196,66 +175,57 @@ class JobRunner:
             raise Stopped
 
     async def _translate(self, job: ClaimedJob) -> None:
-        s = self.services
         await self._advance(job, "reading")
         data = await asyncio.to_thread(self.store.upload, job.id)
-        candidates = check_languages(job.source, job.target, s.router)
+        options = job.options
+        glossary = Glossary([GlossaryEntry(a, b) for a, b in options.glossary]) if options.glossary else None
+        # The segment cache's owner, as ``client_identity`` names a request's: the key's, or
+        # without keys the job's own (its client's address is not kept).
+        cached_as = key_identity(job.owner) if job.owner else f"job {job.id}"
+        asked = DocumentRequest(
+            job.name,
+            data,
+            job.source,
+            job.target,
+            glossary,
+            options.protect_placeholders,
+            SearchPlan(beam_size=options.beam_size, n_best=1),
+            Caller(job.owner, cached_as, CHUNK_TIMEOUT_S, background=True),
+            chunk_sentences=CHUNK_SENTENCES,
+        )
 
-        def language(sample: str) -> str:
-            if job.source.lower() == AUTO:
-                return source_language(sample, candidates).language
-            return candidates[0]
+        async def charge(chars: int) -> None:
+            if not job.total:  # charged once, not again when a restart reads it again
+                await charge_owner(self.keys, job.owner, chars)
 
-        document = await retrying(lambda: s.readers.read(job.name, data, language))
-        if not job.total:  # charged once, not again when a restart reads it again
-            await charge_owner(s.keys, job.owner, document.chars)
-        route = route_of(s.router, document.language, job.target)
-        # Up to NMT_JOB_MAX_CHARS of text, and a glossary of thousands of entries: on a thread, so
-        # that the front end's event loop answers its requests meanwhile.
-        limit = s.settings.max_terms_per_sentence
-        terms = await asyncio.to_thread(job_terms, document.sentences, job.options, limit)
+        document = await retrying(lambda: self.documents.read(asked, charge))
         total = len(document.sentences)
         done = await asyncio.to_thread(self.store.saved_translations, job.id)
         await self._advance(
-            job, "translating", language=document.language, total=total, done=len(done), notes=document.notes
+            job,
+            "translating",
+            language=document.language,
+            total=total,
+            chars=document.chars,
+            done=len(done),
+            notes=document.notes,
         )
-        plan = SearchPlan(beam_size=job.options.beam_size, n_best=1)
-        translations = await self._chunks(job, list(document.sentences), route, terms, plan, done)
+        translations = await self._chunks(job, document, done)
         await self._advance(job, "writing")
-        output = await retrying(
-            lambda: s.readers.write(job.name, data, document.language, total, translations)
-        )
+        output = await retrying(lambda: self.documents.write(document, translations))
         await asyncio.to_thread(self.store.save_result, job.id, output)
         name = download_name(job.name, job.target)
         if not await asyncio.to_thread(self.store.finish, job.id, "done", result_name=name):
             raise Stopped
 
-    async def _chunks(
-        self,
-        job: Job,
-        sentences: list[str],
-        route: Route[ServedModel],
-        terms: SentenceTerms,
-        plan: SearchPlan,
-        done: list[str],
-    ) -> list[str]:
-        """The translations of ``sentences`` after the ``done`` ones, chunk by chunk, each saved."""
-        s = self.services
-        recall = Recall(s.settings, s.memory, s.cache)
-        # The segment cache's owner, as ``client_identity`` names a request's: the key's, or
-        # without keys the job's own (its client's address is not kept).
-        cached_as = key_identity(job.owner) if job.owner else f"job {job.id}"
-        caller = Caller(job.owner, cached_as, CHUNK_TIMEOUT_S, background=True)
+    async def _chunks(self, job: Job, document: ReadDocument, done: list[str]) -> list[str]:
+        """The translations of the document's sentences after the ``done`` ones, chunk by chunk,
+        ``IN_FLIGHT`` at once, each saved as it finishes."""
 
         async def chunk(start: int) -> list[str]:
-            part = sentences[start : start + CHUNK_SENTENCES]
-            own = SentenceTerms(terms.terms[start : start + CHUNK_SENTENCES])
-            asked = SentenceRequest(
-                part, [route] * len(part), [route.source] * len(part), job.target, plan, own, caller
-            )
-            results = await retrying(lambda: translate_sentences(asked, s.scheduler, recall))
-            assert results is not None  # no client to go away: cancelling raises instead
-            return [result.texts[0] for result in results]
+            part = await retrying(lambda: self.documents.translate_chunk(document, start))
+            assert part is not None  # no client to go away: cancelling raises instead
+            return part
 
         out = list(done)
         pending: deque[asyncio.Task[list[str]]] = deque()
@@ -267,7 +237,7 @@ class JobRunner:
             await self._advance(job, "translating", done=len(out))
 
         try:
-            for start in range(len(done), len(sentences), CHUNK_SENTENCES):
+            for start in self.documents.chunk_starts(document, len(done)):
                 pending.append(asyncio.create_task(chunk(start)))
                 if len(pending) == IN_FLIGHT:
                     await save_first()
@@ -279,19 +249,13 @@ class JobRunner:
         return out
 
 
-def job_terms(sentences: Sequence[str], options: JobOptions, limit: int) -> SentenceTerms:
-    """Each sentence's terms, with the job's glossary (``sentence_terms``: 413 past ``limit``)."""
-    glossary = Glossary([GlossaryEntry(a, b) for a, b in options.glossary]) if options.glossary else None
-    return sentence_terms(sentences, glossary, protect=options.protect_placeholders, limit=limit)
-
-
 async def retrying(make: Callable[[], Awaitable[Any]]) -> Any:
     """``make()``'s result, tried again after ``RETRY_S`` while it fails for a reason of the moment
-    (503: the queue full, every reader busy, no worker running)."""
+    (the queue full, every reader busy, no worker running)."""
     while True:
         try:
             return await make()
-        except (Busy, Unavailable, ReadersBusy):
+        except (Busy, Unavailable):
             pass
         await asyncio.sleep(RETRY_S)
 

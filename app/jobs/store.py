@@ -93,6 +93,13 @@ HOLDER = "ALTER TABLE jobs ADD COLUMN holder TEXT NOT NULL DEFAULT ''"
 # Who made it without a key (its client's address; "" with a key): strangers' jobs are counted per
 # client, so that one stranger's jobs do not fill every other's share.
 CLIENT = "ALTER TABLE jobs ADD COLUMN client TEXT NOT NULL DEFAULT ''"
+# The SHA-256 (hex) of a secret the job's maker was given beside its id, and must show again to see
+# the job ('': none, as for a job of /jobs). DeepL's document API asks for one (its document_key:
+# app/http/endpoints/deepl/documents.py); only its digest is kept, so the table does not hold it.
+SECRET = "ALTER TABLE jobs ADD COLUMN secret TEXT NOT NULL DEFAULT ''"
+# The characters of its text, once read (NULL before): what its owner was charged (DeepL's
+# billed_characters).
+CHARS = "ALTER TABLE jobs ADD COLUMN chars INTEGER"
 
 UPLOAD, OPTIONS, PROGRESS, RESULT = "upload", "options.json", "progress.jsonl", "result"
 
@@ -112,7 +119,7 @@ class JobsFull(Exception):
 
 COLUMNS = (  # a Job's: never ``options``, whose value may be megabytes (a job made before OPTIONS)
     "id, owner, name, source, target, state, language, done, total, error_status, error, "
-    "notes, created, finished, expires, result_name"
+    "notes, created, finished, expires, result_name, chars"
 )
 
 
@@ -144,6 +151,8 @@ class JobStore:
             Migration(2, self._add_bytes, ""),
             Migration(3, HOLDER, HOLDER),
             Migration(4, CLIENT, CLIENT),
+            Migration(5, SECRET, SECRET),
+            Migration(6, CHARS, CHARS),
         ]
         self.db: Database = open_database(server, directory / "jobs.sqlite3", "jobs", migrations)
         self.files: JobFiles = (
@@ -197,11 +206,12 @@ class JobStore:
         options: JobOptions,
         data: bytes,
         client: str = "",
+        secret: str = "",
     ) -> Job:
         """A new queued job holding ``data`` (``JobsFull`` past the limits, ``StorageFull`` past
         the quota or the disk's reserve). Its files are on disk before its row commits: a row always
         has its files. ``client``: who made it without a key (``owner`` ""), whose jobs are counted
-        apart from other strangers'."""
+        apart from other strangers'. ``secret``: the digest ``get`` asks for (``SECRET``)."""
         client = client if not owner else ""
         encoded = options.encoded()
         need = len(data) * (1 + RESERVE_FACTOR) + len(encoded)
@@ -228,9 +238,9 @@ class JobStore:
                     raise refusal
                 db.execute(
                     "INSERT INTO jobs "
-                    "(id, owner, client, name, source, target, options, state, created, bytes) "
-                    "VALUES (?, ?, ?, ?, ?, ?, '', 'queued', ?, ?)",
-                    (job_id, owner, client, name, source, target, time.time(), need),
+                    "(id, owner, client, name, source, target, options, state, created, bytes, secret) "
+                    "VALUES (?, ?, ?, ?, ?, ?, '', 'queued', ?, ?, ?)",
+                    (job_id, owner, client, name, source, target, time.time(), need, secret),
                 )
         except BaseException:
             self.files.remove([job_id])
@@ -258,14 +268,17 @@ class JobStore:
             )
         return self.files.refusal(unwritten)
 
-    def get(self, owner: str, job_id: str) -> Job | None:
-        """``owner``'s job ``job_id`` (None if it has none of that id, or it expired)."""
+    def get(self, owner: str, job_id: str, secret: str | None = None) -> Job | None:
+        """``owner``'s job ``job_id`` (None if it has none of that id, or it expired); with
+        ``secret``, only if the job was made with that digest."""
+        mine = "" if secret is None else " AND secret = ?"
         with self.db.reading() as db:
             if db is None:
                 return None
             row = db.execute(
-                f"SELECT {COLUMNS} FROM jobs WHERE id = ? AND owner = ? AND (expires IS NULL OR expires > ?)",
-                (job_id, owner, time.time()),
+                f"SELECT {COLUMNS} FROM jobs WHERE id = ? AND owner = ?{mine} "
+                "AND (expires IS NULL OR expires > ?)",
+                (job_id, owner, *(() if secret is None else (secret,)), time.time()),
             ).fetchone()
         return None if row is None else Job.of(row)
 
@@ -347,7 +360,7 @@ class JobStore:
             db.execute("UPDATE jobs SET lease = 0, holder = '' WHERE id = ?", (job_id,))
 
     def advance(self, job_id: str, state: State, **values: Any) -> bool:
-        """Set the job's state and ``values`` (language, done, total, notes) unless it was cancelled
+        """Set the job's state and ``values`` (language, done, total, chars, notes) unless it was cancelled
         or deleted meanwhile (False)."""
         if "notes" in values:
             values["notes"] = json.dumps(list(values["notes"]))

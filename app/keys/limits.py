@@ -1,8 +1,9 @@
 """API keys and their limits, enforced in one place for every route that takes a key.
 
-The key may come before the body: in a header (``Authorization: Bearer KEY``, as DeepL takes it,
-or ``X-API-Key: KEY``) or the ``api_key`` query parameter. ``admit_given_key`` checks it then,
-before a byte of the body is read (the routes call it first thing, ``app.http.routes.access``): 403
+The key may come before the body: in a header (``Authorization: Bearer KEY``,
+``Authorization: DeepL-Auth-Key KEY`` as DeepL's clients send it, or ``X-API-Key: KEY``) or the
+``api_key`` query parameter. ``admit_given_key`` checks it then,
+before a byte of the body is read (the routes call it first thing, ``app.http.endpoints.access``): 403
 for an unknown key, 429 for one over a limit, so that a stranger cannot hold an upload's place or
 memory with a key that would be refused anyway. The request counts as one request then; once the
 body is read ``admit_key`` counts the rest (the texts of a list ``q`` beyond the first, the
@@ -57,7 +58,9 @@ STORES_OFF = (
     "none (its operator may share one set among all clients with NMT_SHARED_STORES=true)"
 )
 KEY_HEADER = "X-API-Key"
-BEARER = "bearer"
+# The schemes of ``Authorization`` that carry one of our keys: OAuth's, and DeepL's (its clients
+# send nothing else, so that DeepL's API on this service takes the same keys).
+KEY_SCHEMES = frozenset({"bearer", "deepl-auth-key"})
 
 
 class Count(Protocol):
@@ -163,6 +166,25 @@ class KeyLimiter:
             self.limited(key, refusal.limit)
             raise refusal_error(refusal)
 
+    async def characters(self, key: ApiKey) -> tuple[int, int] | None:
+        """What ``key`` has spent of its longest character window (a day's, else a minute's) and
+        that window's limit; None when no window counts its characters. Spends nothing."""
+        windows = [w for w in key.limits.windows if w.unit == "chars"]
+        if self.store is None or not windows:
+            return None
+        window = max(windows, key=lambda w: w.period_s)
+        try:
+            if isinstance(self.store, RedisUsageStore):
+                used = await self.store.used(key.name, window)
+            else:
+                used = self.store.used(key.name, window)
+        except (sqlite3.Error, RedisError) as e:
+            logger.error("usage store: cannot read the usage of %s: %s", key.name, e)
+            raise HTTPException(
+                503, "cannot read this API key's usage now; retry later", {"Retry-After": STORE_BUSY_RETRY_S}
+            ) from e
+        return used, window.limit
+
     def limited(self, key: ApiKey, limit: str) -> None:
         if self.per_key:
             self.metrics.key_limited.labels(key.name, limit).inc()
@@ -190,11 +212,12 @@ class GivenKey:
 
 
 def given_key(request: Request) -> GivenKey | None:
-    """The key the request gives before its body: ``Authorization: Bearer KEY``, ``X-API-Key: KEY``
-    or ``?api_key=KEY`` (400 if they name different keys; an empty one is none)."""
+    """The key the request gives before its body: ``Authorization: Bearer KEY`` (or DeepL's
+    ``DeepL-Auth-Key KEY``), ``X-API-Key: KEY`` or ``?api_key=KEY`` (400 if they name different
+    keys; an empty one is none)."""
     found: list[GivenKey] = []
     scheme, _, credentials = request.headers.get("authorization", "").strip().partition(" ")
-    if scheme.lower() == BEARER and credentials.strip():  # another scheme is some proxy's: not ours
+    if scheme.lower() in KEY_SCHEMES and credentials.strip():  # another scheme is some proxy's: not ours
         found.append(GivenKey(credentials.strip(), "the Authorization header"))
     for value in request.headers.getlist(KEY_HEADER):
         if value.strip():
@@ -208,16 +231,30 @@ def given_key(request: Request) -> GivenKey | None:
     return found[0] if found else None
 
 
-def refusal_error(refusal: Refusal) -> HTTPException:
+class LimitRefused(HTTPException):
+    """A request over one of its key's limits: ``limit`` names it (``chars_per_day``...), so that
+    an API with other words for it can tell a used-up quota from a rate (DeepL's 456 and 429:
+    ``app.http.endpoints.deepl.errors``)."""
+
+    def __init__(
+        self, status_code: int, detail: str, limit: str, headers: dict[str, str] | None = None
+    ) -> None:
+        super().__init__(status_code, detail, headers)
+        self.limit = limit
+
+
+def refusal_error(refusal: Refusal) -> LimitRefused:
     if refusal.retry_after_s is None:
-        return HTTPException(
+        return LimitRefused(
             413,
             f"request too large for this API key: it may use {refusal.description} ({refusal.limit}), "
             "fewer than this request alone",
+            refusal.limit,
         )
-    return HTTPException(
+    return LimitRefused(
         429,
         f"Slowdown: {refusal.description} ({refusal.limit})",
+        refusal.limit,
         {"Retry-After": str(refusal.retry_after_s)},
     )
 
@@ -318,6 +355,12 @@ async def release_key(scope: Scope) -> None:
         await asyncio.shield(store.release(lease.key.name))
     elif lease.slot and store is not None:
         store.release(lease.key.name)
+
+
+def admitted_key(request: Request) -> ApiKey | None:
+    """The key the request was admitted under (None without keys configured: ``admit_key`` has run)."""
+    lease: Lease | None = request.scope.get(LEASE_KEY)
+    return None if lease is None else lease.key
 
 
 def key_owner(request: Request) -> str:

@@ -331,6 +331,17 @@ class UsageStore:
             self._release(key, count)
         self._unreleased.clear()
 
+    def used(self, key: str, window: Window) -> int:
+        """What ``key`` has spent of ``window`` now, in its unit; nothing is spent (a read: no
+        transaction, no write lock)."""
+        oldest = self._oldest_bucket(window, self.clock())
+        query = (
+            f"SELECT COALESCE(SUM({window.unit}), 0) FROM usage "  # (a column name: requests or chars)
+            "WHERE key = ? AND grain = ? AND bucket >= ?"
+        )
+        (used,) = self._db.execute(query, (key, window.grain_s, oldest)).fetchone()
+        return int(used)
+
     def in_flight(self, key: str) -> int:
         """``key``'s requests in flight in every live process."""
         with self._transaction():

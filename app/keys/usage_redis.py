@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 import uuid
 from collections import Counter
@@ -36,7 +37,7 @@ from typing import Any
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
-from app.keys.usage import KeyLimits, Refusal, Spending
+from app.keys.usage import KeyLimits, Refusal, Spending, Window
 
 logger = logging.getLogger("uvicorn.error").getChild("nmt")
 
@@ -251,6 +252,13 @@ class RedisUsageStore:
             key, count = next(iter(self._unreleased.items()))
             await self._release(keys=[self._flight_key(key)], args=[self.holder, count])
             del self._unreleased[key]
+
+    async def used(self, key: str, window: Window) -> int:
+        """As ``UsageStore.used``: what ``key`` has spent of ``window`` now, spending nothing. Raises
+        ``RedisError``."""
+        oldest = math.floor((self.clock() - window.period_s) / window.grain_s)
+        buckets = await self.client.hgetall(f"{PREFIX}u:{key}:{window.grain_s}:{window.unit}")
+        return sum(int(amount) for bucket, amount in buckets.items() if int(bucket) >= oldest)
 
     async def in_flight(self, key: str) -> int:
         """``key``'s requests in flight in every live replica."""

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from app.serving.protocol import Constraints, Hypothesis, ModelDescription, Placed, SentenceResult
 from model.decoding.options import DecodeOptions
-from model.directory import CONFIG_FILE, ModelDirError, ModelInfo, read_info_and_tokenizer, source_prefix
+from model.directory import CONFIG_FILE, ModelDirError, ModelInfo, read_info_and_tokenizer
 from model.tokenizer import Tokenizer
 
 
@@ -72,14 +72,7 @@ class ServedModel:
     def source_ids(self, sentences: list[str], target: str | None = None) -> list[list[int]]:
         """Each sentence's token ids, truncated, then eos: what a worker decodes. A multilingual
         model's are preceded by the token that asks for ``target`` (``source_prefix``)."""
-        return self.options.source_ids(
-            self.tokenizer,
-            sentences,
-            prefix=source_prefix(self.info, target),
-            max_positions=self.info.config.max_positions,
-            eos=self.info.config.eos_id,
-            source_eos=self.info.config.source_eos,
-        )
+        return self.options.source_ids(self.info, self.tokenizer, sentences, target)
 
     def constraints(self, terms: Sequence[str]) -> Constraints:
         """Each term's target-side token ids: what the decoder must produce for it."""

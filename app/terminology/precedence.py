@@ -8,7 +8,7 @@ caller makes of everything that decides the model's answer (the model route, bea
 the constraints, the sentence), so that a cached answer is exactly what decoding would give. A
 sentence that occurs twice in one request (under one key) is decoded once.
 
-Torch-free and independent of HTTP: the caller (``app/http/routes/translate.py``) gives the sentences,
+Torch-free and independent of HTTP: the caller (``app/http/endpoints/translate.py``) gives the sentences,
 their cache keys and the memory's lookup, sends ``Plan.decode`` to the model, and gets each
 sentence's ``Answer`` from ``Plan.finish``, which also stores the decoded results in the cache.
 """

@@ -1,7 +1,7 @@
 """What a translation makes of terminology: each sentence's terms (a glossary's, placeholders),
 whose targets the decoder is given as constraints; and the response's ``terminology``: where each
 term is in the translated text. (The request's glossary itself, inline entries or a stored one, is
-resolved at the HTTP edge: ``app.http.routes.request_glossary``.)
+resolved at the HTTP edge: ``app.http.endpoints.request_glossary``.)
 
 HTML (``format: "html"``) takes both too: its sentences are text. A term's offsets are then into
 the translated markup, where the term is written escaped (``&amp;``); a term that an inline tag

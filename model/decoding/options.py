@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
+from model.directory import ModelInfo, source_prefix
 from model.tokenizer import Tokenizer
 
 GUARD_MARGIN = 16  # candidates kept beyond 2K per row for the repetition guard to drop
@@ -77,22 +78,18 @@ class DecodeOptions:
         return min(self.max_input_tokens, max_positions - 1)
 
     def source_ids(
-        self,
-        tokenizer: Tokenizer,
-        texts: Sequence[str],
-        *,
-        prefix: Sequence[int],
-        max_positions: int,
-        eos: int,
-        source_eos: bool = True,
+        self, info: ModelInfo, tokenizer: Tokenizer, texts: Sequence[str], target: str | None = None
     ) -> list[list[int]]:
-        """Each text's token ids after ``prefix`` (a multilingual model's target-language token),
-        truncated to ``input_limit``, then the model's ``eos`` if its sources end with one
-        (``source_eos``): what the model decodes. A source is never empty: one with no tokens is
-        eos alone (attention over nothing is undefined)."""
-        limit = self.input_limit(max_positions) - len(prefix)
-        end = [eos] if source_eos else []
-        return [[*prefix, *ids[:limit], *end] or [eos] for ids in tokenizer.encode(list(texts))]
+        """Each text's token ids, the one place a source is tokenized (the library's translator and
+        the service's front end both call it): after the token that asks a multilingual model for
+        ``target`` (``source_prefix``), truncated to ``input_limit``, then the model's eos if its
+        sources end with one. A source is never empty: one with no tokens is eos alone (attention
+        over nothing is undefined)."""
+        config = info.config
+        prefix = source_prefix(info, target)
+        limit = self.input_limit(config.max_positions) - len(prefix)
+        end = [config.eos_id] if config.source_eos else []
+        return [[*prefix, *ids[:limit], *end] or [config.eos_id] for ids in tokenizer.encode(list(texts))]
 
     def candidates(self, max_beam_size: int) -> int:
         """Candidates a step keeps per row for beams of up to ``max_beam_size``: the best 2K

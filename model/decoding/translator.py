@@ -189,15 +189,7 @@ class Translator:
     def source_ids(self, texts: list[str], *, target: str | None = None) -> list[list[int]]:
         """Token ids of each text followed by eos, truncated (``DecodeOptions.max_input_tokens``);
         for a multilingual model preceded by ``target``'s token (``model.checkpoint.source_prefix``)."""
-        prefix = source_prefix(self.info, target)
-        return self.options.source_ids(
-            self.tokenizer,
-            texts,
-            prefix=prefix,
-            max_positions=self.model.cfg.max_positions,
-            eos=self.model.cfg.eos_id,
-            source_eos=self.model.cfg.source_eos,
-        )
+        return self.options.source_ids(self.info, self.tokenizer, texts, target)
 
     def batch(self, sources: list[list[int]]) -> torch.Tensor:
         """Right-padded (B, S) tensor of source ids (``model.decoding.batch.pad_batch``)."""

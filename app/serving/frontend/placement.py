@@ -58,7 +58,7 @@ class Request:
     left: int = 0  # sentences not finished yet
     deadline: float | None = None  # time.monotonic()
     timer: asyncio.TimerHandle | None = None
-    sentences: list[SentenceState] = field(default_factory=list)  # all of them, in order
+    sentences: list[PlacedSentence] = field(default_factory=list)  # all of them, in order
     background: bool = False  # a document job's: it takes what typed requests leave
 
     @property
@@ -67,7 +67,7 @@ class Request:
 
 
 @dataclass(eq=False)
-class SentenceState:
+class PlacedSentence:
     """A sentence of a request, as the scheduler tracks it: what a worker is sent (``message``),
     and where it is."""
 
@@ -92,17 +92,17 @@ class ModelQueue:
     of it the workers have in hand (its share of them)."""
 
     name: str
-    queue: FairQueue[SentenceState]  # admitted, not given to a worker yet
+    queue: FairQueue[PlacedSentence]  # admitted, not given to a worker yet
     metrics: Metrics | None = None  # labelled with the model (``Metrics.of_model``)
     rows: int = 0  # given to workers, not finished
     # Document jobs' sentences, given only where the typed ones of ``queue`` leave room.
-    background: FairQueue[SentenceState] = field(default_factory=FairQueue)
+    background: FairQueue[PlacedSentence] = field(default_factory=FairQueue)
 
     @property
     def waiting(self) -> int:
         return len(self.queue) + len(self.background)
 
-    def queue_of(self, request: Request) -> FairQueue[SentenceState]:
+    def queue_of(self, request: Request) -> FairQueue[PlacedSentence]:
         return self.background if request.background else self.queue
 
 
@@ -110,7 +110,7 @@ class ModelQueue:
 class WorkerState:
     worker: Worker
     capacity: int  # rows it may hold, every model's together
-    sentences: dict[int, SentenceState] = field(default_factory=dict)  # given to it, not finished
+    sentences: dict[int, PlacedSentence] = field(default_factory=dict)  # given to it, not finished
     rows: int = 0
     # Rows kept for typed requests: document jobs' sentences fill at most capacity - reserved.
     reserved: int = 0

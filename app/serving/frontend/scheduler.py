@@ -48,7 +48,7 @@ from typing import Any
 from app.monitoring.metrics import Metrics
 from app.serving.errors import DeadlineExceeded, EngineError, EngineStopped, QueueFull, TooLarge
 from app.serving.fairqueue import FairQueue
-from app.serving.frontend.placement import ModelQueue, Request, SentenceState, Worker, WorkerState, homes
+from app.serving.frontend.placement import ModelQueue, PlacedSentence, Request, Worker, WorkerState, homes
 from app.serving.frontend.spreading import Spreading
 from app.serving.protocol import (
     Answers,
@@ -228,7 +228,7 @@ class Scheduler:
             request.timer = loop.call_later(timeout_s, self._expire, request, timeout_s)
         rid, deadline, name = request.id, request.deadline, queue.name
         request.sentences = [
-            SentenceState(
+            PlacedSentence(
                 Sentence(next(self._ids), rid, s, beam, n_best, deadline, now, name, c, background),
                 request,
                 k,
@@ -277,7 +277,7 @@ class Scheduler:
         the fewest rows in the workers' hands (the first in turn among equals, which then goes last),
         in its queue's order, to the worker that holds the model loaded, then to the one with the
         most free rows."""
-        batches: dict[int, tuple[WorkerState, list[SentenceState]]] = {}
+        batches: dict[int, tuple[WorkerState, list[PlacedSentence]]] = {}
         candidates = [m for m in self._turns if m.waiting]
         touched: list[ModelQueue] = []
         while candidates:
@@ -324,7 +324,7 @@ class Scheduler:
         if model.metrics is not None:
             model.metrics.queue_depth.set(model.waiting)
 
-    def _release(self, state: WorkerState, sentence: SentenceState) -> None:
+    def _release(self, state: WorkerState, sentence: PlacedSentence) -> None:
         """``sentence`` is no longer in ``state``'s hands (answered, withdrawn or lost)."""
         del state.sentences[sentence.id]
         state.rows -= sentence.rows
@@ -395,7 +395,7 @@ class Scheduler:
             if state is not None and state.sentences.get(sentence.id) is sentence:
                 self._release(state, sentence)
                 cancels.setdefault(id(state), (state, []))[1].append(sentence.id)
-        # SentenceState.request and Request.sentences form cycles: broken here, so that a finished
+        # PlacedSentence.request and Request.sentences form cycles: broken here, so that a finished
         # request is freed at once rather than by the cyclic garbage collector, whose full passes
         # over the objects of thousands of open connections held the event loop for 0.3-0.4 s
         # every 1.5 s under overload.
@@ -421,7 +421,7 @@ class Scheduler:
     def _lost(self, state: WorkerState) -> None:
         """The worker is gone with its sentences, of every model: back to the head of their model's
         queue, in order, for the other workers (or this one once it is back)."""
-        lost: dict[Request, list[SentenceState]] = {}
+        lost: dict[Request, list[PlacedSentence]] = {}
         for sentence in sorted(state.sentences.values(), key=lambda s: (s.request.id, s.index)):
             lost.setdefault(sentence.request, []).append(sentence)
         for sentence in list(state.sentences.values()):

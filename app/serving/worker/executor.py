@@ -18,7 +18,7 @@ not a cache. ``max_batch_size`` bounds the rows of all the running batches toget
 their caches and the time of a round), except that a model with no rows running always takes one
 sentence: no model waits for another model's batch to drain.
 
-Document jobs (``Held.background``): a model's document sentences run in a batch of their own, a
+Document jobs (``HeldSentence.background``): a model's document sentences run in a batch of their own, a
 second lane, which steps only when the model has no typed sentence running or waiting, or one step in
 ``BACKGROUND_EVERY`` when it has (a step of a full batch of documents costs several typed steps:
 1 in 8 slowed a lone typed line 2.3x, 1 in 32 1.8x): a typed line never decodes beside a
@@ -37,6 +37,7 @@ from typing import Protocol
 from app.config import Settings
 from app.monitoring.metrics import Metrics
 from app.serving.protocol import SentenceResult
+from app.serving.worker.held import HeldSentence
 from app.serving.worker.models import LoadedModel, ModelTable
 from model.decoding.batch import JOIN_RATIO, JOIN_WAIT_STEPS, RunningBatch, Source
 from model.decoding.search import Hypothesis
@@ -48,28 +49,12 @@ __all__ = [
     "JOIN_RATIO",
     "JOIN_WAIT_STEPS",
     "Executor",
-    "Held",
     "SentenceSource",
     "Lane",
     "Outcome",
 ]
 
 BACKGROUND_EVERY = 32  # with typed sentences running, a document's batch steps once in this many
-
-
-class Held(Protocol):
-    """One sentence to translate, as the worker's inbox holds it."""
-
-    id: int
-    model: str  # the model that translates it (``ModelTable``'s name)
-    src: list[int]  # source ids, eos included
-    beam_size: int
-    n_best: int
-    enqueued: float  # time.monotonic() when the service admitted it
-    constraints: tuple[tuple[int, ...], ...]  # target id sequences its translation must contain
-    background: bool  # a document job's sentence
-
-    def expired(self, now: float) -> bool: ...  # cancelled, or past its deadline
 
 
 class SentenceSource(Protocol):
@@ -80,10 +65,12 @@ class SentenceSource(Protocol):
 
     def waiting_for(self, model: str, background: bool | None = None) -> int: ...  # None: both kinds
 
-    def take(self, fits: Callable[[Held], bool], model: str = "", background: bool = False) -> list[Held]: ...
+    def take(
+        self, fits: Callable[[HeldSentence], bool], model: str = "", background: bool = False
+    ) -> list[HeldSentence]: ...
 
     # The sentence left the batch; False if nobody waits for it.
-    def release(self, sentence: Held) -> bool: ...
+    def release(self, sentence: HeldSentence) -> bool: ...
 
     @property
     def loads(self) -> bool: ...  # models asked to be loaded (``protocol.Load``) not taken yet
@@ -92,7 +79,7 @@ class SentenceSource(Protocol):
 
 
 # What one iteration produced: finished sentences with their result, and sentences that failed.
-Outcome = tuple[Held, SentenceResult | BaseException]
+Outcome = tuple[HeldSentence, SentenceResult | BaseException]
 
 
 class Lane:
@@ -105,7 +92,7 @@ class Lane:
         self.background = background  # document jobs' sentences
         # Room for the largest batch, or for one input's beams; greedy hypotheses' scores are not
         # returned by the service, so greedy rows skip the normalisation.
-        self.running: RunningBatch[Held] = RunningBatch(
+        self.running: RunningBatch[HeldSentence] = RunningBatch(
             translator.model,
             translator.runner,
             capacity=translator.capacity,
@@ -114,7 +101,7 @@ class Lane:
             # A completed term is never glued to the next piece ("fangen" + "de"), as in the library.
             word_continuations=translator.tokenizer.word_continuations(),
         )
-        self.joining: list[Held] = []  # taken from the source, being encoded into the batch
+        self.joining: list[HeldSentence] = []  # taken from the source, being encoded into the batch
         # Forced at the start of every output of this model (an Argos package's target_prefix).
         self.prefix = tuple(translator.info.output_prefix)
 
@@ -187,7 +174,7 @@ class Executor:
         return sum(lane.running.rows for lane in self.lanes.values() if lane.background == background)
 
     @property
-    def running(self) -> RunningBatch[Held]:
+    def running(self) -> RunningBatch[HeldSentence]:
         """The running batch of a worker's only model (tests, benchmarks)."""
         [name] = self.models.names
         lane = self.lane(name)
@@ -299,7 +286,7 @@ class Executor:
         if lane.metrics is not None:
             lane.metrics.active_sequences.set(len(lane.running) if value is None else value)
 
-    def _take(self, lane: Lane) -> list[Held]:
+    def _take(self, lane: Lane) -> list[HeldSentence]:
         """Waiting sentences of the lane's model that fit beside the running batches, in the scheduler's
         order."""
         run = lane.running
@@ -311,7 +298,7 @@ class Executor:
         rows, width = run.rows, run.width
         capacity = lane.model.translator.capacity
 
-        def fits(sentence: Held) -> bool:
+        def fits(sentence: HeldSentence) -> bool:
             nonlocal rows, width
             new_width = max(width, len(sentence.src))
             new_rows = rows + sentence.beam_size
@@ -326,7 +313,7 @@ class Executor:
 
         return self.source.take(fits, lane.name, lane.background)
 
-    def _admit(self, sentences: list[Held], lane: Lane) -> None:
+    def _admit(self, sentences: list[HeldSentence], lane: Lane) -> None:
         """Encode ``sentences`` as one padded batch and add their rows to the lane's running batch."""
         if not sentences:
             return
@@ -358,7 +345,7 @@ class Executor:
         if dropped and lane.metrics is not None:
             lane.metrics.sentences.labels("abandoned").inc(len(dropped))
 
-    def _finish(self, sentence: Held, hyps: list[Hypothesis], lane: Lane) -> SentenceResult:
+    def _finish(self, sentence: HeldSentence, hyps: list[Hypothesis], lane: Lane) -> SentenceResult:
         if lane.metrics is not None:
             lane.metrics.generated_tokens.inc(len(hyps[0].tokens) + 1 if hyps else 0)
             lane.metrics.sentences.labels("translated").inc()

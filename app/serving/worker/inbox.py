@@ -11,45 +11,7 @@ from collections.abc import Callable, Iterable, Sequence
 from app.monitoring.metrics import Metrics
 from app.serving.fairqueue import FairQueue
 from app.serving.protocol import Sentence
-from app.serving.worker.executor import Held
-
-
-class HeldSentence:
-    """A ``Sentence`` in this worker's hands, as the executor runs it (``executor.Held``): the
-    message is frozen, and ``cancelled`` is set here when the front end withdraws it, so that the
-    executor drops it at its next step even while it runs."""
-
-    __slots__ = (
-        "message",
-        "id",
-        "model",
-        "src",
-        "beam_size",
-        "n_best",
-        "enqueued",
-        "constraints",
-        "cancelled",
-        "background",
-    )
-
-    def __init__(self, sentence: Sentence) -> None:
-        self.message = sentence
-        self.id, self.model, self.src, self.beam_size = (
-            sentence.id,
-            sentence.model,
-            sentence.src,
-            sentence.beam_size,
-        )
-        self.n_best, self.enqueued, self.constraints = (
-            sentence.n_best,
-            sentence.enqueued,
-            sentence.constraints,
-        )
-        self.cancelled = False
-        self.background = sentence.background
-
-    def expired(self, now: float) -> bool:
-        return self.cancelled or self.message.past_deadline(now)
+from app.serving.worker.held import HeldSentence
 
 
 class Inbox:
@@ -97,7 +59,7 @@ class Inbox:
                     sentence.cancelled = True
             self._cond.notify()
 
-    def release(self, sentence: Held) -> bool:
+    def release(self, sentence: HeldSentence) -> bool:
         """Forget a sentence that left the batch; False if it had been cancelled (nobody waits for it)."""
         with self._cond:
             return self._by_id.pop(sentence.id, None) is not None
@@ -162,10 +124,12 @@ class Inbox:
         with self._cond:
             self._cond.wait_for(lambda: self._stopping or self._rows >= rows, timeout)
 
-    def take(self, fits: Callable[[Held], bool], model: str = "", background: bool = False) -> list[Held]:
+    def take(
+        self, fits: Callable[[HeldSentence], bool], model: str = "", background: bool = False
+    ) -> list[HeldSentence]:
         """``model``'s sentences (typed ones, or documents') in the queue's order for as long as
         ``fits(sentence)``; cancelled or expired ones are dropped on the way."""
-        taken: list[Held] = []
+        taken: list[HeldSentence] = []
         now = time.monotonic()
         with self._cond:
             queue = (self._background if background else self._queues).get(model)

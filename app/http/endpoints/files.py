@@ -5,21 +5,17 @@ or the query instead, checked before the upload is read: ``app.keys.limits``) is
 request waits, and the answer is ``{"translatedFileUrl": ...}``; a GET of that URL returns the
 translated file once (``app.stores.downloads``). Formats: ``app.formats.documents``.
 
-The upload is never parsed here: a child process reads it within the limits of
-``app.formats.limits`` and gives back its sentences, and another writes their translations into
-it (``app.formats.sandbox``), so that a hostile file costs the front end no more than its bytes.
-At most ``NMT_MAX_FILE_REQUESTS`` files are in progress at a time.
-
-A document can hold far more sentences than a request to /translate, so they go to the scheduler
-in chunks, one after the other: the queue is never asked to hold more than a chunk of one file,
-and the scheduler's round-robin over requests keeps everyone else's one-liners moving meanwhile.
+The route reads the form and calls the use case (``app.translation.documents``: read in a reader
+process, translated a chunk at a time, written), so that a hostile file costs the front end no
+more than its bytes. At most ``NMT_MAX_FILE_REQUESTS`` files are in progress at a time.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any
+from functools import partial
+from typing import Any, TypeVar
 from urllib.parse import quote
 
 from fastapi import APIRouter, HTTPException, Request, Response
@@ -29,9 +25,9 @@ from starlette.datastructures import UploadFile
 from starlette.requests import ClientDisconnect
 
 from app.config import Settings
-from app.formats.documents import MEDIA_TYPES, SUPPORTED, download_name, extension
+from app.formats.documents import MEDIA_TYPES, download_name, extension
 from app.formats.limits import DocumentError
-from app.formats.sandbox import Busy, DocumentReaders
+from app.formats.sandbox import DocumentReaders
 from app.http.body import MULTIPART, media_type, replayed, too_large, validate_request
 from app.http.deps import (
     FileRequestsDep,
@@ -43,11 +39,11 @@ from app.http.deps import (
     SchedulerDep,
     SettingsDep,
 )
+from app.http.endpoints.openapi import multipart_body
+from app.http.endpoints.request_glossary import request_glossary
+from app.http.endpoints.sentences import RecallDep, request_caller
+from app.http.endpoints.translate import CLIENT_CLOSED_REQUEST
 from app.http.errors import unavailable
-from app.http.routes.openapi import multipart_body
-from app.http.routes.request_glossary import request_glossary
-from app.http.routes.sentences import RecallDep, request_caller
-from app.http.routes.translate import CLIENT_CLOSED_REQUEST
 from app.http.schemas import (
     BadRequestResponse,
     ErrorResponse,
@@ -68,7 +64,6 @@ from app.http.slow_clients import (
     receive_body,
     upload_seconds,
 )
-from app.http.uploads import BUSY_RETRY_AFTER_S
 from app.keys.limits import (
     LEASE_KEY,
     GivenKey,
@@ -80,20 +75,20 @@ from app.keys.limits import (
     key_owner,
 )
 from app.models.served import ServedModel
-from app.serving.frontend.router import Route, Router
+from app.serving.frontend.router import Router
 from app.serving.frontend.scheduler import Scheduler
 from app.stores.database import StoreUnavailable
 from app.stores.database.postgres import Postgres
 from app.stores.downloads import MIGRATIONS as DOWNLOAD_MIGRATIONS
 from app.stores.downloads import FileStore, NoRoom, SharedDownload, SharedFileStore, StoredFile
 from app.terminology.glossaries import GlossaryStore
-from app.terminology.terms import SentenceTerms, find_sentence_terms
+from app.translation.documents import DocumentRequest, Documents, check_format
 from app.translation.errors import missing_parameter
-from app.translation.languages import AUTO, check_languages, route_of, shorten, source_language
-from app.translation.sentences import Recall, SearchPlan, SentenceRequest
-from app.translation.texts import Translations
+from app.translation.languages import check_languages
+from app.translation.sentences import Recall, SearchPlan
 
 api = APIRouter(tags=["files"])
+Form = TypeVar("Form", bound=BaseModel)
 
 FORM_OVERHEAD_BYTES = 64 * 1024  # the form's other fields and part headers, beyond the file itself
 CHUNK_SENTENCES = 256  # sentences of one file in the queue at a time (at most half the queue)
@@ -216,13 +211,22 @@ def upload_error(e: BodyError) -> Exception:
     return HTTPException(e.status, str(e), {"Connection": "close"})
 
 
-async def read_form(request: Request, max_bytes: int) -> tuple[TranslateFileForm, str, bytes]:
-    """The form fields, and the file's name and bytes, at most ``max_bytes`` (4xx for anything else)."""
+async def read_form(
+    request: Request,
+    max_bytes: int,
+    schema: type[Form],
+    fields_named: str = "file, source, target",
+    max_fields: int = 16,
+) -> tuple[Form, str, bytes]:
+    """The form's fields as ``schema``, and the file's name and bytes, at most ``max_bytes`` (4xx
+    for anything else). ``fields_named``: the fields a refusal names."""
     if media_type(request) != MULTIPART:
-        raise HTTPException(400, "send the file as multipart/form-data (fields file, source, target)")
+        raise HTTPException(400, f"send the file as multipart/form-data (fields {fields_named})")
     limit = max_bytes + FORM_OVERHEAD_BYTES
     body = await read_upload(request, limit)
-    parsed = replayed(request, body).form(max_files=1, max_fields=16, max_part_size=FORM_OVERHEAD_BYTES)
+    parsed = replayed(request, body).form(
+        max_files=1, max_fields=max_fields, max_part_size=FORM_OVERHEAD_BYTES
+    )
     async with parsed as form:
         fields = {k: v for k, v in form.multi_items() if isinstance(v, str)}
         upload = form.get("file")
@@ -232,38 +236,10 @@ async def read_form(request: Request, max_bytes: int) -> tuple[TranslateFileForm
         name = upload.filename or ""
     if fields.get("api_key") == "":
         del fields["api_key"]
-    values = validate_request(fields, TranslateFileForm)
+    values = validate_request(fields, schema)
     if len(data) > max_bytes:
         raise HTTPException(413, f"the file is larger than {max_bytes} bytes")
     return values, name, data
-
-
-async def translate_document(
-    request: Request,
-    sentences: tuple[str, ...],
-    route: Route[ServedModel],
-    service: Translations,
-    terms: SentenceTerms,
-) -> list[str] | None:
-    """Each sentence's best translation, a chunk at a time (the key's translation memory and the
-    segment cache first, as for /translate); None if the client went away. ``terms``: each
-    sentence's (terminology)."""
-    settings = service.settings
-    plan = SearchPlan(beam_size=settings.default_beam_size, n_best=1)
-    chunk = max(1, min(CHUNK_SENTENCES, settings.max_queue // 2))
-    caller = request_caller(request, key_owner(request), client_identity(request), settings.request_timeout_s)
-    out: list[str] = []
-    for start in range(0, len(sentences), chunk):
-        part = list(sentences[start : start + chunk])
-        own = SentenceTerms(terms.terms[start : start + chunk])
-        asked = SentenceRequest(
-            part, [route] * len(part), [route.source] * len(part), route.target, plan, own, caller
-        )
-        results = await service.sentences(asked)
-        if results is None:
-            return None
-        out += [result.texts[0] for result in results]
-    return out
 
 
 @api.post(
@@ -293,15 +269,7 @@ async def translate_file(
         )
 
 
-def check_format(name: str) -> None:
-    if extension(name) not in SUPPORTED:
-        kind = shorten(extension(name) or name)
-        raise HTTPException(400, f"unsupported file format {kind}; supported: {', '.join(SUPPORTED)}")
-
-
-def document_error(e: DocumentError | Busy) -> HTTPException:
-    if isinstance(e, Busy):
-        return HTTPException(503, str(e), {"Retry-After": BUSY_RETRY_AFTER_S})
+def document_error(e: DocumentError) -> HTTPException:
     return HTTPException(e.status, str(e))
 
 
@@ -316,38 +284,32 @@ async def translate_upload(
     store: FileStore | SharedFileStore,
     readers: DocumentReaders,
 ) -> Response:
-    form, name, data = await read_form(request, settings.max_file_bytes)
+    form, name, data = await read_form(request, settings.max_file_bytes, TranslateFileForm)
     await admit_key(
         request, keys, form.api_key, requests=1, text_lengths=[]
     )  # its characters once it is read
     check_format(name)
-    candidates = check_languages(form.source, form.target, router)
+    check_languages(form.source, form.target, router)  # before the glossary is looked up
     glossary = await request_glossary(request, form, settings, glossaries)
-
-    def language(sample: str) -> str:
-        if form.source.lower() == AUTO:
-            return source_language(sample, candidates).language
-        return candidates[0]
-
-    try:
-        document = await readers.read(name, data, language)
-    except (DocumentError, Busy) as e:
-        raise document_error(e) from e
-    await charge_key(request, document.chars)
-    route = route_of(router, document.language, form.target)
-    limit = settings.max_terms_per_sentence
-    terms = await find_sentence_terms(
-        document.sentences, glossary, protect=form.protect_placeholders, limit=limit
+    caller = request_caller(request, key_owner(request), client_identity(request), settings.request_timeout_s)
+    asked = DocumentRequest(
+        name,
+        data,
+        form.source,
+        form.target,
+        glossary,
+        form.protect_placeholders,
+        SearchPlan(beam_size=settings.default_beam_size, n_best=1),
+        caller,
+        chunk_sentences=max(1, min(CHUNK_SENTENCES, settings.max_queue // 2)),
     )
-    service = Translations(settings, router, scheduler, recall)
-    translations = await translate_document(request, document.sentences, route, service, terms)
-    if translations is None:
-        return Response(status_code=CLIENT_CLOSED_REQUEST)
+    documents = Documents(settings, router, scheduler, recall, readers)
     try:
-        sentences = len(document.sentences)
-        output = await readers.write(name, data, document.language, sentences, translations)
-    except (DocumentError, Busy) as e:
+        output = await documents.translate(asked, partial(charge_key, request))
+    except DocumentError as e:
         raise document_error(e) from e
+    if output is None:
+        return Response(status_code=CLIENT_CLOSED_REQUEST)
     saved = download_name(name, form.target)
     try:
         media, owner = MEDIA_TYPES[extension(name)], client_identity(request)

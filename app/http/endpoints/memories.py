@@ -7,7 +7,7 @@ gets the new translation). GET counts the segments per language pair; DELETE emp
 A sentence of a /translate request found in the memory (exactly, whitespace aside) is answered from
 it without decoding (``app.terminology.memory``).
 
-The key and the checks before the body are the glossaries' (``app.http.routes.access``): without keys,
+The key and the checks before the body are the glossaries' (``app.http.endpoints.access``): without keys,
 403 unless ``NMT_SHARED_STORES`` shares one memory among all clients.
 """
 
@@ -20,8 +20,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from app.http.body import MULTIPART, media_type, validate_request
 from app.http.deps import KeysDep, MemoryDep, SettingsDep
-from app.http.routes.access import STORES, ApiKeyQuery
-from app.http.routes.glossaries import (
+from app.http.endpoints.access import STORES, ApiKeyQuery
+from app.http.endpoints.glossaries import (
     ERRORS,
     FORM_OVERHEAD_BYTES,
     in_store,
@@ -29,7 +29,7 @@ from app.http.routes.glossaries import (
     read_fields,
     store_error,
 )
-from app.http.routes.openapi import multipart_body
+from app.http.endpoints.openapi import multipart_body
 from app.terminology.memory import MemoryImportError, TranslationMemory
 from app.translation.errors import missing_parameter
 

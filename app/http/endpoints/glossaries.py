@@ -8,7 +8,7 @@ header (``Authorization: Bearer KEY``, ``X-API-Key``) or the ``api_key`` query p
 before the body is read, or else the ``api_key`` field of the body; each request counts as one
 under the key's limits, as a /translate request does. Without keys: 403 unless the operator
 shares one set among all clients (``NMT_SHARED_STORES``). A POST or DELETE a page of another site
-sent is refused (``app.http.routes.access``).
+sent is refused (``app.http.endpoints.access``).
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from fastapi import APIRouter, HTTPException, Request, Response
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.datastructures import UploadFile
 
+from app.config import Settings
 from app.http.body import (
     MULTIPART,
     media_type,
@@ -30,15 +31,16 @@ from app.http.body import (
     validate_request,
 )
 from app.http.deps import GlossariesDep, KeysDep, SettingsDep
-from app.http.routes.access import STORES, ApiKeyQuery
-from app.http.routes.openapi import object_schema, request_body
-from app.http.routes.stores import StoreCalls
+from app.http.endpoints.access import STORES, ApiKeyQuery
+from app.http.endpoints.openapi import object_schema, request_body
+from app.http.endpoints.stores import StoreCalls
 from app.http.schemas import ErrorResponse
 from app.keys.limits import KeyLimiter, admit_key, key_owner
 from app.terminology.glossaries import (
     MAX_NAME_CHARS,
     GlossaryError,
     GlossaryInfo,
+    GlossaryStore,
     StoreFull,
     check_entries,
     parse_entries,
@@ -194,6 +196,14 @@ async def create_glossary(
     request: Request, settings: SettingsDep, keys: KeysDep, store: GlossariesDep
 ) -> GlossarySummary:
     """Store a glossary for your API key; its `id` names it to /translate (`glossary_id`)."""
+    return GlossarySummary.of(await new_glossary(request, settings, keys, store))
+
+
+async def new_glossary(
+    request: Request, settings: Settings, keys: KeyLimiter, store: GlossaryStore
+) -> GlossaryInfo:
+    """The glossary of the request's body (JSON or a form, the entries a list or a table), stored
+    for the request's key (4xx for what is refused: ``store_error``)."""
     limits = settings.glossary_limits()
     fields, upload, data = await read_fields(request, JSON_GROWTH * limits.max_bytes + FORM_OVERHEAD_BYTES)
     if upload is not None:
@@ -216,7 +226,7 @@ async def create_glossary(
         )
     except (GlossaryError, TableError, StoreFull) as e:
         raise store_error(e) from None
-    return GlossarySummary.of(glossary.info)
+    return glossary.info
 
 
 @api.get("/glossaries", responses=ERRORS)

@@ -14,7 +14,7 @@ from fastapi import APIRouter, Request, Response
 
 from app.http.body import parse_request
 from app.http.deps import KeysDep, RouterDep, SettingsDep
-from app.http.routes.openapi import openapi_body
+from app.http.endpoints.openapi import openapi_body
 from app.http.schemas import DetectRequest, ErrorResponse, ValidationErrorResponse
 from app.keys.limits import admit_given_key, admit_key
 from app.translation.codes import source_languages

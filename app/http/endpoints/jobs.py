@@ -9,7 +9,7 @@ progress, and downloads the result until it expires. The form is /translate_file
 
 Each API key sees its own jobs only (a job of another key is a 404, as one that does not exist).
 The key is in a header (``Authorization: Bearer KEY``, ``X-API-Key``) or the ``api_key`` query
-parameter, checked before the upload is read or takes a place (``app.http.routes.access``), or else the
+parameter, checked before the upload is read or takes a place (``app.http.endpoints.access``), or else the
 upload's ``api_key`` field. Making a job counts as one request under the key's limits, and its
 characters are charged once it is read; looking at jobs (GET /jobs, a job, its result) counts as
 one request each too, so that polling is bounded by the key's limits as any other request.
@@ -40,10 +40,10 @@ from app.http.deps import (
     RouterDep,
     SettingsDep,
 )
-from app.http.routes.access import JOBS, ApiKeyQuery
-from app.http.routes.files import FILE_FORM_BODY, admit_form_key, check_format, read_form
-from app.http.routes.request_glossary import request_glossary
-from app.http.routes.stores import StoreCalls
+from app.http.endpoints.access import JOBS, ApiKeyQuery
+from app.http.endpoints.files import FILE_FORM_BODY, TranslateFileForm, admit_form_key, read_form
+from app.http.endpoints.request_glossary import request_glossary
+from app.http.endpoints.stores import StoreCalls
 from app.http.schemas import ErrorResponse
 from app.http.slow_clients import client_address
 from app.jobs.store import RESULT, Job, JobOptions, JobsFull, JobStore, StorageFull
@@ -51,6 +51,7 @@ from app.keys.limits import KeyLimiter, admit_key, key_owner, store_owner
 from app.models.served import ServedModel
 from app.serving.frontend.router import Router
 from app.terminology.glossaries import GlossaryStore
+from app.translation.documents import check_format
 from app.translation.languages import check_languages
 
 api = APIRouter(tags=["jobs"], dependencies=JOBS)
@@ -179,7 +180,25 @@ async def store_upload(
     store: JobStore,
 ) -> Job:
     """The uploaded file as a new queued job (4xx for a form, file or pair refused now)."""
-    form, name, data = await read_form(request, settings.job_max_bytes)
+    form, name, data = await read_form(request, settings.job_max_bytes, TranslateFileForm)
+    return await store_job(request, form, name, data, settings, router, keys, glossaries, store)
+
+
+async def store_job(
+    request: Request,
+    form: TranslateFileForm,
+    name: str,
+    data: bytes,
+    settings: Settings,
+    router: Router[ServedModel],
+    keys: KeyLimiter,
+    glossaries: GlossaryStore,
+    store: JobStore,
+    secret: str = "",
+) -> Job:
+    """The file ``name`` (its bytes ``data``, the form's fields read) as a new queued job of the
+    request's key (4xx for a file or pair refused now); ``secret``: ``JobStore.create``'s, for an
+    API whose jobs are seen with a secret (DeepL's document key)."""
     await admit_key(
         request, keys, form.api_key, requests=1, text_lengths=[]
     )  # its characters once it is read
@@ -193,7 +212,9 @@ async def store_upload(
     )
     try:
         owner, client = key_owner(request), client_address(request.scope)
-        job: Job = await stored(store.create, owner, name, form.source, form.target, options, data, client)
+        job: Job = await stored(
+            store.create, owner, name, form.source, form.target, options, data, client, secret
+        )
     except JobsFull as e:
         raise HTTPException(429 if e.per_key else 503, str(e), {"Retry-After": "60"}) from e
     except StorageFull as e:  # past NMT_DATA_QUOTA_MB, or the disk's reserve: until jobs expire
@@ -241,6 +262,12 @@ async def job_result(
     job = await owned_job(request, keys, store, job_id, api_key)
     if job.state != "done" or job.result_name is None:
         raise HTTPException(409, f"the job is {job.state}, not done")
+    return result_response(job, store)
+
+
+def result_response(job: Job, store: JobStore) -> Response:
+    """The translated file of a done job (``result_name`` set), streamed from where it is kept."""
+    assert job.result_name is not None
     media = MEDIA_TYPES.get(extension(job.name), "application/octet-stream")
     path = store.files.path(job.id, RESULT)
     if path is not None:

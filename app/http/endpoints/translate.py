@@ -14,9 +14,9 @@ from fastapi import APIRouter, Request, Response
 from app.config import Settings
 from app.http.body import parse_translate_request
 from app.http.deps import GlossariesDep, KeysDep, RouterDep, SchedulerDep, SettingsDep
-from app.http.routes.openapi import openapi_body
-from app.http.routes.request_glossary import request_glossary
-from app.http.routes.sentences import RecallDep, request_caller
+from app.http.endpoints.openapi import openapi_body
+from app.http.endpoints.request_glossary import request_glossary
+from app.http.endpoints.sentences import RecallDep, request_caller
 from app.http.schemas import (
     BadRequestResponse,
     ErrorResponse,
