@@ -225,10 +225,14 @@ class Settings(BaseSettings):
     # load; the worker's other models go on), the least recently used idle model evicted to make
     # room (app/serving/worker/models.py).
     worker_model_memory_mb: NonNegativeInt = 0
-    # A worker that is the only one with work (every other idle for 50 ms) runs on the threads
-    # of all the workers (replicas x threads): a lone request is not held to one core while the
-    # others sleep (app/serving/cores.py; same translations on any thread count).
-    idle_cores: bool = True
+    # true: a worker that is the only one with work (every other idle for 50 ms) runs on the
+    # threads of all the workers (replicas x threads), so that a lone request is not held to one
+    # core while the others sleep (app/serving/cores.py; same translations on any thread count).
+    # Off by default: it counts only this service's workers as the cores' users, and a core that
+    # another process keeps busy stalls every parallel region of the step (a lone beam-5 request
+    # took 1.3-1.6 s instead of 25-27 ms beside one busy process: BENCHMARKS.md, "A lone request on
+    # every core"). For a machine given to the service alone.
+    idle_cores: bool = False
     warmup: bool = True
     # Each decoding step as one compiled graph (model.runtime.runners): on CPU exported and compiled
     # ahead of time by AOTInductor when a worker starts, before /health/ready (~1-2 min the first

@@ -140,14 +140,18 @@ def test_workers_share_out_the_cores_by_default(model_dir: Path) -> None:
     assert worker_threads(make_settings(model_dir, replicas=2, threads=3)) == 3
 
 
-def test_each_worker_has_a_slot_on_the_core_board(two_workers: TestClient, model_dir: Path) -> None:
-    """On CPU a worker alone at work may take the other workers' threads (app.serving.cores)."""
-    shares = [state.worker.cores for state in scheduler_of(two_workers).workers]
-    assert all(share is not None for share in shares)
-    assert sorted(share.index for share in shares) == [0, 1]  # type: ignore[union-attr]
-    assert {(share.own, share.alone) for share in shares} == {(1, 2)}  # type: ignore[union-attr]
-    with serve(make_settings(model_dir, replicas=1, threads=1, idle_cores=False, warmup=False)) as client:
-        assert [state.worker.cores for state in scheduler_of(client).workers] == [None]
+def test_with_idle_cores_each_worker_has_a_slot_on_the_core_board_and_none_by_default(
+    two_workers: TestClient, model_dir: Path
+) -> None:
+    """On CPU, with NMT_IDLE_CORES, a worker alone at work may take the other workers' threads
+    (app.serving.cores); by default each keeps its own."""
+    assert [state.worker.cores for state in scheduler_of(two_workers).workers] == [None, None]
+    settings = make_settings(model_dir, replicas=2, threads=1, idle_cores=True, warmup=False)
+    with serve(settings) as client:
+        shares = [state.worker.cores for state in scheduler_of(client).workers]
+        assert all(share is not None for share in shares)
+        assert sorted(share.index for share in shares) == [0, 1]  # type: ignore[union-attr]
+        assert {(share.own, share.alone) for share in shares} == {(1, 2)}  # type: ignore[union-attr]
 
 
 def test_a_worker_killed_under_load_is_restarted_and_its_sentences_are_retried(
