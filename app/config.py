@@ -197,6 +197,10 @@ class Settings(BaseSettings):
     default_beam_size: PositiveInt = 5
     max_beam_size: PositiveInt = MAX_BEAM_SIZE  # the CLI's --max-beam-size, the library's default
     max_alternatives: Annotated[int, Field(ge=0)] = 3
+    # A sentence whose confidence (model.decoding.confidence: the model's calibrated P(chrF >= 50))
+    # is below this is flagged in /translate's answer, or withheld where the request says so; a
+    # request's own min_confidence replaces it. None: no threshold unless a request sets one.
+    min_confidence: Annotated[float, Field(ge=0, le=1)] | None = None
     # Terminology (app.terminology): entries of a request's inline glossary, characters of a term
     # (source or target), and terms decoded as constraints in one sentence (each one more raises
     # that sentence's beam: ``model.decoding.constraints.beam_for``).

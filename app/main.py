@@ -55,7 +55,7 @@ from app.jobs.store import JobStore
 from app.keys.accepted import KeysError
 from app.keys.limits import open_key_limiter
 from app.models.fetched import named_model_dirs
-from app.models.served import ServedModel, find_model_dirs, model_names
+from app.models.served import ServedModel, find_model_dirs, load_calibration, model_names
 from app.monitoring.loop import watch_event_loop
 from app.monitoring.metrics import Metrics, process_metrics
 from app.services import AppServices
@@ -323,6 +323,10 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
                     spec.name,
                     description.device,
                 )
+            try:
+                calibration = load_calibration(spec.path)
+            except ModelDirError as e:
+                fail(f"cannot load model: {e}")
             model = ServedModel(
                 spec.name,
                 model_info,
@@ -330,6 +334,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
                 description,
                 workers=count,
                 options=settings.decode_options(),
+                calibration=calibration,
             )
             record_model(metrics, model)
             models.append(model)

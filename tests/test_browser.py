@@ -554,7 +554,8 @@ def test_a_glossary_term_is_marked_in_the_translation(page: Page) -> None:
     mark = page.locator("#output mark")
     expect(mark).to_have_text("puppy", timeout=WAIT_MS)  # a constrained beam search: slower
     expect(mark).to_have_attribute("title", "glossary: Hund → puppy")
-    expect(page.locator("#terms-note")).to_have_text("Glossary terms: Hund → puppy.")
+    # (Then, where the model is unsure of the forced sentence, a note on that: confidence's test.)
+    expect(page.locator("#terms-note")).to_contain_text("Glossary terms: Hund → puppy.")
 
 
 def test_an_answer_from_the_translation_memory_is_marked(page: Page, server: Server) -> None:
@@ -573,7 +574,8 @@ def test_an_answer_from_the_translation_memory_is_marked(page: Page, server: Ser
     expect(output.locator("mark.memory")).to_have_text(stored)  # that sentence, not the other
     expect(output.locator("mark.memory")).to_have_attribute("title", "from translation memory")
     expect(output).to_contain_text(stored)
-    expect(page.locator("#terms-note")).to_have_text("From translation memory.")
+    # (Then, where the model is unsure of the other sentence, a note on that: confidence's test.)
+    expect(page.locator("#terms-note")).to_contain_text("From translation memory.")
 
 
 def test_decided_terms_and_memory_answers_are_marked_as_text(page: Page) -> None:
@@ -628,6 +630,51 @@ def test_decided_terms_and_memory_answers_are_marked_as_text(page: Page) -> None
     expect(output).to_have_text("A cat.")
     expect(marks).to_have_count(0)
     expect(note).to_be_hidden()
+
+
+def test_sentences_the_model_is_unsure_of_are_marked_by_more_than_colour(page: Page) -> None:
+    """The page asks for each sentence's confidence and marks the low ones: a wavy (unsure, below
+    0.5) or dotted (doubtful, below 0.8) underline, the confidence in the title, and a note that
+    names them (what a screen reader and a colour-blind reader get); a term inside keeps its mark."""
+    text = "A dog runs. The invoice is due. A cat sleeps."
+    answer = {
+        "translatedText": text,
+        "confidence": 0.3,
+        "sentenceConfidence": [
+            {"start": 0, "end": 11, "confidence": 0.3},
+            {"start": 12, "end": 31, "confidence": 0.6},
+            {"start": 32, "end": 45, "confidence": 0.95},
+        ],
+        "terminology": {
+            "memory": False,
+            "terms": [{"source": "Rechnung", "target": "invoice", "start": 16, "end": 23}],
+        },
+    }
+    asked: list[dict[str, Any]] = []
+
+    def fulfill(route: Any) -> None:
+        asked.append(json.loads(route.request.post_data or "{}"))
+        route.fulfill(json=answer)
+
+    page.route("**/translate", fulfill)
+    page.get_by_label("Text to translate").fill(
+        "Ein Hund läuft. Die Rechnung ist fällig. Eine Katze schläft."
+    )
+    output = page.locator("#output")
+    expect(output).to_have_text(text)
+    assert asked[-1]["confidence"] is True
+    expect(output.locator(".unsure")).to_have_text("A dog runs.")
+    expect(output.locator(".unsure")).to_have_attribute(
+        "title", "The model is unsure of this sentence (confidence 30 %)"
+    )
+    expect(output.locator(".doubtful")).to_have_text("The invoice is due.")
+    expect(output.locator(".doubtful mark")).to_have_text("invoice")
+    assert output.locator(".unsure").evaluate("e => getComputedStyle(e).textDecorationStyle") == "wavy"
+    assert output.locator(".doubtful").evaluate("e => getComputedStyle(e).textDecorationStyle") == "dotted"
+    expect(page.locator("#terms-note")).to_have_text(
+        "Glossary terms: Rechnung → invoice. 1 sentence the model is unsure of (wavy underline): check them. "
+        "1 sentence that may be wrong (dotted underline)."
+    )
 
 
 def test_the_page_makes_no_requests_elsewhere(page: Page, server: Server) -> None:

@@ -2,8 +2,10 @@
 
 LibreTranslate clients (browser extensions, CAT tools, bots) work unchanged: same field names, same
 response shapes, errors as ``{"error": "message"}``. ``beam_size`` and terminology (``glossary``,
-``glossary_id``, ``protect_placeholders``; ``terminology`` in the response) are our own optional
-extensions: a request without them is answered as LibreTranslate's is.
+``glossary_id``, ``protect_placeholders``; ``terminology`` in the response) and confidence
+(``confidence``, ``min_confidence``, ``low_confidence``; ``confidence``, ``alternativesConfidence``,
+``tokenConfidence``, ``lowConfidence`` in the response) are our own optional extensions: a request
+without them is answered as LibreTranslate's is.
 """
 
 from __future__ import annotations
@@ -67,6 +69,24 @@ class TranslateRequest(BaseModel):
         ),
     )
 
+    confidence: bool | Literal["tokens"] = Field(
+        False,
+        description=(
+            "Extension: true adds each text's confidence (the model's calibrated probability that "
+            "the translation's chrF against a reference is >= 50; a text of several sentences: its "
+            "lowest sentence's); \"tokens\" adds tokenConfidence too (each piece's probability)"
+        ),
+    )
+    min_confidence: float | None = Field(
+        None,
+        ge=0,
+        le=1,
+        description="Extension: sentences below this confidence are flagged (default NMT_MIN_CONFIDENCE)",
+    )
+    low_confidence: Literal["flag", "withhold"] = Field(
+        "flag", description='Extension: "withhold" answers sentences below min_confidence with ""'
+    )
+
     _glossary = field_validator("glossary", mode="before")(glossary_from_json_text)
 
     @field_validator("alternatives", "beam_size", mode="before")
@@ -127,6 +147,25 @@ class DefaultLanguages(BaseModel):
     target: LanguageName
 
 
+class TokenConfidence(BaseModel):
+    token: str = Field(description='A SentencePiece piece of the translation ("\u2581" starts a word)')
+    probability: float = Field(description="The probability the model gave it, 0-1")
+
+
+class SentenceConfidence(BaseModel):
+    """A sentence of the text: ``translatedText[start:end]``, and its confidence."""
+
+    start: int = Field(description="Character offset into the text's translatedText")
+    end: int = Field(description="End offset, exclusive")
+    confidence: float
+
+
+class LowConfidence(BaseModel):
+    sentences: int = Field(description="Sentences of the text whose confidence is below the threshold")
+    withheld: bool = Field(description='They were answered with "" (low_confidence: withhold)')
+    threshold: float
+
+
 class TranslateResponse(BaseModel):
     """Mirrors the shape of ``q``: a string in, strings out; a list in, lists out."""
 
@@ -135,6 +174,13 @@ class TranslateResponse(BaseModel):
     detectedLanguage: DetectedLanguage | list[DetectedLanguage] | None = None
     # Only when terminology decided something (per text of a list: null where nothing was).
     terminology: Terminology | list[Terminology | None] | None = None
+    # Only when asked for (``confidence``); null for a text no model translated.
+    confidence: float | None | list[float | None] = None
+    alternativesConfidence: list[float | None] | list[list[float | None]] | None = None
+    sentenceConfidence: list[SentenceConfidence] | list[list[SentenceConfidence]] | None = None
+    tokenConfidence: list[TokenConfidence] | list[list[TokenConfidence]] | None = None
+    # Only where a threshold applies (``min_confidence`` or NMT_MIN_CONFIDENCE).
+    lowConfidence: LowConfidence | list[LowConfidence] | None = None
 
     def to_json(self) -> dict[str, Any]:
         return self.model_dump(exclude_none=True)

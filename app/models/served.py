@@ -4,12 +4,14 @@ and what the workers run it on."""
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from app.serving.protocol import Constraints, Hypothesis, ModelDescription, Placed, SentenceResult
+from app.serving.protocol import Confidence, Constraints, Hypothesis, ModelDescription, Placed, SentenceResult
+from model.decoding.confidence import DEFAULT, Calibration
 from model.decoding.options import DecodeOptions
 from model.directory import CONFIG_FILE, ModelDirError, ModelInfo, read_info_and_tokenizer
 from model.tokenizer import Tokenizer
@@ -51,6 +53,15 @@ def model_names(dirs: Sequence[Path]) -> list[str]:
     return [f"{n}#{i}" if shared[n] > 1 else n for i, n in enumerate(names)]
 
 
+def load_calibration(model_dir: Path) -> Calibration:
+    """The directory's confidence calibration (``Calibration.load``: the default without one);
+    ``ModelDirError`` naming a file that is not one, as for the directory's other files."""
+    try:
+        return Calibration.load(model_dir)
+    except ValueError as e:
+        raise ModelDirError(str(e)) from e
+
+
 @dataclass(frozen=True, eq=False)
 class ServedModel:
     name: str  # unique among the served models (``model_names``): never its full path
@@ -59,6 +70,8 @@ class ServedModel:
     description: ModelDescription  # device, dtype, quantization, as the workers report them
     workers: int = 1  # its worker processes
     options: DecodeOptions = DecodeOptions()  # how its workers decode (NMT_* decoding settings)
+    # Its confidence.json (``Calibration.load``), or the uncalibrated default.
+    calibration: Calibration = DEFAULT
 
     @classmethod
     def open(cls, model_dir: Path) -> tuple[ModelInfo, Tokenizer]:
@@ -79,15 +92,17 @@ class ServedModel:
         return tuple(map(tuple, self.tokenizer.encode(list(terms), target=True))) if terms else ()
 
     def render(
-        self, results: list[SentenceResult], terms: Sequence[Sequence[str]] = ()
+        self, results: list[SentenceResult], terms: Sequence[Sequence[str]] = (), *, pieces: bool = False
     ) -> list[SentenceResult]:
         """Each sentence's result with its hypotheses' texts written (their token ids dropped:
         ``Hypothesis.tokens``): each constraint's tokens as its term exactly
         (``Tokenizer.decode_spans_with_offsets``) where a hypothesis's ``spans`` say the search
         realised one of ``terms`` (per sentence), and where the best text put them (``placed``);
-        the others as ``texts`` decodes them."""
+        the others as ``texts`` decodes them. Where the hypotheses carry token log-probs, their
+        ``confidence`` (with each piece's probability when ``pieces``)."""
         plain = self.texts(results)
         out = []
+        results = [self.scored(r, pieces) for r in results]
         for i, (result, texts) in enumerate(zip(results, plain, strict=True)):
             mine = terms[i] if i < len(terms) else ()
             if not mine or not any(h.spans for h in result.hypotheses):
@@ -105,6 +120,29 @@ class ServedModel:
                     placed = tuple((term, start, end) for start, end, term in where)
             out.append(replace(result, hypotheses=tuple(written), placed=placed))
         return out
+
+    def scored(self, result: SentenceResult, pieces: bool) -> SentenceResult:
+        """``result`` with each hypothesis's ``Confidence`` (before its tokens are dropped), where
+        every hypothesis kept its token log-probs; as it is otherwise."""
+        hyps = result.hypotheses
+        if not hyps or not all(h.token_log_probs for h in hyps):
+            return result
+        found = []
+        for h in hyps:
+            value = self.calibration.of(h)
+            assert value is not None  # (token log-probs, and a served signal: no runner-up needed)
+            found.append(Confidence(value, self.token_probabilities(h) if pieces else ()))
+        return replace(result, confidence=tuple(found))
+
+    def token_probabilities(self, h: Hypothesis) -> tuple[tuple[str, float], ...]:
+        """Each shown piece of ``h`` (the output prefix's tokens, which decode to nothing, and eos
+        left out) with the probability the model gave it, rounded to 4 places."""
+        skip = len(self.info.output_prefix)
+        ids, lprobs = h.tokens[skip:], h.token_log_probs[skip : len(h.tokens)]
+        return tuple(
+            (piece, round(math.exp(lp), 4))
+            for piece, lp in zip(self.tokenizer.pieces(ids), lprobs, strict=True)
+        )
 
     def texts(self, results: list[SentenceResult]) -> list[list[str]]:
         """The texts of each sentence's hypotheses, as the model wrote them (no terms)."""

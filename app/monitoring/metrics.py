@@ -38,6 +38,9 @@ from prometheus_client import values as _values
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
+# Confidence in [0, 1] (``model.decoding.confidence``): tenths, finer at the top where most
+# sentences are, so that a shift of the bulk shows.
+CONFIDENCE_BUCKETS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.95, 1.0)
 LOOP_LAG_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 MODEL = "model"  # the label of everything recorded for one model
 KEY = "key"  # the label of what is recorded for one API key: its name
@@ -163,6 +166,16 @@ class Metrics:
             [MODEL],
             registry=None,
         )
+        # Recorded by the front end (it calibrates): every sentence whose hypotheses carry token
+        # log-probs (beam search, or a request that asked for confidence).
+        self.confidence = Histogram(
+            "nmt_sentence_confidence",
+            "Confidence of each translated sentence's best translation: the model's calibrated "
+            "estimate that its chrF against a reference is at least 50",
+            [MODEL],
+            buckets=CONFIDENCE_BUCKETS,
+            registry=None,
+        )
         self.model_load_wait = Histogram(
             "nmt_model_load_wait_seconds",
             "Time sentences waited for the model to load in a worker (it was not held when they came)",
@@ -260,6 +273,7 @@ class Metrics:
         "model_loads",
         "model_load_wait",
         "model_evictions",
+        "confidence",
     )
 
     def of_model(self, name: str) -> Metrics:

@@ -45,6 +45,17 @@ Constraints = tuple[tuple[int, ...], ...]
 
 
 @dataclass(frozen=True, slots=True)
+class Confidence:
+    """A hypothesis's confidence (``model.decoding.confidence``), written by the front end from the
+    token log-probs the worker sent: ``value`` in [0, 1], the model's calibration of its mean
+    token log-prob; ``tokens`` (when asked for) each shown piece of its translation with the
+    probability the model gave it, in order (eos and an output prefix's tokens not listed)."""
+
+    value: float
+    tokens: tuple[tuple[str, float], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
 class SentenceResult:
     """A sentence's answer, from the worker to the response (as CTranslate2's
     ``TranslationResult``): its n-best, best first; where the best text put the sentence's terms;
@@ -53,6 +64,9 @@ class SentenceResult:
     hypotheses: tuple[Hypothesis, ...]
     placed: Placed = ()
     memory: bool = False  # the memory's text (then the only hypothesis, with no tokens)
+    # Each hypothesis's, written by the front end where the search kept token log-probs (every
+    # beam; greedy when asked, ``Sentence.scored``): () for a memory's or a blank sentence.
+    confidence: tuple[Confidence, ...] = ()
 
     @property
     def texts(self) -> list[str]:
@@ -107,6 +121,9 @@ class Sentence:
     # A document job's (``app.jobs``): it fills what typed requests leave of a worker's batch
     # (``app.serving.worker.inbox.Inbox``), never the other way round.
     background: bool = False
+    # Its token log-probs asked for (a request's confidence): greedy rows then ask the step for
+    # their candidates; beams keep them anyway (``model.decoding.batch.Source.scored``).
+    scored: bool = False
 
     def past_deadline(self, now: float) -> bool:
         return self.deadline is not None and now > self.deadline

@@ -33,6 +33,10 @@ QUEUE_RETRY_AFTER_S = "1"  # a full queue: what the gate says too (``app.http.sh
 class SearchPlan:
     beam_size: int
     n_best: int  # alternatives + 1
+    # Each sentence's confidence asked for (``SentenceResult.confidence``), with each piece's
+    # probability (``pieces``).
+    confidence: bool = False
+    pieces: bool = False
 
 
 @dataclass(frozen=True)
@@ -144,6 +148,8 @@ async def decode_sentences(
             timeout_s=caller.timeout_s,
             terms=[terms[i] for i in todo] if terms else None,
             background=caller.background,
+            confidence=plan.confidence,
+            pieces=plan.pieces,
         )
     except EngineError as e:
         raise engine_error(e) from e
@@ -176,8 +182,13 @@ async def translate_sentences(
         languages, target = request.languages, request.target
         lookup = memory_lookup(recall.memory, recall.settings, caller.owner, languages, target)
     targets = terms.targets
+    # (What was asked of the confidence is part of the key: an answer cached without it has none.)
     keys = [
-        cache_key(caller.identity, route, plan.beam_size, plan.n_best, own, sentence)
+        (
+            cache_key(caller.identity, route, plan.beam_size, plan.n_best, own, sentence),
+            plan.confidence,
+            plan.pieces,
+        )
         for route, own, sentence in zip(routes, targets, sentences, strict=True)
     ]
 

@@ -8,7 +8,9 @@
 4. **answer** each sentence: its owner's memory, the segment cache, or the model
    (``app.translation.sentences``, where sentences are tokenized: ``ServedModel.source_ids`` in
    the front end's pipeline);
-5. **render**: each text's n-best translations in its layout, and where its terms are.
+5. **confidence** (when asked, or a threshold applies): each sentence below the threshold flagged
+   or withheld, each text's confidence (``app.translation.confidence``);
+6. **render**: each text's n-best translations in its layout, and where its terms are.
 
 One request in (``TextRequest``), one result out (``TextResult``, or None when the caller went
 away); refusals are ``app.translation.errors``'. No HTTP here: the routes parse and map.
@@ -18,7 +20,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 
 from app.config import Settings
@@ -29,6 +31,13 @@ from app.serving.frontend.router import Route, Router
 from app.serving.frontend.scheduler import Scheduler
 from app.serving.protocol import SentenceResult
 from app.terminology.terms import INLINE_CHARS, SentenceTerms, sentence_terms, text_terminology
+from app.translation.confidence import (
+    TextConfidence,
+    below_threshold,
+    sentence_spans,
+    text_confidence,
+    withhold,
+)
 from app.translation.errors import Invalid, TooLarge
 from app.translation.languages import AUTO, check_languages, route_of, source_language
 from app.translation.results import DetectedLanguage, Terminology
@@ -43,7 +52,10 @@ class TextRequest:
     ``format``: "text" or "html"; ``alternatives``: how many translations besides the best;
     ``beam_size``: None for the service's default; ``glossary``: resolves the request's glossary
     (None without one), called once the pair and the search are checked; ``protect_placeholders``:
-    placeholders ({name}, %s, URLs...) kept as they are."""
+    placeholders ({name}, %s, URLs...) kept as they are. ``confidence``: None, "sentence" (each
+    text's confidence) or "tokens" (and each piece's probability); ``min_confidence``: the
+    threshold (None: the service's ``NMT_MIN_CONFIDENCE``), below which sentences are flagged, or
+    answered empty with ``withhold``."""
 
     texts: list[str]
     source: str
@@ -54,17 +66,22 @@ class TextRequest:
     beam_size: int | None = None
     glossary: Callable[[], Awaitable[Glossary | None]] | None = None
     protect_placeholders: bool = False
+    confidence: str | None = None
+    min_confidence: float | None = None
+    withhold: bool = False
 
 
 @dataclass(frozen=True)
 class TextResult:
     """Each text's translations, best first (``alternatives + 1`` of them, the best repeated where
     the search found fewer); each text's detected language, when the source was "auto"; each
-    text's terminology, when some text has one."""
+    text's terminology, when some text has one; each text's confidence, when asked for or a
+    threshold applies."""
 
     translations: list[list[str]]
     detected: list[DetectedLanguage] | None
     terminology: list[Terminology | None] | None
+    confidence: list[TextConfidence] | None = None
 
 
 @dataclass(frozen=True)
@@ -112,7 +129,13 @@ def check_encodable(fields: Sequence[str]) -> None:
 # --- the stages --------------------------------------------------------------------------------------
 
 
-def search_plan(alternatives: int, beam_size: int | None, settings: Settings) -> SearchPlan:
+def search_plan(
+    alternatives: int,
+    beam_size: int | None,
+    settings: Settings,
+    confidence: bool = False,
+    pieces: bool = False,
+) -> SearchPlan:
     if alternatives > settings.max_alternatives:
         raise Invalid(f"alternatives must be at most {settings.max_alternatives}")
     n_best = alternatives + 1
@@ -120,7 +143,7 @@ def search_plan(alternatives: int, beam_size: int | None, settings: Settings) ->
     beam = max(beam_size or settings.default_beam_size, n_best)
     if beam > settings.max_beam_size:
         raise Invalid(f"beam_size must be at most {settings.max_beam_size}")
-    return SearchPlan(beam_size=beam, n_best=n_best)
+    return SearchPlan(beam_size=beam, n_best=n_best, confidence=confidence or pieces, pieces=pieces)
 
 
 def parse_texts(texts: Sequence[str], format: str) -> list[PlainText | HtmlDocument]:
@@ -206,7 +229,13 @@ async def translate_texts(service: Translations, request: TextRequest) -> TextRe
     went away."""
     settings = service.settings
     candidates = check_languages(request.source, request.target, service.router)
-    plan = search_plan(request.alternatives, request.beam_size, settings)
+    if request.confidence not in (None, "sentence", "tokens"):
+        raise Invalid('confidence must be true, false or "tokens"')
+    threshold = request.min_confidence if request.min_confidence is not None else settings.min_confidence
+    scored = request.confidence is not None or threshold is not None
+    plan = search_plan(
+        request.alternatives, request.beam_size, settings, scored, request.confidence == "tokens"
+    )
     glossary = None if request.glossary is None else await request.glossary()
     work = partial(split, request, candidates, glossary, service.router, settings.max_terms_per_sentence)
     if glossary is None and sum(map(len, request.texts)) <= INLINE_CHARS:
@@ -219,5 +248,22 @@ async def translate_texts(service: Translations, request: TextRequest) -> TextRe
     results = await service.sentences(asked)
     if results is None:
         return None
+    confidence = None
+    if scored:
+        low = below_threshold(results, threshold)
+        if request.withhold:
+            results = withhold(results, low)
+        confidence = text_confidence(
+            done.layouts,
+            results,
+            plan.n_best,
+            pieces=plan.pieces,
+            low=low,
+            threshold=threshold,
+            withheld=request.withhold,
+        )
     outputs = assemble(done.layouts, results, plan.n_best)
-    return TextResult(outputs, done.detected, marks(done.layouts, done.terms, results, outputs))
+    if confidence is not None:
+        where = sentence_spans(done.layouts, results, [texts[0] for texts in outputs])
+        confidence = [replace(c, sentences=s) for c, s in zip(confidence, where, strict=True)]
+    return TextResult(outputs, done.detected, marks(done.layouts, done.terms, results, outputs), confidence)

@@ -258,6 +258,7 @@ async function translateNow(attempt = 0, alternatives = 0) {
     target: $("target").value,
     format: "text",
     alternatives,
+    confidence: true, // each sentence's, to mark the ones the model is unsure of
     ...glossaryFields(),
   };
   $("output").setAttribute("aria-busy", "true");
@@ -271,7 +272,7 @@ async function translateNow(attempt = 0, alternatives = 0) {
     const result = await response.json();
     if (sequence !== state.sequence) return; // a newer translation has started
     clearMessage();
-    showTranslation(result.translatedText, result.terminology);
+    showTranslation(result.translatedText, result.terminology, result.sentenceConfidence || []);
     state.detected = result.detectedLanguage ? result.detectedLanguage.language : null;
     state.confidence = result.detectedLanguage ? result.detectedLanguage.confidence : null;
     showDetected();
@@ -286,23 +287,21 @@ async function translateNow(attempt = 0, alternatives = 0) {
   }
 }
 
-// The translation, each term a glossary or placeholder decided in a <mark>, and each sentence
-// answered from the translation memory (`segments`; without them, the whole text) in a
-// <mark class="memory">. Text nodes only: nothing the model or the memory wrote is parsed.
-function showTranslation(text, terminology = null) {
-  state.translation = text;
-  const chars = Array.from(text); // the server's offsets count characters, not UTF-16 units
-  const info = terminology || { memory: false, terms: [] };
-  const memory = info.memory ? info.segments || [{ start: 0, end: chars.length }] : [];
-  const spans = [
-    ...memory.map((span) => ({ ...span, title: "from translation memory" })),
-    ...info.terms.map((term) => ({ ...term, title: `glossary: ${term.source} → ${term.target}` })),
-  ].sort((a, b) => a.start - b.start);
+function plural(n, word) {
+  return `${n} ${word}${n === 1 ? "" : "s"}`;
+}
+
+// Confidence (the model's estimate that a sentence's translation is good, 0-1; docs/confidence.md)
+// below which a sentence is marked unsure, and below which doubtful.
+const UNSURE = 0.5;
+const DOUBTFUL = 0.8;
+
+// The characters [start, end) of `chars`, each span of `spans` (sorted) inside them in a <mark>.
+function marked(chars, start, end, spans, terms) {
   const parts = [];
-  const terms = [];
-  let at = 0;
+  let at = start;
   for (const span of spans) {
-    if (span.start < at || span.end <= span.start || span.end > chars.length) continue;
+    if (span.start < at || span.end <= span.start || span.end > end) continue;
     const mark = document.createElement("mark");
     mark.textContent = chars.slice(span.start, span.end).join("");
     mark.title = span.title;
@@ -311,11 +310,50 @@ function showTranslation(text, terminology = null) {
     parts.push(chars.slice(at, span.start).join(""), mark);
     at = span.end;
   }
-  parts.push(chars.slice(at).join(""));
-  $("output").replaceChildren(...parts.filter((part) => part !== ""));
+  parts.push(chars.slice(at, end).join(""));
+  return parts.filter((part) => part !== "");
+}
+
+// The translation, each term a glossary or placeholder decided in a <mark>, and each sentence
+// answered from the translation memory (`segments`; without them, the whole text) in a
+// <mark class="memory">; each sentence the model is unsure of (`sentences`: the answer's
+// sentenceConfidence) in a <span class="unsure"> or "doubtful", marked by its underline's style
+// and named in the note under the text, not by colour alone. Text nodes only: nothing the model or
+// the memory wrote is parsed.
+function showTranslation(text, terminology = null, sentences = []) {
+  state.translation = text;
+  const chars = Array.from(text); // the server's offsets count characters, not UTF-16 units
+  const info = terminology || { memory: false, terms: [] };
+  const memory = info.memory ? info.segments || [{ start: 0, end: chars.length }] : [];
+  const spans = [
+    ...memory.map((span) => ({ ...span, title: "from translation memory" })),
+    ...info.terms.map((term) => ({ ...term, title: `glossary: ${term.source} → ${term.target}` })),
+  ].sort((a, b) => a.start - b.start);
+  const terms = [];
+  const parts = [];
+  let at = 0;
+  let unsure = 0;
+  let doubtful = 0;
+  for (const sentence of sentences) {
+    if (sentence.confidence >= DOUBTFUL || sentence.start < at || sentence.end > chars.length) continue;
+    const low = sentence.confidence < UNSURE;
+    const wrap = document.createElement("span");
+    wrap.className = low ? "unsure" : "doubtful";
+    const percent = Math.round(sentence.confidence * 100);
+    wrap.title = `${low ? "The model is unsure of this sentence" : "This sentence may be wrong"} (confidence ${percent} %)`;
+    wrap.append(...marked(chars, sentence.start, sentence.end, spans, terms));
+    parts.push(...marked(chars, at, sentence.start, spans, terms), wrap);
+    at = sentence.end;
+    if (low) unsure += 1;
+    else doubtful += 1;
+  }
+  parts.push(...marked(chars, at, chars.length, spans, terms));
+  $("output").replaceChildren(...parts);
   const notes = [];
   if (memory.length) notes.push("From translation memory.");
   if (terms.length) notes.push(`Glossary terms: ${terms.join("; ")}.`);
+  if (unsure) notes.push(`${plural(unsure, "sentence")} the model is unsure of (wavy underline): check them.`);
+  if (doubtful) notes.push(`${plural(doubtful, "sentence")} that may be wrong (dotted underline).`);
   $("terms-note").textContent = notes.join(" ");
   $("terms-note").hidden = notes.length === 0;
 }

@@ -54,6 +54,7 @@ class Entry(Generic[K]):
     # so the host knows when an input must have ended without a read.
     deadline: int = 1
     prefixed: bool = False  # it has an output prefix (``Source.prefix``)
+    scored: bool = False  # its token log-probs asked for (``Source.scored``)
 
 
 @dataclass(frozen=True)
@@ -72,6 +73,11 @@ class Source(Generic[K]):
     # Target tokens every hypothesis starts with, forced (``model.decoding.prefix``; the model's
     # ``ModelInfo.output_prefix``); they are part of its tokens.
     prefix: tuple[int, ...] = ()
+    # Keep each token's log-prob (``Hypothesis.token_log_probs``) even where the batch's greedy
+    # rows are unscored (``RunningBatch``'s greedy_scores=False): such a greedy input then asks the
+    # step for its candidates, the log-softmax of its row; beams and scored greedy rows keep them
+    # anyway, at no extra cost.
+    scored: bool = False
 
 
 def pad_batch(sources: Sequence[Sequence[int]], pad_id: int, device: torch.device) -> Tensor:
@@ -200,9 +206,18 @@ class RunningBatch(Generic[K]):
             constraints = ConstraintSet(s.constraints, self.word_continuations) if s.constraints else None
             self.constrained += constraints is not None
             on_device = self.device_search and self.search.on_device(constraints)
-            beam = None if on_device else Beam.start(s.beam_size, limit, constraints, s.prefix)
+            beam = None if on_device else Beam.start(s.beam_size, limit, constraints, s.prefix, s.scored)
             self.entries.append(
-                Entry(s.key, beam, rows_of, s.n_best, s.beam_size, self.steps_taken + limit, bool(s.prefix))
+                Entry(
+                    s.key,
+                    beam,
+                    rows_of,
+                    s.n_best,
+                    s.beam_size,
+                    self.steps_taken + limit,
+                    bool(s.prefix),
+                    s.scored or self.search.wants_rows(s.beam_size),
+                )
             )
             first += s.beam_size
         self._layout = self._lay_out()  # (uploads: a join reads already, a step need not)
@@ -243,7 +258,12 @@ class RunningBatch(Generic[K]):
         found = dict(zip(map(id, ended), self.state.hypotheses([e.rows for e in ended]), strict=True))
         done |= {id(e) for e in self.entries if e.beam is not None and e.beam.done}
         finished = [
-            (e.key, self.search.results(found[id(e)], e.n_best) if e.beam is None else e.beam.best(e.n_best))
+            (
+                e.key,
+                self.search.results(found[id(e)], e.n_best, e.scored)
+                if e.beam is None
+                else e.beam.best(e.n_best),
+            )
             for e in self.entries
             if id(e) in done
         ]
@@ -284,15 +304,17 @@ class RunningBatch(Generic[K]):
         read the device anyway: an upload from the host waits for the device too (CUDA copies
         pageable memory synchronously), and a step between reads must not."""
         device = self.tokens.device
-        on_device: dict[int, list[Entry[K]]] = {}
+        # (By beam size, and whether scored: greedy inputs that asked for log-probs in a batch whose
+        # greedy rows are unscored are a group of their own, with candidates.)
+        on_device: dict[tuple[int, bool], list[Entry[K]]] = {}
         for e in self.entries:
             if e.beam is None:
-                on_device.setdefault(e.k, []).append(e)
+                on_device.setdefault((e.k, e.scored), []).append(e)
         groups: list[Group] = []
         wanted: list[int] = []
-        for k, members in sorted(on_device.items()):
+        for (k, scored), members in sorted(on_device.items()):
             rows = [e.rows for e in members]
-            top = len(wanted) if self.search.wants_rows(k) else None
+            top = len(wanted) if scored else None
             if top is not None:
                 wanted += [r for rs in rows for r in rs]
             prefixed = any(e.prefixed for e in members)

@@ -33,8 +33,8 @@ from model.decoding.prefix import drop_secondary_eos, force_candidates
 from model.runtime.step import StepChoice
 
 # A finished hypothesis as read back: generated tokens (no eos), log-prob (eos included), length
-# (eos included).
-Found = tuple[list[int], float, int]
+# (eos included), and each token's log-prob, eos's last (``Hypothesis.token_log_probs``).
+Found = tuple[list[int], float, int, list[float]]
 
 
 @dataclass(frozen=True)
@@ -44,7 +44,8 @@ class Group:
 
     k: int
     rows: Tensor  # (A, k) long: row j of input a is its beam j
-    top: int | None  # first of their rows in the step's candidates; None: none asked (unscored greedy)
+    # First of their rows in the step's candidates; None: none asked (unscored greedy: no log-probs).
+    top: int | None
     # Whether any of them has an output prefix: without one a step skips the prefix's operations
     # (the host knows: no read; a GPU step is launch-bound, each operation costs a launch).
     prefixed: bool = False
@@ -75,6 +76,10 @@ class SearchRows:
         self.found_length = torch.zeros(n, dtype=torch.long, device=device)
         self.found = torch.zeros(n, dtype=torch.long, device=device)  # finished hypotheses of the input
         self.prefix_len = torch.zeros(n, dtype=torch.long, device=device)  # output prefix tokens
+        # Each generated token's log-prob as the step gave it (float32), and a finished
+        # hypothesis's, eos's at its last column (one more column than ``history``: eos's).
+        self.history_lprob = torch.zeros((n, self.width + 1), dtype=torch.float32, device=device)
+        self.found_token_lprob = torch.zeros((n, self.width + 1), dtype=torch.float32, device=device)
 
     def _tensors(self) -> tuple[Tensor, ...]:
         return (
@@ -88,6 +93,8 @@ class SearchRows:
             self.found_length,
             self.found,
             self.prefix_len,
+            self.history_lprob,
+            self.found_token_lprob,
         )
 
     def start(
@@ -141,18 +148,26 @@ class SearchRows:
                 self.found_length.index_select(0, index)[:, None],
                 self.found.index_select(0, index)[:, None],
                 self.found_lprob.index_select(0, index).view(torch.long)[:, None],
+                self.found_token_lprob.index_select(0, index).double().view(torch.long),
             ],
             dim=1,
         ).cpu()  # the one transfer; what follows runs on the host
-        lprobs = packed[:, -1].contiguous().view(torch.float64).tolist()
-        table = packed[:, :-1].tolist()
+        lcols = self.width + 1
+        token_lprobs = packed[:, -lcols:].contiguous().view(torch.float64).tolist()
+        lprobs = packed[:, -lcols - 1].contiguous().view(torch.float64).tolist()
+        table = packed[:, : -lcols - 1].tolist()
         out: list[list[Found]] = []
         at = 0
         for rs in rows:
             count = table[at][-1]
             out.append(
                 [
-                    (table[at + j][: table[at + j][-2] - 1], lprobs[at + j], table[at + j][-2])
+                    (
+                        table[at + j][: table[at + j][-2] - 1],
+                        lprobs[at + j],
+                        table[at + j][-2],
+                        token_lprobs[at + j][: table[at + j][-2]],
+                    )
                     for j in range(count)
                 ]
             )
@@ -161,7 +176,7 @@ class SearchRows:
 
 
 def advance(
-    rows: SearchRows, groups: list[Group], step: StepChoice, tokens: Tensor, *, eos: int, scored: bool
+    rows: SearchRows, groups: list[Group], step: StepChoice, tokens: Tensor, *, eos: int
 ) -> tuple[Tensor, Tensor] | None:
     """Advance every input of ``groups`` by one token: writes each row's next token into
     ``tokens`` (by cache row); returns (dst, src) rows for the beams' cache reorder (row dst takes
@@ -169,7 +184,7 @@ def advance(
     moved: list[tuple[Tensor, Tensor]] = []
     for g in groups:
         if g.k == 1:
-            _greedy(rows, g, step, tokens, eos=eos, scored=scored)
+            _greedy(rows, g, step, tokens, eos=eos)
         else:
             moved.append(_beams(rows, g, step, tokens, eos=eos))
     rows.steps.add_(1)
@@ -178,10 +193,11 @@ def advance(
     return torch.cat([d for d, _ in moved]), torch.cat([s for _, s in moved])
 
 
-def _greedy(rows: SearchRows, g: Group, step: StepChoice, tokens: Tensor, *, eos: int, scored: bool) -> None:
+def _greedy(rows: SearchRows, g: Group, step: StepChoice, tokens: Tensor, *, eos: int) -> None:
     """``Beam.extend`` for the greedy inputs of ``g``: the argmax, eos at the limit; the input ends
-    with eos. Scored: the argmax's log-prob (the best candidate's; eos's at the limit) is summed in
-    float64, as Python sums it; unscored, every score stays 0.0."""
+    with eos. Scored (``g.top`` given): the argmax's log-prob (the best candidate's; eos's at the
+    limit) is summed in float64, as Python sums it, and kept per token; unscored, every score stays
+    0.0."""
     r = g.rows[:, 0]  # (A,)
     steps = rows.steps.index_select(0, r)
     length = steps + 1  # tokens of the hypothesis if it ends now, eos included
@@ -195,16 +211,17 @@ def _greedy(rows: SearchRows, g: Group, step: StepChoice, tokens: Tensor, *, eos
         chosen = torch.where(forcing, rows.history[r, column], chosen)
     token = torch.where(at_limit, eos, chosen)
     score = rows.score.index_select(0, r)
-    if scored:
-        assert g.top is not None
+    ended = active & (token == eos)  # (at the limit the token is eos)
+    target = torch.where(ended, r, rows.scratch)
+    if g.top is not None:
         a, n = g.top, r.size(0)
         best = step.top_lprobs[a : a + n, 0]
         if forcing is not None:
             best = torch.where(forcing, 0.0, best)
         lprob = torch.where(at_limit, step.eos_lprob[a : a + n], best)
         score = score + lprob.double()
-    ended = active & (token == eos)  # (at the limit the token is eos)
-    target = torch.where(ended, r, rows.scratch)
+        rows.history_lprob.index_put_((r, steps.clamp(max=rows.width)), lprob.float())
+        rows.found_token_lprob.index_copy_(0, target, rows.history_lprob.index_select(0, r))
     rows.found_tokens.index_copy_(0, target, rows.history.index_select(0, r))
     rows.found_lprob.index_copy_(0, target, score)
     rows.found_length.index_copy_(0, target, length)
@@ -245,6 +262,7 @@ def _beams(
     total = (scores[:, :, None] + values).view(a_n, k * top)
     cand_scores, picked = total.topk(2 * k, dim=1)  # (A, 2K) best first
     cand_tokens = cand.view(a_n, k * top).gather(1, picked)
+    cand_lprobs = values.reshape(a_n, k * top).gather(1, picked)  # each candidate token's own
     cand_beams = picked // top
     # The output prefix (``model.decoding.prefix``): in it, the first beam takes its token (the
     # history's own); at the first step after it, an eos below the best cannot end a hypothesis.
@@ -255,6 +273,7 @@ def _beams(
         cand_scores, cand_tokens, cand_beams = force_candidates(
             cand_scores, cand_tokens, cand_beams, forcing=forcing, token=token_now, first=scores[:, 0]
         )
+        cand_lprobs = torch.where(forcing[:, None], 0.0, cand_lprobs)  # a prefix token counts nothing
         free = (prefix_len > 0) & (steps == prefix_len) & ~at_limit
         cand_scores, cand_tokens = drop_secondary_eos(cand_scores, cand_tokens, free, eos)
 
@@ -286,6 +305,12 @@ def _beams(
     lengths = torch.cat([length[:, None].expand(a_n, 2 * k).reshape(-1), length])
     rows.found_tokens.index_copy_(0, target, rows.history.index_select(0, source))
     rows.found_lprob.index_copy_(0, target, lprob)
+    # Their token log-probs: their beam's, then eos's (0.0 for a best beam that ends without one).
+    ending_lprobs = rows.history_lprob.index_select(0, source)
+    eos_column = torch.cat([steps[:, None].expand(a_n, 2 * k).reshape(-1), steps]).clamp(max=rows.width)
+    eos_values = torch.cat([cand_lprobs.reshape(-1), torch.zeros_like(scores[:, 0])])
+    ending_lprobs[torch.arange(source.size(0), device=idx.device), eos_column] = eos_values
+    rows.found_token_lprob.index_copy_(0, target, ending_lprobs)
     rows.found_length.index_copy_(0, target, lengths)
     count = found + n_ended + best_ends.long()
     rows.found.index_copy_(0, flat, count[:, None].expand(a_n, k).reshape(-1))
@@ -305,6 +330,10 @@ def _beams(
     column = steps.clamp(max=rows.width - 1).repeat_interleave(k)
     history[torch.arange(a_n * k, device=idx.device), column] = token.view(-1)
     rows.history.index_copy_(0, flat, history)
+    history_lprob = rows.history_lprob.index_select(0, src)
+    lcolumn = steps.clamp(max=rows.width).repeat_interleave(k)
+    history_lprob[torch.arange(a_n * k, device=idx.device), lcolumn] = cand_lprobs.gather(1, order).view(-1)
+    rows.history_lprob.index_copy_(0, flat, history_lprob)
     rows.score.index_copy_(0, flat, score.view(-1).double())
     tokens.index_copy_(0, flat, token.view(-1))
     return flat, src

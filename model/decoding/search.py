@@ -29,7 +29,7 @@ from torch import Tensor
 
 from model.decoding.constraints import ConstraintSet, ConstraintState
 from model.decoding.device_search import Found, Group, SearchRows, advance
-from model.decoding.hypothesis import Hypothesis
+from model.decoding.hypothesis import Hypothesis, Spans
 from model.decoding.prefix import drop_secondary_eos
 from model.runtime.step import StepChoice
 
@@ -54,13 +54,31 @@ class Beam:
     states: list[ConstraintState] = field(default_factory=list)  # each live beam's, with constraints
     forced: list[list[int]] = field(default_factory=list)  # per beam: the tokens forced this step
     prefix: tuple[int, ...] = ()  # the output prefix: the first tokens of every hypothesis
+    # Each live beam's token log-probs, as ``history`` its tokens (``Hypothesis.token_log_probs``).
+    lprobs: list[list[float]] = field(default_factory=list)
+    # Token log-probs asked for: a greedy beam then asks the step for its candidates even where the
+    # search's greedy rows are unscored (``Search.greedy_scores``); beams always keep them.
+    scored: bool = False
 
     @classmethod
     def start(
-        cls, k: int, limit: int, constraints: ConstraintSet | None = None, prefix: tuple[int, ...] = ()
+        cls,
+        k: int,
+        limit: int,
+        constraints: ConstraintSet | None = None,
+        prefix: tuple[int, ...] = (),
+        scored: bool = False,
     ) -> Beam:
         # K copies of the first row; only the first copy is alive, so step 0 expands one beam.
-        beam = cls(k, limit, [0.0] + [-math.inf] * (k - 1), [[] for _ in range(k)], prefix=tuple(prefix))
+        beam = cls(
+            k,
+            limit,
+            [0.0] + [-math.inf] * (k - 1),
+            [[] for _ in range(k)],
+            prefix=tuple(prefix),
+            lprobs=[[] for _ in range(k)],
+            scored=scored,
+        )
         if constraints is not None:
             beam.constraints, beam.states = constraints, [constraints.start()] * k
         return beam
@@ -92,6 +110,7 @@ class Beam:
         token = self.prefix[self.steps]
         # (New lists: the dead copies of a beam share one.)
         self.history = [h + [token] for h in self.history]
+        self.lprobs = [lp + [0.0] for lp in self.lprobs]
         return list(range(self.k))
 
     def best(self, n_best: int = 1) -> list[Hypothesis]:
@@ -106,9 +125,17 @@ class Beam:
         return sorted(self.finished, key=lambda h: h.score, reverse=True)[:n_best]
 
     def advance(
-        self, cand_scores: list[float], cand_tokens: list[int], cand_beams: list[int], eos: int, alpha: float
+        self,
+        cand_scores: list[float],
+        cand_tokens: list[int],
+        cand_beams: list[int],
+        eos: int,
+        alpha: float,
+        cand_lprobs: list[float] | None = None,
     ) -> list[int]:
         """Take one step's candidates (best first); returns the parent beam of each new beam.
+        ``cand_lprobs``: each candidate's own token log-prob, as the step gave it (default: its
+        score less its beam's, equal to float32 rounding).
 
         eos among the K best candidates ends a hypothesis; the K best others continue. The input is
         done once it has K finished hypotheses (fairseq's stopping rule) or reaches its limit.
@@ -116,29 +143,39 @@ class Beam:
         length = self.steps + 1  # tokens of a hypothesis ending now, eos included
         scores: list[float] = []
         history: list[list[int]] = []
+        lprobs: list[list[float]] = []
         parents: list[int] = []
-        for rank, (score, token, beam) in enumerate(zip(cand_scores, cand_tokens, cand_beams, strict=True)):
+        if cand_lprobs is None:
+            cand_lprobs = [s - self.scores[b] for s, b in zip(cand_scores, cand_beams, strict=True)]
+        for rank, (score, token, beam, lp) in enumerate(
+            zip(cand_scores, cand_tokens, cand_beams, cand_lprobs, strict=True)
+        ):
             if score == -math.inf or len(parents) == self.k:
                 break
             if token == eos:
                 if rank < self.k and len(self.finished) < self.k:
-                    hyp = Hypothesis(self.history[beam], length_normalized(score, length, alpha), score)
+                    hyp = Hypothesis(
+                        self.history[beam],
+                        length_normalized(score, length, alpha),
+                        score,
+                        token_log_probs=(*self.lprobs[beam], lp),
+                    )
                     self.finished.append(hyp)
             else:
                 parents.append(beam)
                 scores.append(score)
                 history.append(self.history[beam] + [token])
+                lprobs.append(self.lprobs[beam] + [lp])
         self.done = len(self.finished) >= self.k or length >= self.limit or not parents
         if not self.done:
             while len(parents) < self.k:  # keep K rows per input: dead copies of the first beam
                 parents.append(parents[0])
                 scores.append(-math.inf)
                 history.append(history[0])
-            self.scores, self.history = scores, history
+                lprobs.append(lprobs[0])
+            self.scores, self.history, self.lprobs = scores, history, lprobs
         elif not self.finished:  # every candidate banned (repetition guard): the best beam ends
-            self.finished.append(
-                Hypothesis(self.history[0], length_normalized(self.scores[0], length, alpha), self.scores[0])
-            )
+            self.finished.append(self._ended(0, self.scores[0], length, alpha, 0.0))
         return parents
 
     def advance_constrained(
@@ -170,12 +207,9 @@ class Beam:
         length = self.steps + 1  # tokens of a hypothesis ending now, eos included
         if length >= self.limit:
             live = [j for j in range(self.k) if self.scores[j] != -math.inf]
-            ending = [(j, self.scores[j] + eos_lprobs[j]) for j in live]
-            for j, score in ending:
-                spans = self.states[j].spans
-                self._finish(
-                    Hypothesis(self.history[j], length_normalized(score, length, alpha), score, spans)
-                )
+            for j in live:
+                score = self.scores[j] + eos_lprobs[j]
+                self._finish(self._ended(j, score, length, alpha, eos_lprobs[j], self.states[j].spans))
             self.done = True
             return []
         banned = [banned_tokens(h, guard) for h in self.history] if guard > 0 else None
@@ -183,9 +217,9 @@ class Beam:
             self.k, self.steps, self.scores, self.states, best, top, forced, (eos, eos_lprobs), banned
         )
         for j, score, state in enders:
-            self._finish(
-                Hypothesis(self.history[j], length_normalized(score, length, alpha), score, state.spans)
-            )
+            # (The chosen scores are the beam's plus the step's log-prob, so the difference is the
+            # token's, to float32 rounding: ``choose`` hands back scores, not log-probs.)
+            self._finish(self._ended(j, score, length, alpha, score - self.scores[j], state.spans))
         parents = [j for j, _, _, _ in continuing]
         self.done = not parents
         if self.finished and parents:
@@ -197,19 +231,31 @@ class Beam:
         if not self.done:
             scores = [score for _, _, score, _ in continuing]
             history = [self.history[j] + [t] for j, t, _, _ in continuing]
+            lprobs = [self.lprobs[j] + [s - self.scores[j]] for j, _, s, _ in continuing]
             states = [state for _, _, _, state in continuing]
             while len(parents) < self.k:  # keep K rows per input: dead copies of the first beam
                 parents.append(parents[0])
                 scores.append(-math.inf)
                 history.append(history[0])
+                lprobs.append(lprobs[0])
                 states.append(states[0])
-            self.scores, self.history, self.states = scores, history, states
+            self.scores, self.history, self.lprobs, self.states = scores, history, lprobs, states
         elif not self.finished:  # nothing may continue or end (the guard): the best beam ends
-            score, spans = self.scores[0], self.states[0].spans
-            self.finished.append(
-                Hypothesis(self.history[0], length_normalized(score, length, alpha), score, spans)
-            )
+            self.finished.append(self._ended(0, self.scores[0], length, alpha, 0.0, self.states[0].spans))
         return parents
+
+    def _ended(
+        self, j: int, score: float, length: int, alpha: float, eos_lprob: float, spans: Spans = ()
+    ) -> Hypothesis:
+        """Beam ``j`` ended with cumulative log-prob ``score``, eos counting ``eos_lprob`` (0.0
+        where it ends without one)."""
+        return Hypothesis(
+            self.history[j],
+            length_normalized(score, length, alpha),
+            score,
+            spans,
+            token_log_probs=(*self.lprobs[j], eos_lprob),
+        )
 
     def _finish(self, hyp: Hypothesis) -> None:
         """Keep ``hyp`` among the K best finished (those that met the most constraints, then by
@@ -219,16 +265,21 @@ class Beam:
             self.finished.sort(key=lambda h: (len(h.spans), h.score), reverse=True)
             del self.finished[self.k :]
 
-    def extend(self, lprob: float, token: int, eos: int, alpha: float) -> list[int]:
-        """``advance`` for a beam of one (greedy), given the best next token and its log-prob."""
+    def extend(self, lprob: float, token: int, eos: int, alpha: float, scored: bool = True) -> list[int]:
+        """``advance`` for a beam of one (greedy), given the best next token and its log-prob
+        (unscored: 0.0, and the hypothesis keeps no token log-probs)."""
         score = self.scores[0] + lprob
         history = self.history[0]
         length = len(history) + 1  # tokens of the hypothesis if it ends now, eos included
         if token == eos or length >= self.limit:
-            self.finished.append(Hypothesis(history, length_normalized(score, length, alpha), score))
+            lprobs = (*self.lprobs[0], lprob) if scored else ()
+            self.finished.append(
+                Hypothesis(history, length_normalized(score, length, alpha), score, token_log_probs=lprobs)
+            )
             self.done = True
             return []
         history.append(token)  # greedy histories are never shared, so in place
+        self.lprobs[0].append(lprob)
         self.scores[0] = score
         return [0]
 
@@ -258,7 +309,12 @@ class Search:
 
     def wants_candidates(self, beam: Beam) -> bool:
         """Whether ``beam``'s rows need their best candidates from the step (``beam_rows``)."""
-        return self.wants_rows(beam.k) or self.no_repeat_ngram_size > 0 or beam.constraints is not None
+        return (
+            self.wants_rows(beam.k)
+            or beam.scored
+            or self.no_repeat_ngram_size > 0
+            or beam.constraints is not None
+        )
 
     def on_device(self, constraints: ConstraintSet | None) -> bool:
         """Whether an input's search state lives on the device (``model.decoding.device_search``):
@@ -275,14 +331,20 @@ class Search:
         """``step`` for the inputs on the device: the same rules (``Beam.advance``, ``Beam.extend``)
         as tensor ops over all of them, reading nothing back (``device_search.advance``); their
         next tokens go into ``tokens`` (by cache row). Returns the beams' cache reorder (dst, src)."""
-        return advance(rows, groups, step, tokens, eos=self.eos, scored=self.greedy_scores)
+        return advance(rows, groups, step, tokens, eos=self.eos)
 
-    def results(self, found: list[Found], n_best: int) -> list[Hypothesis]:
+    def results(self, found: list[Found], n_best: int, scored: bool = True) -> list[Hypothesis]:
         """An input's n-best, best first, from its finished hypotheses as read back from the device
-        (in the order they ended, as ``Beam.finished``; normalized here, in Python, as ``advance``)."""
+        (in the order they ended, as ``Beam.finished``; normalized here, in Python, as ``advance``).
+        ``scored``: whether its rows kept token log-probs (an unscored greedy input's are not)."""
         hyps = [
-            Hypothesis(tokens, length_normalized(lprob, length, self.length_penalty), lprob)
-            for tokens, lprob, length in found
+            Hypothesis(
+                tokens,
+                length_normalized(lprob, length, self.length_penalty),
+                lprob,
+                token_log_probs=tuple(lprobs) if scored else (),
+            )
+            for tokens, lprob, length, lprobs in found
         ]
         return sorted(hyps, key=lambda h: h.score, reverse=True)[:n_best]
 
@@ -332,7 +394,7 @@ class Search:
                 parents[i] = b.force()
             elif i not in top_at:  # the argmax decides; at the limit only eos may come: the hypothesis ends
                 token = self.eos if b.at_limit else choice[offsets[i]]
-                parents[i] = b.extend(0.0, token, self.eos, self.length_penalty)
+                parents[i] = b.extend(0.0, token, self.eos, self.length_penalty, scored=False)
         guard = self.no_repeat_ngram_size > 0
         greedy = [
             i
@@ -361,16 +423,16 @@ class Search:
             cand = self._candidates(beams, members, k, top_at, step)
             if k > 1 and any(beams[i].after_prefix for i in members):
                 free = torch.tensor([beams[i].after_prefix for i in members], device=step.choice.device)
-                cand = (*drop_secondary_eos(cand[0], cand[1], free, self.eos), cand[2])
-            for i, s, t, b in zip(members, *(c.tolist() for c in cand), strict=True):
-                parents[i] = beams[i].advance(s, t, b, self.eos, self.length_penalty)
+                cand = (*drop_secondary_eos(cand[0], cand[1], free, self.eos), cand[2], cand[3])
+            for i, s, t, b, lp in zip(members, *(c.tolist() for c in cand), strict=True):
+                parents[i] = beams[i].advance(s, t, b, self.eos, self.length_penalty, lp)
         return _next_rows(beams, offsets, parents, step.choice.device)
 
     def _candidates(
         self, beams: list[Beam], members: list[int], k: int, top_at: dict[int, int], step: StepChoice
-    ) -> tuple[Tensor, Tensor, Tensor]:
-        """The best 2K extensions of the K beams of each of ``members``: scores, tokens and source
-        beams, each (A, 2K), best first."""
+    ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """The best 2K extensions of the K beams of each of ``members``: scores, tokens, source
+        beams and the tokens' own log-probs, each (A, 2K), best first."""
         device = step.choice.device
         rows = torch.tensor([top_at[i] + j for i in members for j in range(k)], device=device)
         top = step.top_tokens.size(1)
@@ -393,7 +455,8 @@ class Search:
         total = (scores[:, :, None] + values).view(len(members), k * top)  # (A, K*top)
         cand_scores, flat = total.topk(min(2 * k, k * top), dim=1)  # (A, 2K)
         cand_tokens = tokens.view(len(members), k * top).gather(1, flat)
-        return cand_scores, cand_tokens, flat // top
+        cand_lprobs = values.reshape(len(members), k * top).gather(1, flat)
+        return cand_scores, cand_tokens, flat // top, cand_lprobs
 
     def _constrained(
         self,
@@ -411,7 +474,9 @@ class Search:
         for i in members:
             by_k.setdefault(beams[i].k, []).append(i)
         for k, group in by_k.items():  # the best 2K extensions, as for unconstrained beams
-            scores, tokens, parents_of = (c.tolist() for c in self._candidates(beams, group, k, top_at, step))
+            scores, tokens, parents_of = (
+                c.tolist() for c in self._candidates(beams, group, k, top_at, step)[:3]
+            )
             for a, i in enumerate(group):
                 best[i] = list(zip(scores[a], tokens[a], parents_of[a], strict=True))
         rows = torch.tensor([top_at[i] + j for i in members for j in range(beams[i].k)], device=device)

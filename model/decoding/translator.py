@@ -16,6 +16,7 @@ import torch
 
 from model.checkpoint import ModelInfo, load_model, read_info_and_tokenizer, source_prefix
 from model.decoding.batch import decode, pad_batch
+from model.decoding.confidence import DEFAULT, Calibration
 from model.decoding.constraints import beam_for
 from model.decoding.options import MAX_BEAM_SIZE, DecodeOptions, nonblank
 from model.decoding.search import Hypothesis
@@ -58,6 +59,10 @@ class TranslationResult:
     # character offsets into that hypothesis (end exclusive), the term's index in the text's
     # ``terms`` as given; empty lists when the text had no terms.
     spans: list[list[tuple[int, int, int]]] = field(default_factory=list)
+    # Per hypothesis, the model's calibrated estimate that its chrF against a reference is >= 50
+    # (``model.decoding.confidence``: the model directory's confidence.json, else the geometric-mean
+    # token probability); None for a blank input's.
+    confidence: list[float | None] = field(default_factory=list)
 
 
 class Translator:
@@ -76,8 +81,10 @@ class Translator:
         max_beam_size: int | None = None,
         compile: bool = False,
         cache_dir: Path | None = None,
+        calibration: Calibration = DEFAULT,
     ) -> None:
         self.model = model
+        self.calibration = calibration  # of ``TranslationResult.confidence``
         self.tokenizer = tokenizer
         self.info = info
         self.device = device
@@ -160,6 +167,7 @@ class Translator:
             max_beam_size=max_beam_size,
             compile=compile,
             cache_dir=cache_dir,
+            calibration=Calibration.load(model_dir),
         )
 
     @property
@@ -272,7 +280,7 @@ class Translator:
         results: list[TranslationResult | None] = [None] * len(texts)
         todo = nonblank(texts)
         for i in set(range(len(texts))) - set(todo):  # blank input: blank output, no model work
-            results[i] = TranslationResult([""] * n, [0.0] * n, [[]] * n, [[] for _ in range(n)])
+            results[i] = TranslationResult([""] * n, [0.0] * n, [[]] * n, [[] for _ in range(n)], [None] * n)
         if terms is not None and len(terms) != len(texts):
             raise ValueError(f"terms has {len(terms)} entries for {len(texts)} texts")
         # Per text, its distinct non-blank terms, each with its index in the text's terms.
@@ -291,7 +299,8 @@ class Translator:
             nbests = self.generate(sources, chosen, constraints=constraints)
             for i, nbest, mine, g in zip(todo, nbests, wanted, given, strict=True):
                 tokens = [h.tokens for h in nbest]
-                result = TranslationResult([], [h.score for h in nbest], tokens)
+                confidence = [self.calibration.of(h) for h in nbest]
+                result = TranslationResult([], [h.score for h in nbest], tokens, confidence=confidence)
                 if mine:
                     for h in nbest:
                         text, where = self.tokenizer.decode_spans_with_offsets(h.tokens, h.spans, mine)

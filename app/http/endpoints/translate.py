@@ -20,6 +20,9 @@ from app.http.endpoints.sentences import RecallDep, request_caller
 from app.http.schemas import (
     BadRequestResponse,
     ErrorResponse,
+    LowConfidence,
+    SentenceConfidence,
+    TokenConfidence,
     TranslateRequest,
     TranslateResponse,
     ValidationErrorResponse,
@@ -99,20 +102,52 @@ def document_served(
     return document
 
 
-def build_response(req: TranslateRequest, result: TextResult) -> TranslateResponse:
+def confidence_fields(req: TranslateRequest, result: TextResult, settings: Settings) -> dict[str, Any]:
+    """The confidence extension's fields, each a list over the texts (``build_response`` unwraps
+    them for a single text): only those asked for."""
+    found = result.confidence
+    if found is None:
+        return {}
+    fields: dict[str, Any] = {}
+    if req.confidence:
+        fields["confidence"] = [c.values[0] for c in found]
+        fields["sentenceConfidence"] = [
+            [SentenceConfidence(start=a, end=b, confidence=v) for a, b, v in c.sentences or ()] for c in found
+        ]
+        if req.alternatives:
+            fields["alternativesConfidence"] = [c.values[1:] for c in found]
+    if req.confidence == "tokens":
+        fields["tokenConfidence"] = [
+            [TokenConfidence(token=t, probability=p) for t, p in c.tokens or ()] for c in found
+        ]
+    threshold = req.min_confidence if req.min_confidence is not None else settings.min_confidence
+    if threshold is not None:
+        fields["lowConfidence"] = [
+            LowConfidence(sentences=c.below or 0, withheld=c.withheld, threshold=threshold) for c in found
+        ]
+    return fields
+
+
+def build_response(req: TranslateRequest, result: TextResult, settings: Settings) -> TranslateResponse:
     """LibreTranslate's answer: a text's fields for a single text, lists for a batch."""
     outputs, detected, terminology = result.translations, result.detected, result.terminology
     best = [texts[0] for texts in outputs]
     alternatives = [texts[1:] for texts in outputs] if req.alternatives else None
+    extra = confidence_fields(req, result, settings)
     if req.is_batch:
         return TranslateResponse(
-            translatedText=best, alternatives=alternatives, detectedLanguage=detected, terminology=terminology
+            translatedText=best,
+            alternatives=alternatives,
+            detectedLanguage=detected,
+            terminology=terminology,
+            **extra,
         )
     return TranslateResponse(
         translatedText=best[0],
         alternatives=alternatives[0] if alternatives else None,
         detectedLanguage=detected[0] if detected else None,
         terminology=terminology[0] if terminology else None,
+        **{name: values[0] for name, values in extra.items()},
     )
 
 
@@ -157,11 +192,14 @@ async def translate(
         beam_size=req.beam_size,
         glossary=partial(request_glossary, request, req, settings, glossaries),
         protect_placeholders=req.protect_placeholders,
+        confidence="tokens" if req.confidence == "tokens" else "sentence" if req.confidence else None,
+        min_confidence=req.min_confidence,
+        withhold=req.low_confidence == "withhold",
     )
     result = await Translations(settings, router, scheduler, recall).texts(asked)
     if result is None:
         return Response(status_code=CLIENT_CLOSED_REQUEST)
     # The response as JSON here: FastAPI then skips validating it against the response model again
     # (the model still documents it in OpenAPI).
-    body = build_response(req, result).model_dump_json(exclude_none=True)
+    body = build_response(req, result, settings).model_dump_json(exclude_none=True)
     return Response(body, media_type="application/json")

@@ -15,6 +15,11 @@ sentences were counted when the request was admitted).
 Terminology (``terms``: per sentence, the target strings its translation must contain) constrains
 the last hop only: a pivot's English in between is nobody's output, and the terms are in the
 target language.
+
+Confidence (``model.decoding.confidence``): each hop's model calibrates its own hypotheses
+(``ServedModel.render``); a pivot's is the lower of its two hops' (the best English's, and each
+final hypothesis's): a confident second hop cannot vouch for a wrong English. Each sentence's
+best confidence is recorded in its last model's ``nmt_sentence_confidence`` histogram.
 """
 
 from __future__ import annotations
@@ -22,12 +27,13 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 
 from app.models.served import ServedModel
 from app.serving.errors import DeadlineExceeded
 from app.serving.frontend.router import Route
 from app.serving.frontend.scheduler import Request, Scheduler
-from app.serving.protocol import SentenceResult
+from app.serving.protocol import Confidence, SentenceResult
 from model.decoding.options import nonblank
 
 
@@ -48,9 +54,15 @@ class Translation:
         timeout_s: float,
         terms: Sequence[Sequence[str]] | None = None,
         background: bool = False,
+        confidence: bool = False,
+        pieces: bool = False,
     ) -> None:
+        """``confidence``: every hop's token log-probs asked for (greedy search computes them then;
+        beams carry them anyway), so that each result has its ``confidence``; ``pieces``: with each
+        piece's probability (``Confidence.tokens``)."""
         self.scheduler = scheduler
         self.background = background
+        self.confidence, self.pieces = confidence or pieces, pieces
         self.terms: Sequence[Sequence[str]] = terms if terms is not None else [()] * len(sentences)
         self.beam_size, self.n_best, self.timeout_s = beam_size, n_best, timeout_s
         self.deadline = time.monotonic() + timeout_s
@@ -99,6 +111,7 @@ class Translation:
             admitted=admitted,
             constraints=constraints,
             background=self.background,
+            scored=self.confidence,
         )
         self.requests.append(request)
         return request
@@ -125,10 +138,14 @@ class Translation:
         input (a blank one stays blank, without model work, as a blank sentence does)."""
         hops = len(route.hops)
         results = await first.future
-        rendered = route.hops[0].model.render(results, terms if hops == 1 else ())
+        rendered = route.hops[0].model.render(
+            results, terms if hops == 1 else (), pieces=self.pieces and hops == 1
+        )
+        request = first
         for hop in range(1, hops):
             last = hop == hops - 1
             inputs = [one.texts[0] for one in rendered]
+            before = [one.confidence[0] if one.confidence else None for one in rendered]
             rendered = [SentenceResult.of_texts([""] * (self.n_best if last else 1)) for _ in inputs]
             todo = nonblank(inputs)
             if not todo:
@@ -136,10 +153,26 @@ class Translation:
             mine = [terms[i] for i in todo] if last else []
             request = self._submit(route, hop, [inputs[i] for i in todo], admitted=True, terms=mine)
             model = route.hops[hop].model
-            for i, one in zip(todo, model.render(await request.future, mine), strict=True):
-                rendered[i] = one
+            found = model.render(await request.future, mine, pieces=self.pieces and last)
+            for i, one in zip(todo, found, strict=True):
+                rendered[i] = lowest(one, before[i])
+        values = [one.confidence[0].value for one in rendered if one.confidence]
+        if values and request.model.metrics is not None:
+            for value in values:
+                request.model.metrics.confidence.observe(value)
         return rendered
 
     def withdraw(self) -> None:
         for request in self.requests:
             self.scheduler.withdraw(request)
+
+
+def lowest(result: SentenceResult, before: Confidence | None) -> SentenceResult:
+    """A pivot's second hop's ``result`` with each hypothesis's confidence at most the first hop's
+    (``before``: its best English's; None: the first hop had none, nor then has the pivot)."""
+    if not result.confidence:
+        return result
+    if before is None:
+        return replace(result, confidence=())
+    lowered = tuple(replace(c, value=min(c.value, before.value)) for c in result.confidence)
+    return replace(result, confidence=lowered)

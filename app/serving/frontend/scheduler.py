@@ -195,6 +195,7 @@ class Scheduler:
         admitted: bool = False,
         constraints: Sequence[Constraints] | None = None,
         background: bool = False,
+        scored: bool = False,
     ) -> Request:
         """Admit a request (source token ids, eos included, at least one) for ``model`` (None: the
         only one); its future gives the n-best of each source, in order, or raises
@@ -205,7 +206,9 @@ class Scheduler:
         these sentences more than ``max_queue``, until they leave it). ``constraints``: each
         source's (terminology); a constrained sentence takes the rows of the beam it needs
         (``beam_for``), and its result's hypotheses say where they realised them (``spans``).
-        ``background``: a document job's sentences, which take what typed requests leave."""
+        ``background``: a document job's sentences, which take what typed requests leave.
+        ``scored``: their token log-probs asked for (``Sentence.scored``: greedy search then
+        computes them; a beam's hypotheses carry them anyway)."""
         if self._stopping:
             raise EngineStopped("the translation service is shutting down")
         queue = self._model(model)
@@ -229,7 +232,7 @@ class Scheduler:
         rid, deadline, name = request.id, request.deadline, queue.name
         request.sentences = [
             PlacedSentence(
-                Sentence(next(self._ids), rid, s, beam, n_best, deadline, now, name, c, background),
+                Sentence(next(self._ids), rid, s, beam, n_best, deadline, now, name, c, background, scored),
                 request,
                 k,
             )

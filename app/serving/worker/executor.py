@@ -331,6 +331,7 @@ class Executor:
                     sentence.n_best,
                     sentence.constraints,
                     lane.prefix,
+                    scored=sentence.scored,
                 )
                 for sentence in sentences
             ]

@@ -22,6 +22,7 @@ class HeldSentence:
         "constraints",
         "cancelled",
         "background",
+        "scored",
     )
 
     def __init__(self, sentence: Sentence) -> None:
@@ -39,6 +40,7 @@ class HeldSentence:
         )
         self.cancelled = False
         self.background = sentence.background
+        self.scored = sentence.scored
 
     def expired(self, now: float) -> bool:
         return self.cancelled or self.message.past_deadline(now)
