@@ -17,9 +17,10 @@ from test_constraints import random_constraints, run, sources_of
 from test_search import ScriptedModel, as_model
 
 from model.decoding.batch import decode
+from model.decoding.beam import Beam, length_normalized
 from model.decoding.constraints import ConstraintSet
 from model.decoding.options import DecodeOptions
-from model.decoding.search import Beam, Hypothesis, length_normalized
+from model.decoding.search import Hypothesis
 from model.runtime.runners import EagerRunner, load_runner
 from model.runtime.step import DecodeStep
 from model.tokenizer import EOS_ID, Tokenizer

@@ -24,8 +24,9 @@ from torch import Tensor
 
 from model.config import ModelConfig
 from model.decoding.batch import RunningBatch, Source, decode
+from model.decoding.beam import Beam, banned_tokens
 from model.decoding.options import GUARD_MARGIN, DecodeOptions
-from model.decoding.search import Beam, Hypothesis, Search, banned_tokens
+from model.decoding.search import Hypothesis, Search
 from model.runtime.runners import EagerRunner, load_runner
 from model.runtime.step import DecodeStep, StepChoice, argmax_rows, topk_rows
 from model.tokenizer import BOS_ID, EOS_ID, PAD_ID

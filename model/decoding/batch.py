@@ -19,11 +19,12 @@ from typing import Any, Generic, TypeVar
 import torch
 from torch import Tensor
 
+from model.decoding.beam import Beam
 from model.decoding.constraints import ConstraintSet, beam_for
 from model.decoding.device_search import Group, SearchRows, reorder_cache
 from model.decoding.options import DecodeOptions
 from model.decoding.prefix import check_prefix
-from model.decoding.search import Beam, Hypothesis, Search
+from model.decoding.search import Hypothesis, Search
 from model.layers import aligned
 from model.runtime.step import StepChoice, StepOutputs, StepRunner
 from model.transformer import Transformer
