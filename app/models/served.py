@@ -94,12 +94,13 @@ class ServedModel:
     def render(
         self, results: list[SentenceResult], terms: Sequence[Sequence[str]] = (), *, pieces: bool = False
     ) -> list[SentenceResult]:
-        """Each sentence's result with its hypotheses' texts written (their token ids dropped:
-        ``Hypothesis.tokens``): each constraint's tokens as its term exactly
-        (``Tokenizer.decode_spans_with_offsets``) where a hypothesis's ``spans`` say the search
-        realised one of ``terms`` (per sentence), and where the best text put them (``placed``);
-        the others as ``texts`` decodes them. Where the hypotheses carry token log-probs, their
-        ``confidence`` (with each piece's probability when ``pieces``)."""
+        """Each sentence's result with its hypotheses' texts written (their token ids and token
+        log-probs dropped: the answer, and the segment cache, keep the text and the confidence):
+        each constraint's tokens as its term exactly (``Tokenizer.decode_spans_with_offsets``)
+        where a hypothesis's ``spans`` say the search realised one of ``terms`` (per sentence), and
+        where the best text put them (``placed``); the others as ``texts`` decodes them. Where the
+        hypotheses carry token log-probs, their ``confidence`` (with each piece's probability when
+        ``pieces``)."""
         plain = self.texts(results)
         out = []
         results = [self.scored(r, pieces) for r in results]
@@ -107,7 +108,8 @@ class ServedModel:
             mine = terms[i] if i < len(terms) else ()
             if not mine or not any(h.spans for h in result.hypotheses):
                 hyps = tuple(
-                    replace(h, tokens=[], text=t) for h, t in zip(result.hypotheses, texts, strict=True)
+                    replace(h, tokens=[], token_log_probs=(), text=t)
+                    for h, t in zip(result.hypotheses, texts, strict=True)
                 )
                 out.append(replace(result, hypotheses=hyps))
                 continue
@@ -115,7 +117,7 @@ class ServedModel:
             placed: Placed = ()
             for k, h in enumerate(result.hypotheses):
                 text, where = self.tokenizer.decode_spans_with_offsets(h.tokens, h.spans, mine)
-                written.append(replace(h, tokens=[], text=text))
+                written.append(replace(h, tokens=[], token_log_probs=(), text=text))
                 if k == 0:  # the response's order: (term index, start, end), in text order
                     placed = tuple((term, start, end) for start, end, term in where)
             out.append(replace(result, hypotheses=tuple(written), placed=placed))

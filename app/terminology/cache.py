@@ -94,9 +94,9 @@ class SegmentCache(Generic[V]):
             if size <= self.max_bytes:
                 self._entries[key] = (value, size)
                 self.bytes += size
-                while self.bytes > self.max_bytes:
-                    _, (_, evicted) = self._entries.popitem(last=False)
-                    self.bytes -= evicted
+            while self.bytes > self.max_bytes:  # (also after max_bytes was lowered)
+                _, (_, evicted) = self._entries.popitem(last=False)
+                self.bytes -= evicted
             current = self.bytes
         if self._bytes is not None:
             self._bytes.set(current)
