@@ -173,6 +173,11 @@ def run_script(environment: dict[str, str], cwd: Path) -> subprocess.CompletedPr
     )
 
 
+def cpu_note(line: str) -> bool:
+    """One of ``model.reproducible.ensure_strict``'s warnings (what MKL can do on this CPU)."""
+    return line.startswith(("MKL's strict mode could not be set:", "float32 products may depend on"))
+
+
 def test_the_init_container_fetches_a_name_and_a_converted_archive_that_the_translator_serves(
     hub: Hub,  # noqa: F811
     marian: tuple[Path, Path],  # noqa: F811
@@ -200,7 +205,9 @@ def test_the_init_container_fetches_a_name_and_a_converted_archive_that_the_tran
     }
     proc = run_script(environment, tmp_path)
     assert proc.returncode == 0, proc.stderr
-    assert proc.stderr == ""
+    # Nothing on stderr but, on a CPU where MKL cannot be made strict (an AMD EPYC: "unsupported
+    # branch"), model.reproducible's two lines saying so: a CPU's note, not the script's.
+    assert [line for line in proc.stderr.splitlines() if not cpu_note(line)] == []
     # The converted directories only: the hub's cache removed, no temporary folder left.
     assert sorted(p.name for p in store.iterdir()) == ["converted-de-en", "opus-mt-de-en"]
     assert verify(store / "opus-mt-de-en")["commit"] == COMMIT
