@@ -220,6 +220,13 @@ class Settings(BaseSettings):
     # thread waits for another that the HTTP side preempted), one on a GPU. Not per model: 20 models
     # on 2 cores are 2 workers.
     replicas: Annotated[int, Field(ge=0)] = 0
+    # The processes the workers run in: 1 (the default) = every worker a thread of one process, which
+    # opens each model's weights once for all of them and runs the compiled step without the GIL
+    # (app/serving/worker/shared.py, model/runtime/native.py): at OPUS-MT's size on 2 cores, 898
+    # MB idle against 1,553 MB for a process per worker, at the same speed; N = the workers dealt
+    # out over N processes; 0 = a process per worker (the threads' Python between steps takes
+    # turns: 3-6% fewer sentences/s on the shipped 7.6M model). BENCHMARKS.md, "One process".
+    worker_processes: NonNegativeInt = 1
     # torch intra-op threads per worker; 0 = the usable cores shared out among the workers.
     threads: Annotated[int, Field(ge=0)] = 0
     # What the models' weights held by one worker may take, in MiB (measured as loaded: int8 and

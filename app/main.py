@@ -59,7 +59,7 @@ from app.models.served import ServedModel, find_model_dirs, load_calibration, mo
 from app.monitoring.loop import watch_event_loop
 from app.monitoring.metrics import Metrics, process_metrics
 from app.services import AppServices
-from app.serving.cores import CoreBoard
+from app.serving.cores import CoreBoard, CoreShare
 from app.serving.frontend.handle import WorkerProcess
 from app.serving.frontend.router import Router
 from app.serving.frontend.scheduler import Scheduler
@@ -114,6 +114,13 @@ def worker_threads(settings: Settings) -> int:
     """torch threads of each worker: ``NMT_THREADS``, or else the usable cores shared out among the
     workers."""
     return settings.threads or max(1, len(os.sched_getaffinity(0)) // worker_count(settings))
+
+
+def worker_processes(settings: Settings, count: int) -> list[list[int]]:
+    """Which workers (by index, of ``count``) each worker process runs: ``NMT_WORKER_PROCESSES``
+    of them, the workers dealt out in turn; a process per worker with 0."""
+    processes = min(settings.worker_processes or count, count)
+    return [list(range(p, count, processes)) for p in range(processes)]
 
 
 def cuda_available() -> bool:
@@ -283,17 +290,26 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     threads, count = worker_threads(settings), worker_count(settings)
     # A lone worker may run on the other workers' threads too (app/serving/cores.py).
     board = CoreBoard(count) if settings.idle_cores else None
-    workers = [
+    per_process = worker_processes(settings, count)
+
+    def share(i: int) -> CoreShare | None:
+        return None if board is None else board.share(i, own=threads, alone=count * threads)
+
+    processes = [
         WorkerProcess(
             settings,
             specs,
             threads=threads,
             metrics_dir=str(metrics.directory),
-            name=f"nmt-worker-{i}",
-            cores=None if board is None else board.share(i, own=threads, alone=count * threads),
+            name=f"nmt-worker-{first}" if len(mine) == 1 else f"nmt-workers-{first}",
+            workers=len(mine),
+            cores=[
+                None if board is None else board.share(i, own=threads, alone=count * threads) for i in mine
+            ],
         )
-        for i in range(count)
+        for first, mine in ((m[0], m) for m in per_process)
     ]
+    workers = [worker for process in processes for worker in process.workers]
     scheduler = Scheduler(
         workers,
         models=[spec.name for spec in specs],

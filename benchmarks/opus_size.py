@@ -199,6 +199,7 @@ def measure_precision(
         # A request waits for the 63 others before it at 64 connections: at this size that can
         # take longer than the default 30 s on 2 cores (int8 on AVX2 above all): no 504s.
         "NMT_REQUEST_TIMEOUT_S": str(REQUEST_TIMEOUT_S),
+        **dict(kv.split("=", 1) for kv in args.server_env),
     }
     startup: dict[str, Any] = {"ct2_translator_s": {t: w.started["load_s"] for t, w in workers.items()}}
     memory: dict[str, Any] = {}
@@ -360,6 +361,12 @@ def main(argv: list[str] | None = None) -> None:
         "--profile-steps", type=int, default=10, help="steps per timing in the breakdown (0: none)"
     )
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--server-env",
+        nargs="*",
+        default=[],
+        help="NMT_X=value settings of the server (e.g. NMT_WORKER_PROCESSES=1)",
+    )
     p.add_argument("--log-dir", type=Path, default=Path(tempfile.gettempdir()) / "nmt-opus-size-logs")
     p.add_argument("--json", type=Path)
     args = p.parse_args(argv)

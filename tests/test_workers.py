@@ -22,15 +22,18 @@ from test_api import assert_error, best, make_settings, serve
 from app.main import worker_count, worker_threads
 from app.models.served import ServedModel
 from app.monitoring.metrics import Metrics
-from app.serving.frontend.handle import WorkerProcess
+from app.serving.frontend.handle import WorkerProcess, WorkerThread
 from app.serving.frontend.scheduler import Scheduler
 from app.serving.protocol import ModelSpec, ToWorker, Translate
 from model.translator import Translator
 
+# Two workers, in a process each (NMT_WORKER_PROCESSES=0) or as two threads of one process (1).
+PROCESSES = pytest.mark.parametrize("processes", [0, 1], ids=["a-process-each", "one-process"])
 
-@pytest.fixture(scope="module")
-def two_workers(model_dir: Path) -> Iterator[TestClient]:
-    with serve(make_settings(model_dir, replicas=2, threads=1)) as client:
+
+@pytest.fixture(scope="module", params=[0, 1], ids=["a-process-each", "one-process"])
+def two_workers(model_dir: Path, request: pytest.FixtureRequest) -> Iterator[TestClient]:
+    with serve(make_settings(model_dir, replicas=2, threads=1, worker_processes=request.param)) as client:
         yield client
 
 
@@ -77,12 +80,13 @@ def test_requests_spread_over_the_workers_translate_as_one_model(
     two_workers: TestClient, translator: Translator
 ) -> None:
     scheduler = scheduler_of(two_workers)
-    assert len(scheduler.workers) == 2 and len(set(pids(two_workers))) == 2
+    processes = 1 if scheduler.workers[0].worker.name.startswith("nmt-workers") else 2
+    assert len(scheduler.workers) == 2 and len(set(pids(two_workers))) == processes
     sentences = synthetic_sentences(24, seed=3)
     given: list[str] = []
     sends = {id(s.worker): s.worker.send for s in scheduler.workers}
 
-    def counting(worker: WorkerProcess):  # type: ignore[no-untyped-def]
+    def counting(worker: WorkerThread):  # type: ignore[no-untyped-def]
         def send(message: ToWorker) -> bool:
             if isinstance(message, Translate):
                 given.extend([worker.name] * len(message.sentences))
@@ -154,10 +158,16 @@ def test_with_idle_cores_each_worker_has_a_slot_on_the_core_board_and_none_by_de
         assert {(share.own, share.alone) for share in shares} == {(1, 2)}  # type: ignore[union-attr]
 
 
+@PROCESSES
 def test_a_worker_killed_under_load_is_restarted_and_its_sentences_are_retried(
-    model_dir: Path, translator: Translator
+    model_dir: Path, translator: Translator, processes: int
 ) -> None:
-    with serve(make_settings(model_dir, replicas=2, threads=1, max_batch_size=4, warmup=False)) as client:
+    """Killed with its process: with a process per worker, the other worker translates its
+    sentences; with one process, both workers go and come back, and nothing is lost either."""
+    settings = make_settings(
+        model_dir, replicas=2, threads=1, max_batch_size=4, warmup=False, worker_processes=processes
+    )
+    with serve(settings) as client:
         metrics = metrics_of(client)
         label = {"model": "tiny-de-en"}
         retried, restarts = (
@@ -188,11 +198,12 @@ def test_a_worker_killed_under_load_is_restarted_and_its_sentences_are_retried(
         assert [g[0] for g in got] == best(translator, texts, beam_size=3)  # none failed, none lost
         assert metrics.sample("nmt_retried_sentences_total", label) > retried
         deadline = time.monotonic() + 120
-        while not victim.worker.running:
-            assert time.monotonic() < deadline, "the worker was not started again"
+        while not all(state.worker.running for state in scheduler_of(client).workers):
+            assert time.monotonic() < deadline, "the workers were not started again"
             time.sleep(0.1)
         assert victim.worker.pid != old_pid
-        assert metrics.sample("nmt_worker_restarts_total") == restarts + 1
+        gone = 1 if processes == 0 else 2  # the workers of the killed process
+        assert metrics.sample("nmt_worker_restarts_total") == restarts + gone
         assert client.post("/translate", json={"q": texts[:3], "target": "en"}).status_code == 200
 
 
@@ -215,9 +226,9 @@ def test_a_hung_worker_holds_no_request_past_its_deadline(model_dir: Path) -> No
 def test_the_reason_a_worker_fails_is_reported(model_dir_copy: Path, tmp_path: Path) -> None:
     (model_dir_copy / "model.safetensors").write_bytes(b"not weights")
     spec = ModelSpec("broken", model_dir_copy)
-    worker = WorkerProcess(
+    [worker] = WorkerProcess(
         make_settings(model_dir_copy), (spec,), threads=1, metrics_dir=str(tmp_path), name="w"
-    )
+    ).workers
 
     async def start() -> None:
         await worker.start()

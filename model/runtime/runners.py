@@ -8,10 +8,12 @@
   cached positions, source positions and beam rows as symbolic sizes, compiled by AOTInductor into
   a shared library whose C++ wrapper calls the kernels (no Python between them), kept on disk
   between starts as one ``.pt2`` file. The package holds no weights: once loaded, it is handed the
-  model's own tensors by name (``update_constant_buffer``, user-managed: not copied), so a worker keeps one
-  copy of each weight, and one package serves every model of the same architecture. The linear
-  layers call oneDNN on the weights ``model.runtime.prepack`` laid out (float32 or int8), as the
-  eager step does.
+  model's own tensors by name (user-managed: not copied), so a worker keeps one copy of each
+  weight, and one package serves every model of the same architecture. The linear layers call
+  oneDNN on the weights ``model.runtime.prepack`` laid out (float32 or int8), as the eager step
+  does. The library is called through its own C interface (``model.runtime.native``), which runs
+  the step without the GIL, so that the decoding threads of one process step at once; where that
+  fails, through torch's binding of the package, which holds the GIL (``PackagedRunner.native``).
 - ``GraphRunner`` (CUDA, ``model.runtime.graphs``): the eager step captured as CUDA graphs, one per
   bucket of rows and positions, replayed with one launch (``torch.compile`` was tried there first:
   76 s to compile the first shape, and slower than eager float32 at 256 rows on an H100).
@@ -46,6 +48,7 @@ from model.cache import KVCache
 from model.layers import KEY_ALIGN
 from model.runtime import DEFAULT_CACHE_DIR
 from model.runtime.graphs import GraphRunner
+from model.runtime.native import NativeStep, extract
 from model.runtime.prepack import ACT_ZERO
 from model.runtime.step import DecodeStep, StepOutputs
 from model.transformer import Transformer
@@ -116,26 +119,40 @@ class EagerRunner(FreshCaches):
     def prepare(self, cache_dir: Path) -> None:
         """Nothing to compile."""
 
+    def sibling(self) -> EagerRunner:
+        """Another runner of the step for another thread (the module keeps no state between calls)."""
+        return EagerRunner(self.step)
+
 
 class PackagedRunner(FreshCaches):
     """The step as an AOTInductor package (CPU): compiled once per architecture and settings, or
-    loaded, then handed the model's weights."""
+    loaded, then handed the model's weights.
+
+    ``native`` (the default): the package's library called through its C interface, without the
+    GIL (``model.runtime.native.NativeStep``); where that fails (another torch, a package holding
+    what it does not handle), torch's binding of the package, and ``native`` turns False."""
 
     kind = "compiled"
     align = 1  # the generated kernels sum in an order that does not depend on the keys read
 
-    def __init__(self, step: DecodeStep, *, capacity: int, positions: int) -> None:
+    def __init__(self, step: DecodeStep, *, capacity: int, positions: int, native: bool = True) -> None:
         self.step = step
         self.capacity, self.positions = capacity, positions
-        # The loaded package's runner (torch._C._aoti.AOTIModelPackageLoader): called with the flat
-        # list of inputs, it returns the flat list of outputs (the package's own wrapper parses its
-        # input and output specs again at every call).
+        self.native = native
+        self.package: Path | None = None  # the .pt2 file, once prepared
+        # One of the two, once prepared. The native step; or the loaded package's runner
+        # (torch._C._aoti.AOTIModelPackageLoader): called with the flat list of inputs, it returns
+        # the flat list of outputs (as the native step does: the input and output specs are
+        # handled by the Python wrapper, AOTICompiledModel, which neither goes through), holding
+        # the GIL.
+        self._native: NativeStep | None = None
         self._loader: Any = None
         self.cached = False  # the package was on disk already
         self.compile_seconds = 0.0
 
     def __call__(self, *args: Tensor) -> StepOutputs:
-        choice, top_tokens, top_lprobs, eos_lprob, new_kv, forced_lprobs = self._loader.run(args)
+        outputs = self._native(*args) if self._native is not None else self._loader.run(args)
+        choice, top_tokens, top_lprobs, eos_lprob, new_kv, forced_lprobs = outputs
         return choice, top_tokens, top_lprobs, eos_lprob, new_kv, forced_lprobs
 
     def prepare(self, cache_dir: Path) -> None:
@@ -143,11 +160,39 @@ class PackagedRunner(FreshCaches):
         self.cached = path.exists()
         if not self.cached:
             self._compile(path)
-        loader = torch._inductor.aoti_load_package(str(path)).loader
+        self._load(path)
+
+    def sibling(self) -> PackagedRunner:
+        """Another runner of this step for another thread: the same package (nothing compiled) in
+        a container of its own, handed the same weights (nothing copied), warmed up. Two threads
+        stepping one runner would take turns for its one container."""
+        assert self.package is not None, "prepare the runner first"
+        twin = PackagedRunner(self.step, capacity=self.capacity, positions=self.positions, native=self.native)
+        twin.cached = True
+        twin._load(self.package)
+        warm_up(twin, self.step.model, capacity=self.capacity, positions=self.positions)
+        return twin
+
+    def _load(self, path: Path) -> None:
+        """Load the package at ``path`` and hand it the model's weights: natively where it can."""
+        self.package = path
         # The model's own tensors, by the names the graph was exported with (user-managed: the
         # package computes with them where they lie, nothing copied), and the scalars the lowering
         # made constants of.
         tensors = {**self.tensors(), **self._scalars}
+        if self.native:
+            try:
+                self._native = NativeStep(extract(path), tensors)
+                return
+            except Exception as e:  # the native path is an optimization: torch's loader decodes too
+                self.native = False
+                _warn_native_failed(e)
+        self._loader = self._torch_loader(path, tensors)
+
+    @staticmethod
+    def _torch_loader(path: Path, tensors: dict[str, Tensor]) -> Any:
+        """The package loaded by torch's own loader and handed ``tensors``."""
+        loader = torch._inductor.aoti_load_package(str(path)).loader
         wanted = loader.get_constant_fqns()  # the original name of each constant, repeats included
         if lacking := set(wanted) - tensors.keys():
             raise RuntimeError(f"the package wants tensors the model lacks: {sorted(lacking)}")
@@ -156,7 +201,7 @@ class PackagedRunner(FreshCaches):
         loader.update_constant_buffer(
             {name: tensors[fqn] for name, fqn in constant_names(wanted).items()}, False, True, True
         )
-        self._loader = loader
+        return loader
 
     # Scalars that TorchInductor's oneDNN lowering (torch/_inductor/mkldnn_lowerings.py) turns into
     # constants of the graph, under these names: an int8 layer's activation scale (1: each row's
@@ -226,6 +271,22 @@ class PackagedRunner(FreshCaches):
             log.info("decoding step compiled in %.1f s", time.perf_counter() - started)
 
 
+_native_warned = False
+
+
+def _warn_native_failed(error: Exception) -> None:
+    """Say once per process that the step runs through torch's binding (holding the GIL)."""
+    global _native_warned
+    if not _native_warned:
+        _native_warned = True
+        log.warning(
+            "the compiled step's library could not be called directly (%s: %s): running it through"
+            " torch's binding, which holds the GIL (decoding threads of this process take turns)",
+            type(error).__name__,
+            error,
+        )
+
+
 Runner = EagerRunner | PackagedRunner | GraphRunner
 
 
@@ -237,6 +298,7 @@ def load_runner(
     positions: int,
     compile: bool = True,
     cache_dir: Path | None = None,
+    release_gil: bool = True,
 ) -> Runner:
     """The step of ``model`` for a cache of ``capacity`` rows and ``positions`` positions, ready to
     call: compiled where ``compile`` and the device allow (a package on CPU, CUDA graphs on CUDA),
@@ -259,7 +321,7 @@ def load_runner(
         compile = False
     if compile:
         compiled: Runner = (
-            PackagedRunner(step, capacity=capacity, positions=positions)
+            PackagedRunner(step, capacity=capacity, positions=positions, native=release_gil)
             if device == "cpu"
             else GraphRunner(step, capture=device == "cuda")
         )

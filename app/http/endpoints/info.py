@@ -67,7 +67,8 @@ def resident_mb(pid: int | None) -> float | None:
 
 @api.get("/info", summary="Models, routes, device, batching and limits")
 async def info(settings: SettingsDep, router: RouterDep, scheduler: SchedulerDep) -> dict[str, Any]:
-    workers = [resident_mb(state.worker.pid) for state in scheduler.workers]
+    # A process's memory once, however many of its workers (threads) it runs.
+    workers = [resident_mb(pid) for pid in dict.fromkeys(state.worker.pid for state in scheduler.workers)]
     front_end = resident_mb(os.getpid())
     known = [m for m in (front_end, *workers) if m is not None]
     return {

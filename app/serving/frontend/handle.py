@@ -21,6 +21,7 @@ import asyncio
 import importlib
 import multiprocessing
 import os
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from multiprocessing.connection import Connection
 from typing import Protocol
@@ -60,9 +61,9 @@ class Listener(Protocol):
     """Who hears a worker (the scheduler): its answers, the models it holds, and its exit while it
     was running."""
 
-    def on_message(self, worker: WorkerProcess, message: Answers | Loaded) -> None: ...
+    def on_message(self, worker: WorkerThread, message: Answers | Loaded) -> None: ...
 
-    def on_exit(self, worker: WorkerProcess) -> None: ...
+    def on_exit(self, worker: WorkerThread) -> None: ...
 
 
 def _serve(entry: str, *args: object) -> None:
@@ -75,9 +76,10 @@ def _serve(entry: str, *args: object) -> None:
 
 
 class WorkerProcess:
-    """One worker process, serving every model of ``models``, seen from the front end's event loop:
-    start it, send it messages, and tell ``listener`` (the scheduler) what it answers and which
-    models it holds (``on_message``) and when it exits (``on_exit``)."""
+    """One worker process and its workers (``workers``: one ``WorkerThread`` per decoding thread in
+    it, each with a pipe of its own), seen from the front end's event loop. The process is started
+    by its workers' first ``start`` (and again by the first after it exited); when one of its pipes
+    reaches its end, the process is gone and each of its workers exits (``Listener.on_exit``)."""
 
     def __init__(
         self,
@@ -87,13 +89,90 @@ class WorkerProcess:
         threads: int | None,
         metrics_dir: str,
         name: str,
-        cores: CoreShare | None = None,
+        workers: int = 1,
+        cores: Sequence[CoreShare | None] = (),
     ) -> None:
         self.settings, self.threads, self.metrics_dir, self.name = settings, threads, metrics_dir, name
-        self.cores = cores
         self.models = models
-        self.listener: Listener | None = None
+        self.workers = [
+            WorkerThread(self, name if workers == 1 else f"{name}.{i}", cores[i] if i < len(cores) else None)
+            for i in range(workers)
+        ]
         self.process: multiprocessing.process.BaseProcess | None = None
+        self._launching: asyncio.Future[None] | None = None
+
+    @property
+    def pid(self) -> int | None:
+        return None if self.process is None else self.process.pid
+
+    async def launch(self) -> None:
+        """Start the process for every one of its workers, unless it runs (or is starting)."""
+        if self._launching is not None and not self._launching.done():
+            return await asyncio.shield(self._launching)
+        if self.process is not None and self.process.is_alive() and any(w.attached for w in self.workers):
+            return None
+        loop = asyncio.get_running_loop()
+        self._launching = loop.create_future()
+        try:
+            await self._start(loop)
+            self._launching.set_result(None)
+        except BaseException as e:
+            self._launching.set_exception(e)
+            self._launching.exception()  # (retrieved: the workers' starts raise it)
+            raise
+        return None
+
+    async def _start(self, loop: asyncio.AbstractEventLoop) -> None:
+        # spawn, not fork: a forked copy of a process that has started OpenMP and torch's threads
+        # can deadlock; the child imports what it needs afresh.
+        context = multiprocessing.get_context("spawn")
+        pipes = [context.Pipe() for _ in self.workers]
+        self.process = context.Process(
+            target=_serve,
+            args=(
+                WORKER_ENTRY,
+                self.settings,
+                self.models,
+                self.threads,
+                self.metrics_dir,
+                [child for _, child in pipes],
+                [w.cores for w in self.workers],
+                [w.home for w in self.workers],
+            ),
+            name=self.name,
+            daemon=True,
+        )
+        await loop.run_in_executor(_SPAWNER, self.process.start)
+        for worker, (conn, child) in zip(self.workers, pipes, strict=True):
+            child.close()  # the child's end lives in the child now: end of file here when it exits
+            worker.attach(conn, loop)
+
+    def exited(self) -> None:
+        """A pipe reached its end: the process is gone, and each of its workers with it."""
+        for worker in self.workers:
+            worker.exited()
+
+    def stopped(self) -> None:
+        """A worker was stopped: once every one is, the process ends."""
+        if self.process is None or any(w.attached for w in self.workers):
+            return
+        if self.process.pid is None:  # never started (another worker's start failed first)
+            return
+        self.process.join(STOP_TIMEOUT_S)
+        if self.process.is_alive():  # pragma: no cover - a worker that ignores Stop
+            self.process.kill()
+            self.process.join(STOP_TIMEOUT_S)
+
+
+class WorkerThread:
+    """One worker, a decoding thread of a ``WorkerProcess``, serving every model, seen from the
+    front end's event loop: start it, send it messages, and tell ``listener`` (the scheduler) what
+    it answers and which models it holds (``on_message``) and when it exits (``on_exit``)."""
+
+    def __init__(self, process: WorkerProcess, name: str, cores: CoreShare | None = None) -> None:
+        self.host, self.name, self.cores = process, name, cores
+        self.models = process.models
+        self.listener: Listener | None = None
         # The models it loaded at start, as it described them when ready (the others load on demand).
         self.descriptions: dict[str, ModelDescription] = {}
         self.queued: tuple[str, ...] = ()  # the models it loads in the background once ready
@@ -107,37 +186,31 @@ class WorkerProcess:
 
     @property
     def pid(self) -> int | None:
-        return None if self.process is None else self.process.pid
+        return self.host.pid
+
+    @property
+    def process(self) -> multiprocessing.process.BaseProcess | None:
+        return self.host.process
+
+    @property
+    def attached(self) -> bool:
+        """Its pipe to the process is open."""
+        return self._conn is not None and not self._conn.closed
+
+    def attach(self, conn: Connection, loop: asyncio.AbstractEventLoop) -> None:
+        """Its end of a pipe to the process just started: read in the event loop when readable."""
+        self._conn, self._loop = conn, loop
+        self._ready = loop.create_future()
+        # Read in the event loop when the pipe is readable: no thread, no lock hand-over per message.
+        loop.add_reader(conn.fileno(), self._read)
 
     async def start(self) -> dict[str, ModelDescription]:
-        """Start the process and wait until the models it loads at start are loaded and warm (their
-        descriptions, by name); ``RuntimeError`` with the worker's reason if it fails."""
-        # spawn, not fork: a forked copy of a process that has started OpenMP and torch's threads
-        # can deadlock; the child imports what it needs afresh.
-        context = multiprocessing.get_context("spawn")
-        self._conn, child_conn = context.Pipe()
-        self.process = context.Process(
-            target=_serve,
-            args=(
-                WORKER_ENTRY,
-                self.settings,
-                self.models,
-                self.threads,
-                self.metrics_dir,
-                child_conn,
-                self.cores,
-                self.home,
-            ),
-            name=self.name,
-            daemon=True,
-        )
-        self._loop = asyncio.get_running_loop()
-        await self._loop.run_in_executor(_SPAWNER, self.process.start)
-        child_conn.close()  # the child's end lives in the child now: end of file here when it exits
-        self._ready = self._loop.create_future()
-        # Read in the event loop when the pipe is readable: no thread, no lock hand-over per message.
-        self._loop.add_reader(self._conn.fileno(), self._read)
+        """Start its process (unless it runs already) and wait until the models this worker loads
+        at start are loaded and warm (their descriptions, by name); ``RuntimeError`` with the
+        worker's reason if it fails."""
         try:
+            await self.host.launch()
+            assert self._ready is not None
             timeout = START_TIMEOUT_S * len(self.models)
             self.descriptions = await asyncio.wait_for(asyncio.shield(self._ready), timeout)
         except BaseException:
@@ -157,28 +230,21 @@ class WorkerProcess:
 
     def stop(self) -> None:
         self.running = False  # first: the exit that follows is not a crash
-        if self.process is None:
-            return
-        if self.process.pid is None:  # never started (another worker's start failed first)
-            self._close_pipe()
-            return
-        self.send(Stop())
-        self.process.join(STOP_TIMEOUT_S)
-        if self.process.is_alive():  # pragma: no cover - a worker that ignores Stop
-            self.process.kill()
-            self.process.join(STOP_TIMEOUT_S)
+        if self.attached:
+            self.send(Stop())
         self._close_pipe()
+        self.host.stopped()
 
     def _read(self) -> None:
         """The pipe is readable: every message waiting there (a loop busy with thousands of
-        connections calls this once per turn), or the worker's exit."""
+        connections calls this once per turn), or the process's exit."""
         conn = self._conn
         assert conn is not None
         try:
             while not conn.closed and conn.poll(0):
                 self._dispatch(conn.recv())  # the worker writes whole messages: this does not wait long
         except (EOFError, OSError):
-            self._exited()
+            self.host.exited()
 
     def _dispatch(self, message: FromWorker) -> None:
         match message:
@@ -193,7 +259,9 @@ class WorkerProcess:
                 if self.listener is not None:
                     self.listener.on_message(self, message)
 
-    def _exited(self) -> None:
+    def exited(self) -> None:
+        if not self.attached:  # stopped, or told already
+            return
         self._close_pipe()
         if self._ready is not None and not self._ready.done():
             self._ready.set_exception(RuntimeError(f"{self.name}: the worker process exited"))

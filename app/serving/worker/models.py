@@ -290,11 +290,24 @@ class ModelTable:
         return loaded
 
 
-def open_translator(settings: Settings, model_dir: Path) -> Translator:
+def open_translator(
+    settings: Settings, model_dir: Path, like: Translator | None = None, *, release_gil: bool = False
+) -> Translator:
     """The model in ``model_dir`` as a worker runs it with ``settings``, its decoding step made
     (compiled or loaded from the cache where ``NMT_COMPILE``, on CPU and CUDA alike; eager where
-    compiling fails) and, where ``NMT_WARMUP``, warmed up."""
-    translator = Translator.load(
+    compiling fails) and, where ``NMT_WARMUP``, warmed up. ``like``: a Translator of that model
+    that another worker of the process holds, whose weights this one shares
+    (``app.serving.worker.shared``). ``release_gil``: the compiled step runs without the GIL, for a
+    process of several workers (``Translator.release_gil``)."""
+    translator = like.sibling() if like is not None else _load(settings, model_dir, release_gil)
+    translator.runner  # noqa: B018 - made now, before the worker reports ready
+    if settings.warmup:
+        warm_up(translator)
+    return translator
+
+
+def _load(settings: Settings, model_dir: Path, release_gil: bool) -> Translator:
+    return Translator.load(
         model_dir,
         device=settings.device,
         dtype=settings.dtype,
@@ -307,11 +320,8 @@ def open_translator(settings: Settings, model_dir: Path) -> Translator:
         max_beam_size=settings.max_beam_size,
         compile=settings.compile,
         cache_dir=settings.compile_cache_dir,
+        release_gil=release_gil,
     )
-    translator.runner  # noqa: B018 - made now, before the worker reports ready
-    if settings.warmup:
-        warm_up(translator)
-    return translator
 
 
 def model_table(
@@ -319,12 +329,15 @@ def model_table(
     models: Sequence[ModelSpec],
     metrics: Metrics | None,
     wake: Callable[[], None] | None = None,
+    opener: Opener | None = None,
 ) -> ModelTable:
     """The worker's table; with ``wake`` (the inbox's), models are opened on a loader thread that
-    calls it after each load."""
+    calls it after each load. ``opener``: how a model is opened (the process's ``SharedModels``),
+    by default on weights of its own."""
+    if opener is None:
 
-    def opener(spec: ModelSpec) -> Translator:
-        return open_translator(settings, spec.path)
+        def opener(spec: ModelSpec) -> Translator:
+            return open_translator(settings, spec.path)
 
     return ModelTable(
         models,

@@ -1,32 +1,44 @@
-"""A model worker, the child process's side: load the models it holds at start, then translate
-what the front end sends, for any served model, until it says stop or goes away (the front end's
-side is ``app.serving.frontend.handle``; the messages are ``app.serving.protocol``'s). A model it does not
-hold is loaded when a sentence for it comes up (``app.serving.worker.models``).
+"""A worker process, the child's side: its workers, one decoding thread each, load the models
+they hold at start, then translate what the front end sends them, for any served model, until it
+says stop or goes away (the front end's side is ``app.serving.frontend.handle``; the messages are
+``app.serving.protocol``'s). A model a worker does not hold is loaded when a sentence for it comes
+up (``app.serving.worker.models``).
 
-The models load on the process's main thread, which then runs every decoding step: one thread for
-all torch work, as OpenMP slows down once two threads have started parallel regions. A second
-thread only reads the pipe into the ``Inbox``: it must keep reading even while the main thread
-blocks writing answers to a front end that is busy, or two full pipe buffers would block both
-processes for good.
+One process, several workers (``NMT_WORKER_PROCESSES``): each worker is a thread with its own pipe,
+inbox, running batches, caches and decoding steps, and the process opens each model's weights once
+for all of them (``app.serving.worker.shared``): the front end places, spreads and shares sentences
+among them as it did among processes. The compiled step runs without the interpreter lock
+(``model.runtime.native``), so the threads step at once; what they do in Python between steps
+(search, admission) takes turns.
 
-A worker ignores SIGINT and SIGTERM: a terminal's Ctrl-C or a service manager signals the whole
-process group, and the front end decides when its workers stop (after draining its requests).
-When the front end is gone, the pipe's end of file stops the worker.
+Within a worker, its models load on its loader's threads; its decoding thread runs every decoding
+step: one thread for all of a worker's torch work, as OpenMP slows down once two threads have
+started parallel regions on one core. A second thread only reads the pipe into the ``Inbox``: it
+must keep reading even while the decoding thread blocks writing answers to a front end that is
+busy, or two full pipe buffers would block both processes for good.
+
+A worker process ignores SIGINT and SIGTERM: a terminal's Ctrl-C or a service manager signals the
+whole process group, and the front end decides when its workers stop (after draining its
+requests). When the front end is gone, each pipe's end of file stops its worker; a worker whose
+thread fails takes the process down (``os._exit``), so that the front end starts every worker of
+it again, as after a crash.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import signal
 import threading
 from collections.abc import Sequence
 from multiprocessing.connection import Connection
+from typing import Any
 
 import torch
 
 from app.config import Settings
-from app.monitoring.metrics import process_metrics
+from app.monitoring.metrics import Metrics, process_metrics
 from app.serving.cores import CoreShare
 from app.serving.protocol import (
     Answers,
@@ -47,7 +59,8 @@ from app.serving.protocol import (
 )
 from app.serving.worker.executor import Executor
 from app.serving.worker.inbox import Inbox
-from app.serving.worker.models import model_table
+from app.serving.worker.models import model_table, open_translator
+from app.serving.worker.shared import SharedModels
 from model.runtime.allocator import release_freed_memory
 
 log = logging.getLogger("uvicorn.error").getChild("worker")
@@ -64,23 +77,69 @@ def serve_worker(
     models: Sequence[ModelSpec],
     threads: int | None,
     metrics_dir: str,
-    conn: Connection,
-    cores: CoreShare | None = None,
-    home: Sequence[str] = (),
+    conns: Sequence[Connection],
+    cores: Sequence[CoreShare | None] = (),
+    homes: Sequence[Sequence[str]] = (),
 ) -> None:
-    """The child process: load the first of its own models (``home``; every model without), report
-    ready, load its other own models that fit in ``NMT_WORKER_MODEL_MEMORY_MB`` in the background,
-    and translate what the front end gives, for any of ``models`` (loaded when a sentence needs
-    it), until it says stop or goes away. ``cores``: its slot on the front end's
-    ``CoreBoard`` (on CPU), to run on the idle workers' cores too while it is the only one at work."""
+    """The child process: a worker per pipe of ``conns``, each on a thread of its own (with its
+    slot ``cores[i]`` of the front end's ``CoreBoard`` and its own models ``homes[i]``), all
+    opening each model's weights once (``SharedModels``). Returns when every worker has stopped."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     if threads:
+        torch.set_num_threads(threads)  # (each worker's thread sets its own too)
+    # Alone in its process, a worker's step keeps the GIL (torch's binding: ~25 us a step less).
+    release = len(conns) > 1
+    shared = SharedModels(lambda spec, like: open_translator(settings, spec.path, like, release_gil=release))
+    metrics = process_metrics(metrics_dir)  # (made once: the workers share it)
+    workers = [
+        threading.Thread(
+            target=_worker,
+            args=(settings, models, threads, metrics, conn, shared),
+            kwargs={
+                "cores": cores[i] if i < len(cores) else None,
+                "home": homes[i] if i < len(homes) else (),
+            },
+            name=f"nmt-worker-{i}",
+        )
+        for i, conn in enumerate(conns)
+    ]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
+
+
+def _worker(*args: Any, **kwargs: Any) -> None:
+    """One worker's thread; if it fails, the process exits at once (every worker of it is started
+    again by the front end: a process with a dead worker in it would hold its sentences forever)."""
+    try:
+        _serve_one(*args, **kwargs)
+    except BaseException:
+        log.exception("a worker failed; its process exits")
+        os._exit(70)
+
+
+def _serve_one(
+    settings: Settings,
+    models: Sequence[ModelSpec],
+    threads: int | None,
+    metrics: Metrics,
+    conn: Connection,
+    shared: SharedModels,
+    cores: CoreShare | None = None,
+    home: Sequence[str] = (),
+) -> None:
+    """One worker: load the first of its own models (``home``; every model without), report
+    ready, load its other own models that fit in ``NMT_WORKER_MODEL_MEMORY_MB`` in the background,
+    and translate what the front end gives, for any of ``models`` (loaded when a sentence needs
+    it), until it says stop or goes away. ``cores``: its slot on the front end's ``CoreBoard`` (on
+    CPU), to run on the idle workers' cores too while it is the only one at work."""
+    if threads:
         torch.set_num_threads(threads)
     try:
-        metrics = process_metrics(metrics_dir)
         inbox = Inbox(metrics)
-        table = model_table(settings, models, metrics, wake=inbox.wake)
+        table = model_table(settings, models, metrics, wake=inbox.wake, opener=shared.open)
         loaded = table.load_at_start(home)
         executor = Executor.from_settings(table, inbox, settings, metrics=metrics)
         if table.loader is not None:  # loads ahead of need wait while the machine has work
