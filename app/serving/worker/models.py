@@ -222,7 +222,7 @@ class ModelTable:
             dtype=str(translator.dtype).removeprefix("torch."),
             quantization=translator.quantization,
             decoding=runner.kind,
-            compile_seconds=round(runner.compile_seconds, 1),
+            compile_seconds=round(runner.compile_seconds, 3),
             load_seconds=round(seconds, 3),
             weight_bytes=size,
         )
@@ -301,6 +301,10 @@ def open_translator(
     process of several workers (``Translator.release_gil``)."""
     translator = like.sibling() if like is not None else _load(settings, model_dir, release_gil)
     translator.runner  # noqa: B018 - made now, before the worker reports ready
+    if like is not None:
+        # The step was made for this model once in the process (compiled, or loaded from the
+        # cache): that is what /info's compile_seconds says, whichever worker describes it.
+        translator.runner.compile_seconds = like.runner.compile_seconds
     if settings.warmup:
         warm_up(translator)
     return translator
