@@ -301,13 +301,11 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
             specs,
             threads=threads,
             metrics_dir=str(metrics.directory),
-            name=f"nmt-worker-{first}" if len(mine) == 1 else f"nmt-workers-{first}",
+            name=f"nmt-worker-{mine[0]}" if len(mine) == 1 else f"nmt-workers-{mine[0]}",
             workers=len(mine),
-            cores=[
-                None if board is None else board.share(i, own=threads, alone=count * threads) for i in mine
-            ],
+            cores=[share(i) for i in mine],
         )
-        for first, mine in ((m[0], m) for m in per_process)
+        for mine in per_process
     ]
     workers = [worker for process in processes for worker in process.workers]
     scheduler = Scheduler(

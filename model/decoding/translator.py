@@ -23,7 +23,7 @@ from model.decoding.search import Hypothesis
 from model.runtime.allocator import keep_freed_memory, release_freed_memory
 from model.runtime.precision import int8_pays
 from model.runtime.prepack import prepack as prepack_linears
-from model.runtime.runners import Runner, load_runner
+from model.runtime.runners import EagerRunner, PackagedRunner, Runner, load_runner
 from model.tokenizer import Tokenizer
 from model.transformer import Transformer, strip_dropout
 
@@ -179,10 +179,10 @@ class Translator:
 
     def sibling(self) -> Translator:
         """Another Translator on this one's weights, for another thread: the same model, tokenizer
-        and options, and a decoding step of its own, made on first use (a compiled step loaded
-        again from the cache and handed the same tensors: nothing copied), so that two threads
-        never share what a step writes."""
-        return Translator(
+        and options, and a decoding step of its own (this one's step's ``sibling`` where it has
+        one: the same package in a container of its own, handed the same tensors, nothing compiled
+        or copied; else made on first use), so that two threads never share what a step writes."""
+        twin = Translator(
             self.model,
             self.tokenizer,
             self.info,
@@ -196,6 +196,9 @@ class Translator:
             calibration=self.calibration,
             release_gil=self.release_gil,
         )
+        if isinstance(self._runner, EagerRunner | PackagedRunner):
+            twin._runner = self._runner.sibling()
+        return twin
 
     @property
     def dtype(self) -> torch.dtype:

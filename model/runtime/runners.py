@@ -171,6 +171,7 @@ class PackagedRunner(FreshCaches):
         twin.cached = True
         twin._load(self.package)
         warm_up(twin, self.step.model, capacity=self.capacity, positions=self.positions)
+        twin.compile_seconds = self.compile_seconds  # what making this model's step took, once
         return twin
 
     def _load(self, path: Path) -> None:

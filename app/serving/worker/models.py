@@ -301,10 +301,6 @@ def open_translator(
     process of several workers (``Translator.release_gil``)."""
     translator = like.sibling() if like is not None else _load(settings, model_dir, release_gil)
     translator.runner  # noqa: B018 - made now, before the worker reports ready
-    if like is not None:
-        # The step was made for this model once in the process (compiled, or loaded from the
-        # cache): that is what /info's compile_seconds says, whichever worker describes it.
-        translator.runner.compile_seconds = like.runner.compile_seconds
     if settings.warmup:
         warm_up(translator)
     return translator
