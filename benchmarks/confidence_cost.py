@@ -1,5 +1,6 @@
 """What confidence costs decoding: the first ``--sentences`` of test_2016 (de→en, the shipped model,
-int8, eager step, one thread), decoded as the service's executor decodes them (a running batch of
+int8, eager step or with ``--compile`` the compiled one, one thread, in inference mode as the
+worker), decoded as the service's executor decodes them (a running batch of
 64 rows, greedy rows unscored, newcomers joining in groups), three times each, median seconds:
 
 - ``beam5``: beam 5 (its hypotheses always carry token log-probs);
@@ -33,6 +34,7 @@ from model.translator import Translator
 from training.data import read_lines
 
 
+@torch.inference_mode()  # as the worker decodes (without it, autograd keeps every step's graph)
 def run(t: Translator, ids: list[list[int]], beam: int, scored: bool) -> int:
     """Decode ``ids`` through one running batch of 64 rows; returns the sentences finished."""
     batch: RunningBatch[int] = RunningBatch(
@@ -53,9 +55,10 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--sentences", type=int, default=500)
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--compile", action="store_true", help="the compiled step (as served)")
     args = p.parse_args(argv)
     torch.set_num_threads(1)
-    t = Translator.load(DEFAULT_MODEL, device="cpu", quantization="int8")
+    t = Translator.load(DEFAULT_MODEL, device="cpu", quantization="int8", compile=args.compile)
     ids = t.source_ids(read_lines(DATA / "test_2016_flickr.de.gz")[: args.sentences])
     cases: dict[str, Callable[[], int]] = {
         "beam5": lambda: run(t, ids, 5, False),
@@ -69,7 +72,8 @@ def main(argv: list[str] | None = None) -> None:
             started = time.perf_counter()
             assert case() == len(ids)
             seconds.setdefault(name, []).append(time.perf_counter() - started)
-    print(f"model/ at {model.__file__}; CPU: {cpu_name()}, 1 thread, torch {torch.__version__}")
+    step = "compiled" if args.compile else "eager"
+    print(f"model/ at {model.__file__}; CPU: {cpu_name()}, 1 thread, {step} step, torch {torch.__version__}")
     print(json.dumps({k: round(statistics.median(v), 3) for k, v in seconds.items()}))
 
 

@@ -79,6 +79,13 @@ FORMATS: tuple[FileFormat, ...] = (
     FileFormat("Markdown", (".md", ".markdown"), "text/markdown; charset=utf-8", "app.formats.markdown"),
 )
 BY_EXTENSION = {extension: f for f in FORMATS for extension in f.extensions}
+# How the formats that can flag a sentence for review (``Review``) show it.
+REVIEW_MARKS = {
+    ".xlf": "a note on each unit, its state for review",
+    ".xliff": "a note on each unit, its state for review",
+    ".docx": "a comment on each paragraph",
+    ".xlsx": "listed on a sheet named Review",
+}
 MEDIA_TYPES = {extension: f.media_type for extension, f in BY_EXTENSION.items()}
 SUPPORTED = tuple(BY_EXTENSION)
 MODULES = tuple(dict.fromkeys(f.module for f in FORMATS))
@@ -87,11 +94,36 @@ UTF8_BOM = b"\xef\xbb\xbf"
 NOT_XML = re.compile("[^\t\n\r\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
 
 
+@dataclass(frozen=True)
+class Review:
+    """The sentences a person should check before the translated file is used: each one's index in
+    ``SplitDocument.sentences`` and its confidence (``app.translation.confidence``), below
+    ``threshold``. The formats that can say so mark them where their readers look: XLIFF (a unit's
+    state and a note), .docx (a comment on the paragraph), .xlsx (a sheet listing them); the others
+    write the file as without it."""
+
+    threshold: float
+    low: dict[int, float]  # sentence index -> its confidence
+
+    def note(self, confidence: float) -> str:
+        """What a mark says: the lowest confidence among the sentences it covers, and the threshold."""
+        return (
+            f"Machine translation confidence {confidence:.2f} is below {self.threshold:.2f}: "
+            "please review this translation."
+        )
+
+    def lowest(self, start: int, end: int) -> float | None:
+        """The lowest confidence among the flagged sentences ``start`` to ``end`` (exclusive); None
+        if none of them is flagged."""
+        found = [self.low[i] for i in range(start, end) if i in self.low]  # (linear over a document)
+        return min(found) if found else None
+
+
 class SplitDocument(Protocol):
     @property
     def sentences(self) -> tuple[str, ...]: ...
 
-    def join(self, translations: Sequence[str]) -> bytes: ...
+    def join(self, translations: Sequence[str], review: Review | None = None) -> bytes: ...
 
 
 class Document(Protocol):

@@ -40,7 +40,7 @@ from markdown_it import MarkdownIt
 from markdown_it.rules_inline import StateInline
 
 from app.formats.blocks import SplitBlocks
-from app.formats.documents import decode, encode
+from app.formats.documents import Review, decode, encode
 from app.formats.inline import Block, Mark
 from app.formats.limits import DocumentLimits, TooLarge
 from app.formats.markdown_text import Piece, Span, render, within_words
@@ -362,7 +362,8 @@ class MarkdownDocument:
 class SplitMarkdown(SplitBlocks):
     document: MarkdownDocument
 
-    def join(self, translations: Sequence[str]) -> bytes:
+    def join(self, translations: Sequence[str], review: Review | None = None) -> bytes:
+        # (``review``: this format has no place for a reviewer's mark; the file is written as without it.)
         source, out, cursor = self.document.source, [], 0
         for span, placed in zip(self.document.spans, self.placed(translations), strict=True):
             if placed is None:

@@ -5,7 +5,8 @@ The spreadsheet and OpenDocument formats change a few parts of their package (th
 saves it anew writes back only what it understood (openpyxl drops a workbook's charts and
 pictures). ``rewrite`` copies the package file by file, in the same order, each with its own
 ``ZipInfo`` (name, date, attributes, compression method), the unchanged ones with the same
-uncompressed bytes: an OpenDocument ``mimetype`` stays first and stored, as ODF requires.
+uncompressed bytes: an OpenDocument ``mimetype`` stays first and stored, as ODF requires. A file
+the package did not have (the sheet listing a workbook's sentences to review) is added at the end.
 
 Parts are parsed only after ``app.formats.package.check_package`` has streamed them (no DTD, within
 the limits), and with a parser that could not expand an entity or load anything anyway.
@@ -79,9 +80,12 @@ class Part:
         return serialize(self.tree, self.raw)
 
 
-def save(data: bytes, parts: dict[str, Part]) -> bytes:
-    """The package ``data`` with each of ``parts`` whose text changed written again."""
-    return rewrite(data, {name: part.write() for name, part in parts.items() if part.changed()})
+def save(data: bytes, parts: dict[str, Part], files: dict[str, bytes] | None = None) -> bytes:
+    """The package ``data`` with each of ``parts`` whose text changed written again, and ``files``
+    written as given (in place of the package's file of that name, or added)."""
+    return rewrite(
+        data, {name: part.write() for name, part in parts.items() if part.changed()} | (files or {})
+    )
 
 
 def open_zip(data: bytes, kind: str) -> zipfile.ZipFile:
@@ -92,9 +96,11 @@ def open_zip(data: bytes, kind: str) -> zipfile.ZipFile:
 
 
 def rewrite(data: bytes, replaced: dict[str, bytes]) -> bytes:
-    """The package ``data`` with the files named in ``replaced`` given new contents."""
+    """The package ``data`` with the files named in ``replaced`` given new contents; those it has
+    no file of are added after the others, compressed."""
     out = io.BytesIO()
     with zipfile.ZipFile(io.BytesIO(data)) as source, zipfile.ZipFile(out, "w") as target:
+        names = set(source.namelist())
         for info in source.infolist():
             content = replaced[info.filename] if info.filename in replaced else source.read(info)
             # The same name, date, attributes and compression method; zipfile writes the sizes and
@@ -103,4 +109,10 @@ def rewrite(data: bytes, replaced: dict[str, bytes]) -> bytes:
             copy.compress_type, copy.comment = info.compress_type, info.comment
             copy.create_system, copy.external_attr = info.create_system, info.external_attr
             target.writestr(copy, content)
+        for name, content in replaced.items():
+            if name not in names:
+                # (Dated as the package's first file: the same upload gives the same bytes.)
+                added = zipfile.ZipInfo(name, source.infolist()[0].date_time)
+                added.compress_type, added.external_attr = zipfile.ZIP_DEFLATED, 0o600 << 16
+                target.writestr(added, content)
     return out.getvalue()

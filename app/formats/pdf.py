@@ -60,6 +60,7 @@ from pypdf import ObjectDeletionFlag, PdfReader, PdfWriter, Transformation
 from pypdf.generic import EncodedStreamObject, IndirectObject
 
 from app.formats.blocks import SplitBlocks
+from app.formats.documents import Review
 from app.formats.inline import Block, SplitBlock
 from app.formats.limits import RATIO_FLOOR_BYTES, DocumentError, DocumentLimits, TooLarge
 from app.formats.pdf_blocks import TextBlock, page_blocks
@@ -270,7 +271,8 @@ def split_block(text: str, language: str) -> SplitBlock:
 class SplitPdf(SplitBlocks):  # its splits: one per block, in the order of ``source.blocks``
     source: PdfDocument
 
-    def join(self, translations: Sequence[str]) -> bytes:
+    def join(self, translations: Sequence[str], review: Review | None = None) -> bytes:
+        # (``review``: this format has no place for a reviewer's mark; the file is written as without it.)
         """The PDF with each page's text replaced by its translation."""
         texts: list[list[Text]] = []
         blocks = iter(self.placed(translations))

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from app.formats import Layout
-from app.formats.documents import Document, decode, encode
+from app.formats.documents import Document, Review, decode, encode
 from app.formats.html import HtmlDocument, HtmlError
 from app.formats.limits import DocumentError, DocumentLimits
 from app.translation.segments import split_text
@@ -57,5 +57,6 @@ class SplitTextFile:
     def sentences(self) -> tuple[str, ...]:
         return self.layout.sentences
 
-    def join(self, translations: Sequence[str]) -> bytes:
+    def join(self, translations: Sequence[str], review: Review | None = None) -> bytes:
+        # (``review``: this format has no place for a reviewer's mark; the file is written as without it.)
         return encode(self.layout.join(translations), self.bom)

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from app.formats.blocks import SplitBlocks
-from app.formats.documents import NOT_XML
+from app.formats.documents import NOT_XML, Review
 from app.formats.inline import Block, Mark
 from app.formats.limits import DocumentLimits
 from app.formats.parts import XML_NS
@@ -71,15 +71,22 @@ def has_letters(text: str) -> bool:
 @dataclass(frozen=True)
 class RunsDocument:
     """The paragraphs of a document, each its runs, and how to write the document once they have
-    been given their translations."""
+    been given their translations; ``flag``, where the format has a place for a reviewer's mark,
+    marks a paragraph (its index in ``paragraphs``) with a note (``Review.note``), after the runs
+    are written and before ``save``."""
 
     paragraphs: tuple[tuple[Run, ...], ...]
     blocks: tuple[Block, ...]
     save: Callable[[], bytes]
+    flag: Callable[[int, str], None] | None = None
 
     @classmethod
     def make(
-        cls, paragraphs: Iterable[Sequence[Run]], save: Callable[[], bytes], limits: DocumentLimits
+        cls,
+        paragraphs: Iterable[Sequence[Run]],
+        save: Callable[[], bytes],
+        limits: DocumentLimits,
+        flag: Callable[[int, str], None] | None = None,
     ) -> RunsDocument:
         """The paragraphs with letters in them, their text counted as it comes."""
         kept, blocks, chars = [], [], 0
@@ -91,7 +98,7 @@ class RunsDocument:
             limits.check_chars(chars)
             kept.append(tuple(runs))
             blocks.append(block)
-        return cls(tuple(kept), tuple(blocks), save)
+        return cls(tuple(kept), tuple(blocks), save, flag)
 
     @property
     def text(self) -> str:
@@ -105,8 +112,9 @@ class RunsDocument:
 class SplitRuns(SplitBlocks):
     source: RunsDocument
 
-    def join(self, translations: Sequence[str]) -> bytes:
-        """The document with its paragraphs translated (written once: the document is changed)."""
+    def join(self, translations: Sequence[str], review: Review | None = None) -> bytes:
+        """The document with its paragraphs translated (written once: the document is changed), and
+        each paragraph that holds a sentence of ``review`` flagged where the format can."""
         for runs, placed in zip(self.source.paragraphs, self.placed(translations), strict=True):
             if placed is None:
                 continue
@@ -116,4 +124,12 @@ class SplitRuns(SplitBlocks):
                 piece = NOT_XML.sub("", text[begin:end])
                 if run.text != piece:
                     run.write(piece)
+        if review is not None and review.low and self.source.flag is not None:
+            start = 0
+            for paragraph, split in enumerate(self.splits):
+                end = start + len(split.sentences)
+                lowest = review.lowest(start, end)
+                if lowest is not None:
+                    self.source.flag(paragraph, review.note(lowest))
+                start = end
         return self.source.save()

@@ -49,7 +49,7 @@ from dataclasses import asdict, dataclass, fields
 from multiprocessing.connection import Connection
 from typing import Any, TypeVar
 
-from app.formats.documents import MODULES, Document, SplitDocument, read
+from app.formats.documents import MODULES, Document, Review, SplitDocument, read
 from app.formats.limits import DocumentError, DocumentLimits, Forbidden, TooLarge
 
 SAMPLE_CHARS = 10_000  # of a document's text, for language identification (its start is enough)
@@ -95,6 +95,9 @@ class SplitFile:
 @dataclass(frozen=True)
 class JoinFile:
     translations: tuple[str, ...]
+    # ``Review``: its threshold, and its sentences as [index, confidence] pairs (JSON has no int keys).
+    threshold: float | None = None
+    low: tuple[tuple[int, float], ...] = ()
 
 
 # --- child -> front end --------------------------------------------------------------------------
@@ -201,7 +204,10 @@ class Reading:
             self.limits.check_sentences(len(self.split.sentences))
             return Split(self.split.sentences)
         if isinstance(message, JoinFile) and self.split is not None:
-            return Joined(self.split.join(message.translations))
+            review = None
+            if message.threshold is not None:
+                review = Review(message.threshold, {int(i): float(c) for i, c in message.low})
+            return Joined(self.split.join(message.translations, review))
         raise ValueError(f"{type(message).__name__} out of order")
 
 
@@ -346,13 +352,23 @@ class DocumentReaders:
         return ReadDocument(chosen, split.sentences, opened.chars, opened.notes)
 
     async def write(
-        self, name: str, data: bytes, language: str, sentences: int, translations: Sequence[str]
+        self,
+        name: str,
+        data: bytes,
+        language: str,
+        sentences: int,
+        translations: Sequence[str],
+        review: Review | None = None,
     ) -> bytes:
-        """The document with its ``sentences`` sentences (as ``read`` found them) translated."""
+        """The document with its ``sentences`` sentences (as ``read`` found them) translated, and
+        ``review``'s sentences flagged where the format can."""
         async with self.reader() as reader:
             await asyncio.to_thread(reader.ask, ReadFile(name, data), Opened)
             split = await asyncio.to_thread(reader.ask, SplitFile(language), Split)
             if len(split.sentences) != sentences:
                 raise DocumentError(f"the file read as {len(split.sentences)} sentences, then {sentences}")
-            joined = await asyncio.to_thread(reader.ask, JoinFile(tuple(translations)), Joined)
+            join = JoinFile(tuple(translations))
+            if review is not None:
+                join = JoinFile(join.translations, review.threshold, tuple(sorted(review.low.items())))
+            joined = await asyncio.to_thread(reader.ask, join, Joined)
         return joined.data

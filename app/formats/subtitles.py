@@ -32,7 +32,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from app.formats.documents import decode, encode
+from app.formats.documents import Review, decode, encode
 from app.formats.inline import Block, Mark, SplitBlock
 from app.formats.limits import DocumentError, DocumentLimits, TooLarge
 
@@ -189,7 +189,8 @@ class SplitSubtitles:
     def sentences(self) -> tuple[str, ...]:
         return tuple(s for cue in self.splits for split in cue for s in split.sentences)
 
-    def join(self, translations: Sequence[str]) -> bytes:
+    def join(self, translations: Sequence[str], review: Review | None = None) -> bytes:
+        # (``review``: this format has no place for a reviewer's mark; the file is written as without it.)
         if len(translations) != len(self.sentences):
             raise ValueError(f"expected {len(self.sentences)} translations, got {len(translations)}")
         source = self.source

@@ -7,13 +7,17 @@ their formatting, and sentences are split across them as across inline HTML tags
 (``app.formats.inline``), as for the other formats made of runs (``app.formats.runs``: a
 paragraph without a letter is left as it is). Runs without text (pictures, breaks) are not
 touched. Text boxes, footnotes, comments and fields are left as they are.
+
+A paragraph holding a sentence flagged for review (``app.formats.documents.Review``) gets a Word
+comment on its text, by "Machine translation" (initials "MT"), saying the note; Word cannot anchor
+a comment in a header or footer, so a flagged paragraph there gets none.
 """
 
 from __future__ import annotations
 
 import io
 import zipfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,7 +25,9 @@ import docx
 
 from app.formats.limits import DocumentError, DocumentLimits
 from app.formats.package import check_package
-from app.formats.runs import RunsDocument
+from app.formats.runs import Run, RunsDocument
+
+AUTHOR, INITIALS = "Machine translation", "MT"  # of the comments on paragraphs flagged for review
 
 
 def read(kind: str, data: bytes, limits: DocumentLimits) -> RunsDocument:
@@ -33,7 +39,14 @@ def read(kind: str, data: bytes, limits: DocumentLimits) -> RunsDocument:
     except Exception as e:  # lxml's XML errors and python-docx's own: all "unreadable"
         raise DocumentError(f"cannot read the .docx document: {e}") from e
     paragraphs = [[DocxRun(run) for run in paragraph_runs(p)] for p in document_paragraphs(document)]
-    return RunsDocument.make(paragraphs, lambda: save(document), limits)
+    kept: list[tuple[Run, ...]] = []  # the made document's paragraphs: ``flag`` counts among them
+
+    def flag(index: int, note: str) -> None:
+        add_comment(document, kept[index], note)
+
+    made = RunsDocument.make(paragraphs, lambda: save(document), limits, flag)
+    kept += made.paragraphs
+    return made
 
 
 @dataclass(frozen=True)
@@ -49,6 +62,16 @@ class DocxRun:
 
     def write(self, text: str) -> None:
         self.run.text = text
+
+
+def add_comment(document: Any, runs: Sequence[Run], note: str) -> None:
+    """A comment saying ``note`` on a paragraph's text (from its first run with text to its last),
+    if the paragraph is in the body: Word anchors comments in the main document part only."""
+    docx_runs = [run.run for run in runs if isinstance(run, DocxRun)]
+    anchored = [run for run in docx_runs if run.text] or docx_runs
+    if not anchored or any(run.part is not document.part for run in anchored):
+        return  # a header's or a footer's paragraph
+    document.add_comment([anchored[0], anchored[-1]], text=note, author=AUTHOR, initials=INITIALS)
 
 
 def save(document: Any) -> bytes:

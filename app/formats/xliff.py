@@ -52,7 +52,7 @@ from typing import Any, Literal
 
 from lxml import etree
 
-from app.formats.documents import NOT_XML, UTF8_BOM
+from app.formats.documents import NOT_XML, UTF8_BOM, Review
 from app.formats.inline import Block, Mark, Side, SplitBlock
 from app.formats.limits import DocumentError, DocumentLimits, Forbidden, TooLarge
 
@@ -60,6 +60,7 @@ NS12 = "urn:oasis:names:tc:xliff:document:1.2"
 VERSION_1 = ("", "urn:oasis:names:tc:xliff:document:1.1", NS12)  # 1.1 and 1.2 share their elements
 VERSION_2 = ("urn:oasis:names:tc:xliff:document:2.0", "urn:oasis:names:tc:xliff:document:2.2")
 MT_STATE_12 = {"state": "needs-review-translation", "state-qualifier": "mt-suggestion"}
+NOTE_FROM = "machine-translation"  # who a review note is from (1.2 ``from``, 2.x ``category``)
 KEPT_12 = ("final", "signed-off")  # and "translated" when the target has text
 KEPT_2 = ("final", "reviewed")  # and "translated" when the target has text
 # What may come before the root in a UTF-8 file that has no DOCTYPE, kept byte for byte.
@@ -299,6 +300,14 @@ class Unit12:
             target.append(child)
         return [m for m in target.iter(self.q("mrk")) if m.get("mtype") == "seg"]
 
+    def flag(self, text: str) -> None:
+        """Marked for review (after ``targets``): its target stays a suggestion to review, and a
+        ``<note>`` right after it says why."""
+        target = self.unit.find(self.q("target"))
+        note = etree.Element(self.q("note"), attrib={"from": NOTE_FROM, "priority": "1"})
+        note.text = text
+        place_after(target, note)
+
 
 class Segment2:
     """A 2.x ``<segment>``."""
@@ -325,6 +334,24 @@ class Segment2:
         self.segment.set("state", "translated")
         self.segment.attrib.pop("subState", None)
         return [target]
+
+    def flag(self, text: str) -> None:
+        """Marked for review (after ``targets``): the segment is ``initial`` again (its target a
+        draft, not a translation), and its unit's ``<notes>`` say why (made where 2.x puts them:
+        before the unit's first XLIFF element)."""
+        self.segment.set("state", "initial")
+        unit, q = self.segment.getparent(), f"{{{self.ns}}}"
+        notes = unit.find(f"{q}notes")
+        if notes is None:
+            notes = etree.Element(f"{q}notes")
+            first = next(c for c in unit if isinstance(c.tag, str) and namespace(c) == self.ns)
+            previous = first.getprevious()
+            notes.tail = unit.text if previous is None else previous.tail
+            first.addprevious(notes)
+        name = self.segment.get("id")
+        attributes = {"category": NOTE_FROM, "appliesTo": "target", "priority": "1"}
+        note = etree.SubElement(notes, f"{q}note", attrib=attributes)
+        note.text = f"Segment {name}: {text}" if name else text
 
 
 Unit = Unit12 | Segment2
@@ -397,17 +424,23 @@ class SplitXliff:
     def sentences(self) -> tuple[str, ...]:
         return tuple(s for unit in self.splits for split in unit for s in split.sentences)
 
-    def join(self, translations: Sequence[str]) -> bytes:
-        """The file with its units translated (written once: the tree is changed)."""
+    def join(self, translations: Sequence[str], review: Review | None = None) -> bytes:
+        """The file with its units translated (written once: the tree is changed); each unit (1.2)
+        or segment (2.x) that holds a sentence of ``review`` flagged (``Unit12.flag``,
+        ``Segment2.flag``)."""
         if len(translations) != len(self.sentences):
             raise ValueError(f"expected {len(self.sentences)} translations, got {len(translations)}")
         start = 0
         for unit, splits in zip(self.source.units, self.splits, strict=True):
+            first = start
             for target, inline, split in zip(unit.targets(), unit.inlines, splits, strict=True):
                 count = len(split.sentences)
                 text, offsets = split.place(translations[start : start + count])
                 start += count
                 inline.write(target, text, offsets)
+            lowest = review.lowest(first, start) if review is not None else None
+            if lowest is not None and review is not None:
+                unit.flag(review.note(lowest))
         tree, prolog = self.source.tree, self.source.prolog
         if prolog is None:
             return etree.tostring(tree, encoding="UTF-8", xml_declaration=True) + self.source.epilog

@@ -116,6 +116,10 @@ class DetectRequest(BaseModel):
 
 class TranslateFileResponse(BaseModel):
     translatedFileUrl: str = Field(description="GET it for the translated file (once, then it is deleted)")
+    # Only where a threshold applies (``min_confidence`` or NMT_MIN_CONFIDENCE).
+    lowConfidence: int | None = Field(
+        None, description="Extension: sentences below min_confidence, flagged for review in the file"
+    )
 
 
 class FrontendSettings(BaseModel):

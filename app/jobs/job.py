@@ -19,12 +19,15 @@ class JobOptions:
     glossary: list[tuple[str, str]] = field(default_factory=list)  # resolved when the job was made
     protect_placeholders: bool = True
     beam_size: int = 5
+    # Sentences below this confidence are flagged for review in the translated file (None: none).
+    min_confidence: float | None = None
 
     def encoded(self) -> bytes:
         options = {
             "glossary": self.glossary,
             "protect_placeholders": self.protect_placeholders,
             "beam_size": self.beam_size,
+            "min_confidence": self.min_confidence,
         }
         return json.dumps(options, ensure_ascii=False).encode()
 
@@ -32,7 +35,10 @@ class JobOptions:
     def decoded(cls, text: str | bytes) -> JobOptions:
         options = json.loads(text)
         return cls(
-            [(s, t) for s, t in options["glossary"]], options["protect_placeholders"], options["beam_size"]
+            [(s, t) for s, t in options["glossary"]],
+            options["protect_placeholders"],
+            options["beam_size"],
+            options.get("min_confidence"),  # (absent from the options of a job made before it existed)
         )
 
 

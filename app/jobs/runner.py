@@ -36,14 +36,14 @@ from typing import Any
 
 from fastapi import HTTPException
 
-from app.formats.documents import MEDIA_TYPES, download_name, extension
+from app.formats.documents import MEDIA_TYPES, REVIEW_MARKS, download_name, extension
 from app.formats.limits import DocumentError
 from app.http.errors import status_of
 from app.jobs.job import FINAL, ClaimedJob, Job, State
 from app.jobs.store import JobStore, StorageFull
 from app.keys.limits import KeyLimiter, charge_owner, key_identity
 from app.stores.database.errors import StoreUnavailable
-from app.translation.documents import DocumentRequest, Documents, ReadDocument
+from app.translation.documents import Chunk, DocumentRequest, Documents, ReadDocument
 from app.translation.errors import Busy, TranslationError, Unavailable
 from app.translation.sentences import Caller, SearchPlan
 from model.decoding.terms import Glossary, GlossaryEntry
@@ -192,6 +192,7 @@ class JobRunner:
             SearchPlan(beam_size=options.beam_size, n_best=1),
             Caller(job.owner, cached_as, CHUNK_TIMEOUT_S, background=True),
             chunk_sentences=CHUNK_SENTENCES,
+            min_confidence=options.min_confidence,
         )
 
         async def charge(chars: int) -> None:
@@ -200,7 +201,7 @@ class JobRunner:
 
         document = await retrying(lambda: self.documents.read(asked, charge))
         total = len(document.sentences)
-        done = await asyncio.to_thread(self.store.saved_translations, job.id)
+        done, low = await asyncio.to_thread(self.store.saved_chunks, job.id)
         await self._advance(
             job,
             "translating",
@@ -210,30 +211,38 @@ class JobRunner:
             done=len(done),
             notes=document.notes,
         )
-        translations = await self._chunks(job, document, done)
-        await self._advance(job, "writing")
-        output = await retrying(lambda: self.documents.write(document, translations))
+        translations = await self._chunks(job, document, done, low)
+        notes = document.notes
+        if options.min_confidence is not None:  # (said even when none: the job was asked to look)
+            notes += (flagged_note(len(low), len(translations), options.min_confidence, job.name),)
+        await self._advance(job, "writing", notes=notes)
+        output = await retrying(lambda: self.documents.write(document, translations, low))
         await asyncio.to_thread(self.store.save_result, job.id, output)
         name = download_name(job.name, job.target)
         if not await asyncio.to_thread(self.store.finish, job.id, "done", result_name=name):
             raise Stopped
 
-    async def _chunks(self, job: Job, document: ReadDocument, done: list[str]) -> list[str]:
+    async def _chunks(
+        self, job: Job, document: ReadDocument, done: list[str], low: dict[int, float]
+    ) -> list[str]:
         """The translations of the document's sentences after the ``done`` ones, chunk by chunk,
-        ``IN_FLIGHT`` at once, each saved as it finishes."""
+        ``IN_FLIGHT`` at once, each saved as it finishes; the sentences flagged for review added to
+        ``low``."""
 
-        async def chunk(start: int) -> list[str]:
+        async def chunk(start: int) -> tuple[int, Chunk]:
             part = await retrying(lambda: self.documents.translate_chunk(document, start))
             assert part is not None  # no client to go away: cancelling raises instead
-            return part
+            return start, part
 
         out = list(done)
-        pending: deque[asyncio.Task[list[str]]] = deque()
+        pending: deque[asyncio.Task[tuple[int, Chunk]]] = deque()
 
         async def save_first() -> None:
-            translated = await pending.popleft()
-            await asyncio.to_thread(self.store.save_translations, job.id, translated)
-            out.extend(translated)
+            start, translated = await pending.popleft()
+            flagged = translated.review(document, start)
+            await asyncio.to_thread(self.store.save_translations, job.id, translated.translations, flagged)
+            out.extend(translated.translations)
+            low.update(flagged)
             await self._advance(job, "translating", done=len(out))
 
         try:
@@ -258,6 +267,13 @@ async def retrying(make: Callable[[], Awaitable[Any]]) -> Any:
         except (Busy, Unavailable):
             pass
         await asyncio.sleep(RETRY_S)
+
+
+def flagged_note(flagged: int, sentences: int, threshold: float, name: str) -> str:
+    """The job's note on what it flagged for review, and where the format shows it."""
+    where = REVIEW_MARKS.get(extension(name))
+    shown = f" ({where})" if where else " (this format has no place to mark them)"
+    return f"{flagged} of {sentences} sentences below confidence {threshold:g} flagged for review{shown}"
 
 
 def media_type(name: str) -> str:

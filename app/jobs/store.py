@@ -39,7 +39,7 @@ import os
 import secrets
 import socket
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -429,20 +429,34 @@ class JobStore:
         return self.files.read(job_id, UPLOAD)
 
     def saved_translations(self, job_id: str) -> list[str]:
-        """The translations of the chunks finished so far, in order (a torn last line, from a
-        process killed while writing it, is dropped: its chunk is translated again)."""
+        """The translations of the chunks finished so far, in order."""
+        return self.saved_chunks(job_id)[0]
+
+    def saved_chunks(self, job_id: str) -> tuple[list[str], dict[int, float]]:
+        """The translations of the chunks finished so far, in order, and their sentences flagged
+        for review (index in the document -> confidence). A torn last line, from a process killed
+        while writing it, is dropped: its chunk is translated again."""
         out: list[str] = []
+        low: dict[int, float] = {}
         for line in self.files.lines(job_id, PROGRESS):
             try:
                 chunk = json.loads(line)
             except ValueError:
                 break
+            if isinstance(chunk, dict):  # {"translations": [...], "low": [[index, confidence], ...]}
+                low |= {int(i): float(c) for i, c in chunk["low"]}
+                chunk = chunk["translations"]
             out += chunk
-        return out
+        return out, low
 
-    def save_translations(self, job_id: str, translations: Sequence[str]) -> None:
-        """Append one finished chunk's translations (flushed to disk before this returns)."""
-        self.files.append_line(job_id, PROGRESS, json.dumps(list(translations), ensure_ascii=False))
+    def save_translations(
+        self, job_id: str, translations: Sequence[str], low: Mapping[int, float] | None = None
+    ) -> None:
+        """Append one finished chunk's translations, and those of its sentences flagged for review
+        (``low``: index in the document -> confidence), flushed to disk before this returns."""
+        texts = list(translations)
+        line = {"translations": texts, "low": sorted(low.items())} if low else texts
+        self.files.append_line(job_id, PROGRESS, json.dumps(line, ensure_ascii=False))
 
     def save_result(self, job_id: str, data: bytes) -> None:
         """Write the job's result, unless its files would then pass the quota or leave less than

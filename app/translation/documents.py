@@ -13,10 +13,10 @@ scheduler's round-robin over requests keeps everyone else's one-liners moving me
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from app.config import Settings
-from app.formats.documents import SUPPORTED, extension
+from app.formats.documents import SUPPORTED, Review, extension
 from app.formats.sandbox import Busy as ReadersBusy
 from app.formats.sandbox import DocumentReaders
 from app.models.served import ServedModel
@@ -45,6 +45,24 @@ class DocumentRequest:
     plan: SearchPlan
     caller: Caller
     chunk_sentences: int  # sentences given to the scheduler at a time
+    # Sentences whose confidence is below it are flagged for review in the file, where its format
+    # can (``app.formats.documents.Review``); None: nothing flagged, no confidence asked.
+    min_confidence: float | None = None
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """A chunk's translations, and each one's confidence (None: not asked, or no model's)."""
+
+    translations: list[str]
+    confidences: list[float | None]
+
+    def review(self, document: ReadDocument, start: int) -> dict[int, float]:
+        """The chunk's sentences (by their index in the document) below the request's threshold."""
+        threshold = document.request.min_confidence
+        if threshold is None:
+            return {}
+        return {start + i: c for i, c in enumerate(self.confidences) if c is not None and c < threshold}
 
 
 @dataclass(frozen=True)
@@ -58,6 +76,15 @@ class ReadDocument:
     notes: tuple[str, ...]  # what the reader could not translate, and why (a scanned page)
     route: Route[ServedModel]
     terms: SentenceTerms
+
+
+@dataclass(frozen=True)
+class Translated:
+    """A translated file, its sentences, and how many were flagged for review."""
+
+    data: bytes
+    sentences: int
+    flagged: int
 
 
 def check_format(name: str) -> None:
@@ -112,45 +139,56 @@ class Documents:
         """Where each chunk after the first ``done`` sentences starts."""
         return range(done, len(document.sentences), document.request.chunk_sentences)
 
-    async def translate_chunk(self, document: ReadDocument, start: int) -> list[str] | None:
+    async def translate_chunk(self, document: ReadDocument, start: int) -> Chunk | None:
         """The best translation of each sentence of the chunk at ``start`` (the owner's
-        translation memory and the segment cache first, as for /translate); None if the caller
-        went away."""
+        translation memory and the segment cache first, as for /translate), with its confidence
+        where the request has a threshold; None if the caller went away."""
         end = start + document.request.chunk_sentences
         part = list(document.sentences[start:end])
         route, request = document.route, document.request
+        plan = request.plan
+        if request.min_confidence is not None and not plan.confidence:
+            plan = replace(plan, confidence=True)
         asked = SentenceRequest(
             part,
             [route] * len(part),
             [route.source] * len(part),
             request.target,
-            request.plan,
+            plan,
             SentenceTerms(document.terms.terms[start:end]),
             request.caller,
         )
         results = await translate_sentences(asked, self.scheduler, self.recall)
-        return None if results is None else [result.texts[0] for result in results]
+        if results is None:
+            return None
+        confidences = [r.confidence[0].value if r.confidence else None for r in results]
+        return Chunk([result.texts[0] for result in results], confidences)
 
-    async def write(self, document: ReadDocument, translations: list[str]) -> bytes:
-        """The document with its sentences replaced by ``translations``, written by a reader."""
+    async def write(self, document: ReadDocument, translations: list[str], low: dict[int, float]) -> bytes:
+        """The document with its sentences replaced by ``translations``, written by a reader; the
+        sentences of ``low`` (index -> confidence, below the request's threshold) flagged."""
         request = document.request
+        threshold = request.min_confidence
+        review = None if threshold is None else Review(threshold, low)
         try:
             return await self.readers.write(
-                request.name, request.data, document.language, len(document.sentences), translations
+                request.name, request.data, document.language, len(document.sentences), translations, review
             )
         except ReadersBusy as e:
             raise Busy(str(e), retry_after=READERS_RETRY_AFTER_S) from e
 
     async def translate(
         self, request: DocumentRequest, charge: Callable[[int], Awaitable[None]]
-    ) -> bytes | None:
+    ) -> Translated | None:
         """Read, translate chunk after chunk, write: the translated file, or None if the caller
         went away."""
         document = await self.read(request, charge)
         out: list[str] = []
+        low: dict[int, float] = {}
         for start in self.chunk_starts(document):
             part = await self.translate_chunk(document, start)
             if part is None:
                 return None
-            out += part
-        return await self.write(document, out)
+            out += part.translations
+            low |= part.review(document, start)
+        return Translated(await self.write(document, out, low), len(out), len(low))

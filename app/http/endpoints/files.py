@@ -108,8 +108,14 @@ class TranslateFileForm(BaseModel):
     glossary: list[GlossaryEntryBody] | None = None
     glossary_id: str | None = None
     protect_placeholders: bool = True
+    # Extension: sentences below this confidence are flagged for review in the translated file
+    # (XLIFF, .docx, .xlsx: ``app.formats.documents.Review``); default NMT_MIN_CONFIDENCE.
+    min_confidence: float | None = Field(default=None, ge=0, le=1)
 
     _glossary = field_validator("glossary", mode="before")(glossary_from_json_text)
+
+    def threshold(self, settings: Settings) -> float | None:
+        return self.min_confidence if self.min_confidence is not None else settings.min_confidence
 
 
 _FORM = TranslateFileForm.model_json_schema()
@@ -121,6 +127,14 @@ FILE_FORM_BODY = multipart_body(
         "api_key": {"type": "string"},
         "glossary_id": {"type": "string"},
         "protect_placeholders": {"type": "boolean", "default": True},
+        "min_confidence": {
+            "type": "number",
+            "minimum": 0,
+            "maximum": 1,
+            "description": "Extension: sentences below this confidence are flagged for review in the file "
+            "(an XLIFF note and state, a .docx comment, an .xlsx sheet named Review); default "
+            "NMT_MIN_CONFIDENCE",
+        },
     },
     ["file", *_FORM["required"]],
 )
@@ -302,14 +316,16 @@ async def translate_upload(
         SearchPlan(beam_size=settings.default_beam_size, n_best=1),
         caller,
         chunk_sentences=max(1, min(CHUNK_SENTENCES, settings.max_queue // 2)),
+        min_confidence=form.threshold(settings),
     )
     documents = Documents(settings, router, scheduler, recall, readers)
     try:
-        output = await documents.translate(asked, partial(charge_key, request))
+        translated = await documents.translate(asked, partial(charge_key, request))
     except DocumentError as e:
         raise document_error(e) from e
-    if output is None:
+    if translated is None:
         return Response(status_code=CLIENT_CLOSED_REQUEST)
+    output = translated.data
     saved = download_name(name, form.target)
     try:
         media, owner = MEDIA_TYPES[extension(name)], client_identity(request)
@@ -322,7 +338,9 @@ async def translate_upload(
     except StoreUnavailable as e:
         raise unavailable(e, "the download store", "10") from e
     url = str(request.url_for("download_file", filename=f"{token}.{saved}"))
-    body = TranslateFileResponse(translatedFileUrl=url).model_dump_json()
+    flagged = translated.flagged if asked.min_confidence is not None else None
+    response = TranslateFileResponse(translatedFileUrl=url, lowConfidence=flagged)
+    body = response.model_dump_json(exclude_none=True)
     return Response(body, media_type="application/json")
 
 
