@@ -357,7 +357,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         services.router = router
         services.files = file_store
         services.file_requests = FileRequests(settings.max_file_requests)
-        services.readers = await asyncio.to_thread(files.new_readers, settings)
+        services.readers = files.new_readers(settings)
         services.jobs = jobs_store
         recall = Recall(settings, memory, segment_cache)
         job_documents = Documents(settings, router, scheduler, recall, files.new_job_readers(settings))

@@ -234,6 +234,24 @@ def test_translate_over_http(server: Server, translator: Translator) -> None:
     assert "de->en" in bad.json()["supportedPairs"]
 
 
+def fork_servers(server: Server) -> list[int]:
+    return [
+        pid
+        for pid in children(server.process.pid)
+        if b"multiprocessing.forkserver" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    ]
+
+
+def test_the_document_readers_fork_server_starts_with_the_first_document(server: Server) -> None:
+    # (No test of this module before this one sends a document.)
+    assert fork_servers(server) == []  # a service that has read no document holds no format library
+    form = {"source": "de", "target": "en"}
+    files = {"file": ("a.txt", b"Ein Mann spielt.")}
+    response = httpx.post(f"{server.url}/translate_file", data=form, files=files, timeout=60)
+    assert response.status_code == 200, response.text
+    assert len(fork_servers(server)) == 1
+
+
 def test_metrics_over_http(server: Server) -> None:
     httpx.get(f"{server.url}/languages", timeout=10).raise_for_status()
     response = httpx.get(f"{server.url}/metrics", timeout=10)
