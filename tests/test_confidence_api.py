@@ -9,11 +9,13 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
 
+from app.keys.accepted import KeysError, load_keys
 from benchmarks.common import DEFAULT_MODEL
 from model.decoding.confidence import Calibration
 from model.decoding.hypothesis import Hypothesis
@@ -140,3 +142,27 @@ def test_sentence_confidence_says_where_each_sentence_is_in_the_translation(
     assert [out[s["start"] : s["end"]] for s in spans] == [a["translatedText"] for a in alone]
     assert [s["confidence"] for s in spans] == [a["confidence"] for a in alone]
     assert body["confidence"] == min(a["confidence"] for a in alone)
+
+
+def test_a_keys_default_threshold_applies_to_its_requests_and_a_requests_own_replaces_it(
+    tmp_path: Path,
+) -> None:
+    keys = tmp_path / "keys.toml"
+    keys.write_text(
+        '[[keys]]\nname = "strict"\nkey = "k-strict"\nmin_confidence = 1.0\n\n'
+        '[[keys]]\nname = "plain"\nkey = "k-plain"\n'
+    )
+    with serve(make_settings(DEFAULT_MODEL, api_keys_file=keys)) as c:
+        strict = post(c, q=FIRST, api_key="k-strict")
+        own = post(c, q=FIRST, api_key="k-strict", min_confidence=0.0)
+        plain = post(c, q=FIRST, api_key="k-plain")
+    assert strict["lowConfidence"] == {"sentences": 1, "withheld": False, "threshold": 1.0}
+    assert own["lowConfidence"] == {"sentences": 0, "withheld": False, "threshold": 0.0}
+    assert "lowConfidence" not in plain  # no threshold of its own, none of the service's
+
+
+def test_a_keys_file_threshold_outside_0_to_1_is_refused_naming_the_entry(tmp_path: Path) -> None:
+    keys = tmp_path / "keys.toml"
+    keys.write_text('[[keys]]\nname = "odd"\nkey = "k-odd"\nmin_confidence = 1.5\n')
+    with pytest.raises(KeysError, match=r"keys\[0\]\.min_confidence"):
+        load_keys(make_settings(DEFAULT_MODEL, api_keys_file=keys))

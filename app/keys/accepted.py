@@ -9,6 +9,7 @@ leaves out are the ``NMT_KEY_*`` ones)::
     sha256 = "9f86d081884c7d65..."  # of the key (printf %s KEY | sha256sum), or key = "..." itself
     requests_per_minute = 120
     chars_per_day = 2_000_000
+    min_confidence = 0.5           # its requests' default threshold (docs/confidence.md)
 
 The file is read once, at start; anything wrong in it stops the service with one line naming the
 entry and the field (never a key).
@@ -54,6 +55,8 @@ class KeysError(ValueError):
 class ApiKey:
     name: str  # its identity: owner of its stored data, its usage, its metrics' label
     limits: KeyLimits
+    # Its requests' confidence threshold when they give none (else NMT_MIN_CONFIDENCE's).
+    min_confidence: float | None = None
 
 
 class KeyEntry(BaseModel):
@@ -70,6 +73,7 @@ class KeyEntry(BaseModel):
     chars_per_day: Limit | None = None
     max_concurrent: Limit | None = None
     char_limit: Limit | None = None
+    min_confidence: float | None = Field(None, ge=0, le=1)
 
     @model_validator(mode="after")
     def _one_key(self) -> KeyEntry:
@@ -181,7 +185,7 @@ def load_keys(settings: Settings) -> Keys:
         if digest in keys:
             other = keys[digest].name
             raise KeysError(f"{where}: keys[{i}] ({entry.name!r}) is the same key as {other!r}")
-        keys[digest] = ApiKey(entry.name, entry.limits(defaults))
+        keys[digest] = ApiKey(entry.name, entry.limits(defaults), entry.min_confidence)
     return Keys(keys)
 
 

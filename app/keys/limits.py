@@ -363,6 +363,15 @@ def admitted_key(request: Request) -> ApiKey | None:
     return None if lease is None else lease.key
 
 
+def default_min_confidence(request: Request, settings: Settings) -> float | None:
+    """The confidence threshold of an admitted request that sets none: its key's
+    ``min_confidence``, else the service's (``NMT_MIN_CONFIDENCE``; None: no threshold)."""
+    key = admitted_key(request)
+    if key is not None and key.min_confidence is not None:
+        return key.min_confidence
+    return settings.min_confidence
+
+
 def key_owner(request: Request) -> str:
     """Whose jobs, stored glossaries and memory the admitted request's are: its API key's name, or
     "" without keys configured (``admit_key`` has run)."""

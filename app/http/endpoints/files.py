@@ -72,6 +72,7 @@ from app.keys.limits import (
     admit_key,
     charge_key,
     client_identity,
+    default_min_confidence,
     key_owner,
 )
 from app.models.served import ServedModel
@@ -114,8 +115,11 @@ class TranslateFileForm(BaseModel):
 
     _glossary = field_validator("glossary", mode="before")(glossary_from_json_text)
 
-    def threshold(self, settings: Settings) -> float | None:
-        return self.min_confidence if self.min_confidence is not None else settings.min_confidence
+    def threshold(self, request: Request, settings: Settings) -> float | None:
+        """The form's ``min_confidence``, else the key's, else the service's (after ``admit_key``)."""
+        if self.min_confidence is not None:
+            return self.min_confidence
+        return default_min_confidence(request, settings)
 
 
 _FORM = TranslateFileForm.model_json_schema()
@@ -316,7 +320,7 @@ async def translate_upload(
         SearchPlan(beam_size=settings.default_beam_size, n_best=1),
         caller,
         chunk_sentences=max(1, min(CHUNK_SENTENCES, settings.max_queue // 2)),
-        min_confidence=form.threshold(settings),
+        min_confidence=form.threshold(request, settings),
     )
     documents = Documents(settings, router, scheduler, recall, readers)
     try:

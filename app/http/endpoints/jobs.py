@@ -209,7 +209,7 @@ async def store_job(
         [(e.source, e.target) for e in glossary.entries] if glossary is not None else [],
         form.protect_placeholders,
         settings.default_beam_size,
-        form.threshold(settings),
+        form.threshold(request, settings),
     )
     try:
         owner, client = key_owner(request), client_address(request.scope)

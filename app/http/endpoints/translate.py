@@ -27,7 +27,7 @@ from app.http.schemas import (
     TranslateResponse,
     ValidationErrorResponse,
 )
-from app.keys.limits import admit_given_key, admit_key, client_identity, key_owner
+from app.keys.limits import admit_given_key, admit_key, client_identity, default_min_confidence, key_owner
 from app.models.served import ServedModel
 from app.serving.frontend.router import Router
 from app.translation.codes import source_languages, target_languages
@@ -102,9 +102,10 @@ def document_served(
     return document
 
 
-def confidence_fields(req: TranslateRequest, result: TextResult, settings: Settings) -> dict[str, Any]:
+def confidence_fields(req: TranslateRequest, result: TextResult, threshold: float | None) -> dict[str, Any]:
     """The confidence extension's fields, each a list over the texts (``build_response`` unwraps
-    them for a single text): only those asked for."""
+    them for a single text): only those asked for; ``lowConfidence`` where ``threshold`` (the
+    request's, its key's or the service's) applies."""
     found = result.confidence
     if found is None:
         return {}
@@ -120,7 +121,6 @@ def confidence_fields(req: TranslateRequest, result: TextResult, settings: Setti
         fields["tokenConfidence"] = [
             [TokenConfidence(token=t, probability=p) for t, p in c.tokens or ()] for c in found
         ]
-    threshold = req.min_confidence if req.min_confidence is not None else settings.min_confidence
     if threshold is not None:
         fields["lowConfidence"] = [
             LowConfidence(sentences=c.below or 0, withheld=c.withheld, threshold=threshold) for c in found
@@ -128,12 +128,12 @@ def confidence_fields(req: TranslateRequest, result: TextResult, settings: Setti
     return fields
 
 
-def build_response(req: TranslateRequest, result: TextResult, settings: Settings) -> TranslateResponse:
+def build_response(req: TranslateRequest, result: TextResult, threshold: float | None) -> TranslateResponse:
     """LibreTranslate's answer: a text's fields for a single text, lists for a batch."""
     outputs, detected, terminology = result.translations, result.detected, result.terminology
     best = [texts[0] for texts in outputs]
     alternatives = [texts[1:] for texts in outputs] if req.alternatives else None
-    extra = confidence_fields(req, result, settings)
+    extra = confidence_fields(req, result, threshold)
     if req.is_batch:
         return TranslateResponse(
             translatedText=best,
@@ -182,6 +182,9 @@ async def translate(
         requests=max(1, len(texts)) if req.is_batch else 1,
         text_lengths=list(map(len, texts)),
     )
+    threshold = (
+        req.min_confidence if req.min_confidence is not None else default_min_confidence(request, settings)
+    )
     asked = TextRequest(
         texts,
         req.source,
@@ -193,7 +196,7 @@ async def translate(
         glossary=partial(request_glossary, request, req, settings, glossaries),
         protect_placeholders=req.protect_placeholders,
         confidence="tokens" if req.confidence == "tokens" else "sentence" if req.confidence else None,
-        min_confidence=req.min_confidence,
+        min_confidence=threshold,
         withhold=req.low_confidence == "withhold",
     )
     result = await Translations(settings, router, scheduler, recall).texts(asked)
@@ -201,5 +204,5 @@ async def translate(
         return Response(status_code=CLIENT_CLOSED_REQUEST)
     # The response as JSON here: FastAPI then skips validating it against the response model again
     # (the model still documents it in OpenAPI).
-    body = build_response(req, result, settings).model_dump_json(exclude_none=True)
+    body = build_response(req, result, threshold).model_dump_json(exclude_none=True)
     return Response(body, media_type="application/json")
