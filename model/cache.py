@@ -161,13 +161,6 @@ class KVCache:
         for t in parts:  # gathered first, so rows both read and written are safe
             t.index_copy_(0, d, t.index_select(0, s))
 
-    def buffers(self) -> tuple[Tensor, Tensor]:
-        """The keys/values buffers, whose pages an empty cache may give back to the OS (the decoding
-        batch does: ``RunningBatch.release``). Zeros are their clean state (``_zero_until``,
-        ``_zero_rows``), so pages that read as zeros again keep every invariant; only what the next
-        rows write takes memory again."""
-        return self.self_kv, self.cross_kv
-
     def zero_all(self) -> None:
         """Zero every row and position now, for a runner whose padding rows and positions are read
         (``model.runtime.graphs``): all of the cache's memory is then taken."""

@@ -11,7 +11,7 @@ import threading
 import pytest
 import torch
 
-from model.runtime.allocator import keep_freed_memory, release_freed_memory, release_pages
+from model.runtime.allocator import keep_freed_memory, release_freed_memory
 
 pytestmark = pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="a glibc policy; no-op elsewhere")
 
@@ -80,16 +80,3 @@ def test_freed_memory_kept_for_reuse_goes_back_to_the_os_when_released() -> None
     assert heap_free_bytes() > 150 << 20  # freed, kept by the process for reuse
     assert release_freed_memory()
     assert resident_bytes() < kept - (150 << 20)  # given back
-
-
-def test_released_pages_go_back_to_the_os_and_read_as_zeros_with_the_allocation_kept() -> None:
-    buffer = torch.ones(16, 1024, 1024)  # 64 MiB, written: resident
-    address = buffer.data_ptr()
-    held = resident_bytes()
-    released = release_pages(buffer)
-    assert released >= (64 << 20) - 2 * os.sysconf("SC_PAGE_SIZE")  # every whole page inside it
-    assert resident_bytes() < held - (60 << 20)
-    assert buffer.data_ptr() == address and torch.equal(buffer, torch.zeros_like(buffer))
-    buffer[3].fill_(2.0)  # written again: usable, and only what is written takes memory
-    assert float(buffer.sum()) == 2.0 * 1024 * 1024
-    assert release_pages(buffer[:, :, :5]) == 0  # not contiguous: nothing

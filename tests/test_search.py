@@ -329,37 +329,6 @@ def test_running_batch_without_greedy_scores_decodes_the_same_tokens(
         assert scored.log_prob < 0 and unscored.log_prob == unscored.score == 0.0
 
 
-def test_an_empty_running_batch_releases_its_cache_and_decodes_the_same_afterwards(
-    make_model: Callable[..., Transformer],
-) -> None:
-    """``RunningBatch.release`` gives an idle batch's cache pages back (zeros, then); the same
-    inputs decode to the same hypotheses after it as before it and as in a fresh batch, and a
-    batch with inputs running releases nothing."""
-    model = make_model(seed=2, sharpen=2.0, eos_boost=1.5, share_embeddings=False, tie_output=False)
-    sources = random_sources(model.cfg.vocab_size, [9, 3, 14, 6, 11], seed=7)
-    options = DecodeOptions(beam_size=3, max_length_a=1.5, max_length_b=5)
-    runner = load_runner(model, top=6, capacity=16, positions=options.positions(128), compile=False)
-
-    def decode(batch: RunningBatch[int]) -> dict[int, list[Hypothesis]]:
-        batch.add([Source(i, ids, 3, 2) for i, ids in enumerate(sources)])
-        assert batch.release() == 0  # inputs running: nothing released
-        done: dict[int, list[Hypothesis]] = {}
-        while len(batch):
-            done.update(batch.step())
-        return done
-
-    with torch.inference_mode():
-        batch: RunningBatch[int] = RunningBatch(model, runner, capacity=16, options=options)
-        before = decode(batch)
-        assert batch.release() > 0
-        assert all(not bool(buffer.any()) for buffer in batch.cache.buffers())  # zeros again
-        after = decode(batch)
-        fresh = decode(RunningBatch(model, runner, capacity=16, options=options))
-    for i in range(len(sources)):
-        assert_same_hypotheses([before[i]], [after[i]])
-        assert_same_hypotheses([before[i]], [fresh[i]])
-
-
 def test_beam_of_one_through_the_candidates_equals_greedy_on_scripted_model() -> None:
     """A beam of one goes through the argmax (``Beam.extend``), or, with the repetition guard on,
     through the candidates (``Beam.advance``); a guard too long to ever ban anything must change

@@ -26,7 +26,6 @@ from model.decoding.options import DecodeOptions
 from model.decoding.prefix import check_prefix
 from model.decoding.search import Hypothesis, Search
 from model.layers import aligned
-from model.runtime.allocator import release_pages
 from model.runtime.step import StepChoice, StepOutputs, StepRunner
 from model.transformer import Transformer
 
@@ -158,15 +157,6 @@ class RunningBatch(Generic[K]):
 
     def __len__(self) -> int:
         return len(self.entries)
-
-    def release(self) -> int:
-        """An empty batch gives its cache's memory pages back to the OS (``release_pages``; CPU
-        only): a burst of long rows leaves pages of every (row, layer, head) touched, ~290 MiB for
-        one batch of an OPUS-MT-sized model, which an idle worker need not hold. The bytes
-        released (0 while inputs run)."""
-        if self.entries or self.cache.rows:
-            return 0
-        return sum(release_pages(buffer) for buffer in self.cache.buffers())
 
     def joins_now(self, newcomers: int) -> bool:
         """Whether ``newcomers`` waiting inputs should join before the next step: always into an

@@ -16,10 +16,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import logging
-import os
 import platform
-
-from torch import Tensor
 
 log = logging.getLogger(__name__)
 
@@ -68,35 +65,6 @@ def release_freed_memory() -> bool:
     except AttributeError:
         return False
     return True
-
-
-MADV_DONTNEED = 4  # Linux's madvise(2): the pages go back; read again, they are zeros
-PAGE_BYTES = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
-
-
-def release_pages(tensor: Tensor) -> int:
-    """Give ``tensor``'s memory pages back to the OS, keeping the allocation (Linux, CPU tensors;
-    elsewhere nothing): it reads as zeros afterwards, and each whole page inside it takes memory
-    again only when written. For a buffer kept for reuse whose content no longer matters and whose
-    zeros are a valid state (an empty decoding cache: ``KVCache.release``). Returns the bytes
-    advised."""
-    libc = _glibc()
-    if libc is None or tensor.device.type != "cpu" or not tensor.is_contiguous():
-        return 0
-    begin = tensor.data_ptr()
-    start = -(-begin // PAGE_BYTES) * PAGE_BYTES
-    end = (begin + tensor.numel() * tensor.element_size()) // PAGE_BYTES * PAGE_BYTES
-    if end <= start:
-        return 0
-    madvise = libc.madvise
-    madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-    if madvise(start, end - start, MADV_DONTNEED) != 0:
-        return 0
-    # The pages it shares with its neighbours at either end stay; their part of it is zeroed.
-    flat, size = tensor.view(-1), tensor.element_size()
-    flat[: (start - begin) // size].zero_()
-    flat[(end - begin) // size :].zero_()
-    return end - start
 
 
 def _glibc() -> ctypes.CDLL | None:

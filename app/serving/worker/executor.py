@@ -157,12 +157,6 @@ class Executor:
         """Some batch is running."""
         return any(len(lane.running) for lane in self.lanes.values())
 
-    def release_memory(self) -> int:
-        """Every idle running batch's cache memory given back to the OS (``RunningBatch.release``);
-        the bytes released. For an idle worker: each lane's cache keeps the pages its longest rows
-        touched, which the next burst would reuse but an idle worker need not hold."""
-        return sum(lane.running.release() for lane in self.lanes.values())
-
     def runnable(self) -> bool:
         """An iteration has something to do: a batch is running, sentences wait for a model that
         is not being loaded (one whose model loads waits for the load, not for a step), or the

@@ -170,10 +170,8 @@ def _serve_one(
         with torch.inference_mode():
             while True:
                 if not executor.busy and inbox.quiet(IDLE_RELEASE_S):
-                    # Idle: what the last burst's peak left in the heap, and the pages its rows
-                    # touched in the batches' caches, go back to the OS (kept for reuse while
-                    # busy: model.runtime.allocator).
-                    executor.release_memory()
+                    # Idle: what the last burst's peak left in the heap goes back to the OS
+                    # (kept for reuse while busy: model.runtime.allocator).
                     release_freed_memory()
                 if not inbox.wait_until(executor.runnable):
                     break
