@@ -67,13 +67,27 @@ class Tokenizer:
             return
         assert source_vocab is not None
         self.source_vocab = list(source_vocab)
-        self.target_vocab = list(source_vocab if target_vocab is None else target_vocab)
-        self.source_index = {p: i for i, p in enumerate(self.source_vocab)}
-        self.target_index = (
-            self.source_index if target_vocab is None else {p: i for i, p in enumerate(self.target_vocab)}
-        )
+        self.target_vocab = self.source_vocab if target_vocab is None else list(target_vocab)
+        # Each piece's id, made on first use: a worker, which never encodes, never makes them
+        # (~5 MiB for a 58,101-piece OPUS-MT vocabulary, per model).
+        self._source_index: dict[str, int] | None = None
+        self._target_index: dict[str, int] | None = None
         self.unk_id = unk_id
         self.skip = frozenset(skip_ids)
+
+    @property
+    def source_index(self) -> dict[str, int]:
+        if self._source_index is None:  # (two threads may both make it: the same dict)
+            self._source_index = {p: i for i, p in enumerate(self.source_vocab)}
+        return self._source_index
+
+    @property
+    def target_index(self) -> dict[str, int]:
+        if self.target_vocab is self.source_vocab:
+            return self.source_index
+        if self._target_index is None:
+            self._target_index = {p: i for i, p in enumerate(self.target_vocab)}
+        return self._target_index
 
     @property
     def vocab_size(self) -> int:
