@@ -363,9 +363,11 @@ def admitted_key(request: Request) -> ApiKey | None:
     return None if lease is None else lease.key
 
 
-def default_min_confidence(request: Request, settings: Settings) -> float | None:
-    """The confidence threshold of an admitted request that sets none: its key's
+def min_confidence(request: Request, settings: Settings, asked: float | None) -> float | None:
+    """The confidence threshold of an admitted request: the one it ``asked`` for, else its key's
     ``min_confidence``, else the service's (``NMT_MIN_CONFIDENCE``; None: no threshold)."""
+    if asked is not None:
+        return asked
     key = admitted_key(request)
     if key is not None and key.min_confidence is not None:
         return key.min_confidence

@@ -72,8 +72,8 @@ from app.keys.limits import (
     admit_key,
     charge_key,
     client_identity,
-    default_min_confidence,
     key_owner,
+    min_confidence,
 )
 from app.models.served import ServedModel
 from app.serving.frontend.router import Router
@@ -114,12 +114,6 @@ class TranslateFileForm(BaseModel):
     min_confidence: float | None = Field(default=None, ge=0, le=1)
 
     _glossary = field_validator("glossary", mode="before")(glossary_from_json_text)
-
-    def threshold(self, request: Request, settings: Settings) -> float | None:
-        """The form's ``min_confidence``, else the key's, else the service's (after ``admit_key``)."""
-        if self.min_confidence is not None:
-            return self.min_confidence
-        return default_min_confidence(request, settings)
 
 
 _FORM = TranslateFileForm.model_json_schema()
@@ -320,7 +314,7 @@ async def translate_upload(
         SearchPlan(beam_size=settings.default_beam_size, n_best=1),
         caller,
         chunk_sentences=max(1, min(CHUNK_SENTENCES, settings.max_queue // 2)),
-        min_confidence=form.threshold(request, settings),
+        min_confidence=min_confidence(request, settings, form.min_confidence),
     )
     documents = Documents(settings, router, scheduler, recall, readers)
     try:

@@ -47,7 +47,7 @@ from app.http.endpoints.stores import StoreCalls
 from app.http.schemas import ErrorResponse
 from app.http.slow_clients import client_address
 from app.jobs.store import RESULT, Job, JobOptions, JobsFull, JobStore, StorageFull
-from app.keys.limits import KeyLimiter, admit_key, key_owner, store_owner
+from app.keys.limits import KeyLimiter, admit_key, key_owner, min_confidence, store_owner
 from app.models.served import ServedModel
 from app.serving.frontend.router import Router
 from app.terminology.glossaries import GlossaryStore
@@ -209,7 +209,7 @@ async def store_job(
         [(e.source, e.target) for e in glossary.entries] if glossary is not None else [],
         form.protect_placeholders,
         settings.default_beam_size,
-        form.threshold(request, settings),
+        min_confidence(request, settings, form.min_confidence),
     )
     try:
         owner, client = key_owner(request), client_address(request.scope)

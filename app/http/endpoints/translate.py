@@ -27,7 +27,7 @@ from app.http.schemas import (
     TranslateResponse,
     ValidationErrorResponse,
 )
-from app.keys.limits import admit_given_key, admit_key, client_identity, default_min_confidence, key_owner
+from app.keys.limits import admit_given_key, admit_key, client_identity, key_owner, min_confidence
 from app.models.served import ServedModel
 from app.serving.frontend.router import Router
 from app.translation.codes import source_languages, target_languages
@@ -182,9 +182,7 @@ async def translate(
         requests=max(1, len(texts)) if req.is_batch else 1,
         text_lengths=list(map(len, texts)),
     )
-    threshold = (
-        req.min_confidence if req.min_confidence is not None else default_min_confidence(request, settings)
-    )
+    threshold = min_confidence(request, settings, req.min_confidence)
     asked = TextRequest(
         texts,
         req.source,
