@@ -77,6 +77,9 @@ class Counted:
     def new_cache(self, *, capacity: int, positions: int) -> Any:
         return self.runner.new_cache(capacity=capacity, positions=positions)
 
+    def encode(self, src: torch.Tensor) -> Any:
+        return self.runner.encode(src)
+
 
 def sync(device: str) -> None:
     if device == "cuda":

@@ -112,14 +112,18 @@ class Transformer(nn.Module):
         return F.linear(x, self.output_weight, self.output_bias)
 
     # -- encoder ----------------------------------------------------------------------------------
-    def encode(self, src: Tensor) -> EncoderOutput:
-        """src (B, S) token ids, right-padded with pad_id."""
+    def encode(self, src: Tensor, packing: Packing | None = None) -> EncoderOutput:
+        """src (B, S) token ids, right-padded with pad_id. ``packing``: where its real tokens are
+        (``Packing.of`` its mask), for the position-wise layers to run on those only; by default
+        made when padding is worth skipping (``PACK_PADDING``). A row's result is the same either
+        way: every position-wise layer computes each position on its own."""
         src_mask = src != self.cfg.pad_id  # (B, S)
         x = self._embed(src, torch.arange(src.size(1), device=src.device), source=True)  # (B, S, D)
         key_mask = src_mask[:, None, None, :]  # (B, 1, 1, S): broadcast over heads and queries
-        packing = None
-        if not self.training and int(src_mask.sum()) <= (1 - PACK_PADDING) * src_mask.numel():
+        real = None if packing is not None or self.training else int(src_mask.sum())
+        if real is not None and real <= (1 - PACK_PADDING) * src_mask.numel():
             packing = Packing.of(src_mask)  # padding is worth skipping: real tokens only
+        if packing is not None:
             x = packing.pack(x)  # (1, N, D)
         for layer in self.encoder:
             x = layer(x, key_mask, packing)

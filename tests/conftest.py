@@ -51,6 +51,10 @@ def under_ci() -> bool:
 def pytest_configure(config: pytest.Config) -> None:
     if "NMT_COMPILE_CACHE_DIR" not in os.environ:
         os.environ["NMT_COMPILE_CACHE_DIR"] = tempfile.mkdtemp(prefix="nmt-compiled-")
+    # Services started by the tests encode eagerly: compiling each test model's encoder would take
+    # ~15 s of a core a model, beside the tests. The compiled encoder gives the eager one's bits
+    # (tests/test_compiled_encoder.py, which compiles it, and the server test that serves with it).
+    os.environ.setdefault("NMT_COMPILE_ENCODER", "false")
 
 
 # The models here are tiny: thread start-up and synchronisation cost more than the arithmetic, and

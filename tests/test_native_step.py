@@ -16,8 +16,10 @@ import pytest
 import torch
 from conftest import compile_cache_dir, needs_cpu_package
 
-from model.runtime import native, runners
-from model.runtime.runners import PackagedRunner, constant_names, warm_up
+from model.runtime import native
+from model.runtime import package as packages
+from model.runtime.package import constant_names
+from model.runtime.runners import PackagedRunner, warm_up
 from model.runtime.step import DecodeStep
 from model.translator import Translator
 from tests.test_runners import CAPACITY, TOP, join, new_cache, positions, runner_of, source_ids
@@ -193,7 +195,7 @@ def test_two_siblings_stepping_at_once_compute_as_each_alone(
 
 @pytest.fixture
 def fresh_warning(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(runners, "_native_warned", False)
+    monkeypatch.setattr(packages, "_native_warned", False)
 
 
 @pytest.mark.parametrize("where", ["extract", "library"])
@@ -213,12 +215,12 @@ def test_a_failing_native_path_falls_back_to_torchs_binding_and_says_so_once(
         def broken(package: Path) -> Path:
             raise OSError("read-only file system")
 
-        monkeypatch.setattr(runners, "extract", broken)
+        monkeypatch.setattr(packages, "extract", broken)
     else:
         monkeypatch.setitem(native._SIGNATURES, "AOTInductorModelContainerRunFaster", [])
         monkeypatch.setattr(native, "_libraries", {})  # declared again, lacking the function
     sources = source_ids(translator, 5, seed=41)
-    with caplog.at_level(logging.WARNING, logger=runners.__name__):
+    with caplog.at_level(logging.WARNING, logger=packages.__name__):
         first, second = runner_of(translator, compile=True), runner_of(translator, compile=True)
     for runner in (first, second):
         assert isinstance(runner, PackagedRunner) and runner.kind == "compiled"

@@ -224,7 +224,7 @@ def test_a_second_model_of_the_same_architecture_compiles_nothing_and_decodes_wi
 def test_the_package_name_ignores_the_search_code() -> None:
     """Editing the beam bookkeeping or the running batch recompiles nothing: their source is not
     part of the package's name."""
-    named = {path.name for path in runners._SOURCES}
+    named = {path.name for path in runners.PackagedRunner.sources}
     assert "search.py" not in named and "batch.py" not in named
     assert {"layers.py", "transformer.py", "step.py", "cache.py", "prepack.py"} <= named
 

@@ -352,8 +352,11 @@ def test_64_concurrent_requests_share_model_batches(
         layout = split_text(text, "de")
         alone = [translator.translate_batch([s], beam_size=beam)[0].hypotheses[0] for s in layout.sentences]
         expected.append(layout.join(alone))
-    # With the compiled decoding step, as deployed: ready only once compiled.
-    srv = start_server(tmp_path / "uvicorn.log", NMT_MODEL_DIR=str(model_dir), NMT_COMPILE="true")
+    # With the compiled decoding step, as deployed: ready only once compiled; the encoder compiled
+    # too, in the background (whichever encodes a batch, the same bits).
+    srv = start_server(
+        tmp_path / "uvicorn.log", NMT_MODEL_DIR=str(model_dir), NMT_COMPILE="true", NMT_COMPILE_ENCODER="true"
+    )
     try:
         wait_ready(srv)
 

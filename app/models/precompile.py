@@ -1,9 +1,10 @@
-"""Compile the decoding step of every model the service would serve, before it starts.
+"""Compile the decoding step (and encoder) of every model the service would serve, before it starts.
 
     python -m app.models.precompile        # the service's settings: NMT_MODEL_DIR, NMT_COMPILE_CACHE_DIR...
 
 Each model directory under ``NMT_MODEL_DIR`` is loaded as a worker loads it (``open_translator``,
-with a worker's threads), its step compiled into ``NMT_COMPILE_CACHE_DIR`` (or found there), and
+with a worker's threads), its step and encoder compiled into ``NMT_COMPILE_CACHE_DIR`` (or found
+there), and
 whether int8 pays on this CPU measured and kept beside it (``model.runtime.precision``). The server
 started afterwards loads the files instead of compiling: ready in seconds. A package is named by
 the CPU's features among the rest (``model.runtime.runners``): run this where the service will run,
@@ -34,6 +35,12 @@ def main() -> None:
             state = "eager: not compiled (NMT_COMPILE=false, or compiling failed: see the log)"
         else:
             state = "found in the cache" if getattr(runner, "cached", False) else "compiled"
+            encoder = getattr(runner, "encoder", None)  # NMT_COMPILE_ENCODER: made by a process of its own
+            if encoder is not None:
+                encoder.ready.wait()
+                state += "; encoder " + (
+                    "compiled" if encoder.made else "eager (compiling failed: see the log)"
+                )
         took = time.perf_counter() - started
         print(f"{spec.name} ({translator.quantization}): {state}, {took:.1f} s", flush=True)
     sys.exit(0)

@@ -187,10 +187,8 @@ class RunningBatch(Generic[K]):
                 raise ValueError(f"constraint tokens {sorted(bad)} cannot be generated")
         self.steps_since_join = 0
         src = pad_batch([s.ids for s in sources], cfg.pad_id, self.tokens.device)
-        enc = self.model.encode(src)
-        kv = self.model.source_kv(enc)  # (B, L, 2, H, S, Dh)
+        kv, mask = self.runner.encode(src)  # (B, L, 2, H, S, Dh), (B, S)
         ks = [s.beam_size for s in sources]
-        mask = enc.src_mask
         if any(k > 1 for k in ks):  # k rows per input
             rows = torch.arange(len(sources), device=src.device).repeat_interleave(
                 torch.tensor(ks, device=src.device)

@@ -83,6 +83,7 @@ class Translator:
         cache_dir: Path | None = None,
         calibration: Calibration = DEFAULT,
         release_gil: bool = True,
+        compile_encoder: bool = False,
     ) -> None:
         self.model = model
         self.calibration = calibration  # of ``TranslationResult.confidence``
@@ -103,6 +104,8 @@ class Translator:
         # the process step meanwhile), at ~25 us more per step than torch's binding, which holds
         # it: for a process whose threads decode side by side.
         self.release_gil = release_gil
+        # With a compiled CPU step, the encoder compiled too, in the background (``load_runner``).
+        self.compile_encoder = compile_encoder
         self._runner: Runner | None = None
 
     @classmethod
@@ -120,6 +123,7 @@ class Translator:
         compile: bool = False,
         cache_dir: Path | None = None,
         release_gil: bool = True,
+        compile_encoder: bool = False,
     ) -> Translator:
         """Load config.json, model.safetensors and sentencepiece.model from ``model_dir``.
 
@@ -133,7 +137,8 @@ class Translator:
         ``max_beam_size``: the largest beam a call may ask for (the step keeps 2x that many
         candidates per row; default ``MAX_BEAM_SIZE`` within ``capacity``, as the service);
         ``compile``: compile the decoding step (``model.runtime.runners``; falls back to eager where
-        it cannot), kept in ``cache_dir``.
+        it cannot), kept in ``cache_dir``; ``compile_encoder``: with it, the encoder too, made in
+        the background (``model.runtime.encoder``: the eager encoder serves meanwhile, the same bits).
         Raises ``ModelDirError`` naming the file when one is missing or corrupted, ``ValueError``
         for a device, dtype or quantization that cannot be used.
         """
@@ -175,6 +180,7 @@ class Translator:
             cache_dir=cache_dir,
             calibration=Calibration.load(model_dir),
             release_gil=release_gil,
+            compile_encoder=compile_encoder,
         )
 
     def sibling(self) -> Translator:
@@ -195,6 +201,7 @@ class Translator:
             cache_dir=self.cache_dir,
             calibration=self.calibration,
             release_gil=self.release_gil,
+            compile_encoder=self.compile_encoder,
         )
         if isinstance(self._runner, EagerRunner | PackagedRunner):
             twin._runner = self._runner.sibling()
@@ -216,6 +223,7 @@ class Translator:
                 compile=self.compile,
                 cache_dir=self.cache_dir,
                 release_gil=self.release_gil,
+                compile_encoder=self.compile_encoder,
             )
             if self.device.type == "cpu":
                 release_freed_memory()  # what compiling or loading the step took and dropped

@@ -40,6 +40,7 @@ from torch import Tensor
 
 from model.cache import KVCache
 from model.layers import KEY_ALIGN
+from model.runtime.encoder import encode_eagerly
 from model.runtime.step import DecodeStep, StepOutputs
 
 log = logging.getLogger(__name__)
@@ -107,6 +108,10 @@ class GraphRunner:
         del cache_dir
         if self.capture:
             self.new_cache(capacity=1, positions=1)
+
+    def encode(self, src: Tensor) -> tuple[Tensor, Tensor]:
+        """``StepRunner.encode``: the model's own modules (batches join a few times a second)."""
+        return encode_eagerly(self.step.model, src)
 
     # -- caches ------------------------------------------------------------------------------
     def new_cache(self, *, capacity: int, positions: int) -> KVCache:

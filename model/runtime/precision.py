@@ -30,8 +30,8 @@ import torch
 from torch import nn
 
 from model.runtime import DEFAULT_CACHE_DIR
+from model.runtime.package import cpu_digest
 from model.runtime.prepack import Int8Linear, PackedLinear, available
-from model.runtime.runners import cpu_digest
 
 log = logging.getLogger(__name__)
 

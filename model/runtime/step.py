@@ -52,6 +52,12 @@ class StepRunner(Protocol):
         this runner's calls read (a graph runner hands out caches whose buffers it captured)."""
         ...
 
+    def encode(self, src: Tensor) -> tuple[Tensor, Tensor]:
+        """The cross-attention keys/values (B, L, 2, H, S, Dh) of ``src`` (B, S) right-padded
+        token ids, and its mask (B, S), True on real tokens: what ``KVCache.append`` takes. Eager
+        or compiled (``model.runtime.encoder``), the same bits."""
+        ...
+
     def __call__(
         self,
         tokens: Tensor,

@@ -24,7 +24,6 @@ time:
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 from collections import deque
@@ -35,6 +34,7 @@ import torch
 
 from app.serving.protocol import ModelSpec
 from model.decoding.translator import Translator
+from model.runtime import lower_priority
 
 log = logging.getLogger("uvicorn.error").getChild("worker")
 
@@ -50,15 +50,6 @@ class Opened:
 
 BACKGROUND_NICE = 10  # added to the background thread's nice value (Linux: per thread)
 URGENT, BACKGROUND = "urgent", "background"
-
-
-def lower_priority(increment: int) -> None:
-    """Lower the calling thread's CPU priority by ``increment`` (Linux; elsewhere, nothing)."""
-    try:
-        tid = threading.get_native_id()
-        os.setpriority(os.PRIO_PROCESS, tid, os.getpriority(os.PRIO_PROCESS, tid) + increment)
-    except (AttributeError, OSError) as e:  # not Linux, or refused: the loads still run
-        log.info("background loads run at the worker's priority: %s", e)
 
 
 class Loader:

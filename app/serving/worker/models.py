@@ -321,6 +321,7 @@ def _load(settings: Settings, model_dir: Path, release_gil: bool) -> Translator:
         compile=settings.compile,
         cache_dir=settings.compile_cache_dir,
         release_gil=release_gil,
+        compile_encoder=settings.compile_encoder,
     )
 
 
