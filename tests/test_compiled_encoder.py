@@ -4,6 +4,8 @@ background while the eager encoder serves, loaded at once the next time; transla
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -189,3 +191,33 @@ def test_two_decoding_threads_encode_through_one_package_at_once() -> None:
     for thread in (0, 1):
         assert len(got[thread]) == 20 * len(sources)
         assert all(torch.equal(a, b) for a, b in zip(got[thread], alone * 20, strict=True))
+
+
+def test_a_worker_running_the_compiled_encoder_imports_no_compiler() -> None:
+    """Loading and running the package imports neither TorchInductor nor TorchDynamo (with sympy,
+    86 MiB of a worker's memory when it did), in a process of its own (this one compiles)."""
+    needs_cpu_package()
+    script = f"""
+import sys, torch
+from pathlib import Path
+torch.set_num_threads(1)
+from model.decoding.batch import pad_batch
+from model.runtime.encoder import CompiledEncoder
+from model.runtime.prepack import prepack
+from model.transformer import strip_dropout
+from tests.conftest import random_model
+model = strip_dropout(random_model(seed=3, pre_norm=False, vocab_size=96))
+prepack(model, int8=True, keep_float=False)
+cache = Path({str(compile_cache_dir())!r})
+encoder = CompiledEncoder(model, rows={ROWS}, positions={LENGTH}, cache_dir=cache)
+assert encoder.ready.wait(300)
+with torch.inference_mode():
+    encoder(model, pad_batch([[5, 6, 7, 3], [8, 3]], 0, model.device))
+assert encoder.package is not None
+print(sorted(m for m in ("torch._inductor", "torch._dynamo", "sympy") if m in sys.modules))
+"""
+    root = Path(__file__).parent.parent
+    out = subprocess.run(
+        [sys.executable, "-c", script], cwd=root, capture_output=True, text=True, timeout=600, check=False
+    )
+    assert out.stdout.strip().splitlines()[-1] == "[]", out.stdout + out.stderr

@@ -124,8 +124,10 @@ class Package:
 
     @staticmethod
     def _torch_loader(path: Path, tensors: dict[str, Tensor]) -> Any:
-        """The package loaded by torch's own loader and handed ``tensors``."""
-        loader = torch._inductor.aoti_load_package(str(path)).loader
+        """The package loaded by torch's own loader and handed ``tensors``: the C++ loader itself,
+        not ``torch._inductor.aoti_load_package``, which imports TorchInductor (and sympy): 86 MiB
+        more in a worker that compiles nothing."""
+        loader = torch._C._aoti.AOTIModelPackageLoader(str(path), "model", False, 1, -1)
         wanted = loader.get_constant_fqns()  # the original name of each constant, repeats included
         if lacking := set(wanted) - tensors.keys():
             raise RuntimeError(f"the package wants tensors the model lacks: {sorted(lacking)}")
