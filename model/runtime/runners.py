@@ -152,12 +152,13 @@ class PackagedRunner(FreshCaches, Package):
         return {"top": self.step.top, "capacity": self.capacity, "positions": self.positions}
 
     def sibling(self) -> PackagedRunner:
-        """Another runner of this step for another thread: the same packages (nothing compiled) in
-        containers of their own, handed the same weights (nothing copied), warmed up. Two threads
-        stepping one runner would take turns for its one container."""
+        """Another runner of this step for another thread: the same package (nothing compiled) in
+        a container of its own, handed the same weights (nothing copied), warmed up; the same
+        encoder (one call at a time). Two threads stepping one runner would take turns for its
+        one container."""
         twin = PackagedRunner(self.step, capacity=self.capacity, positions=self.positions, native=self.native)
         self.load_twin(twin)
-        twin.encoder = self.encoder  # (one call at a time: see CompiledEncoder)
+        twin.encoder = self.encoder
         warm_up(twin, self.step.model, capacity=self.capacity, positions=self.positions)
         return twin
 
