@@ -252,7 +252,7 @@ class Settings(BaseSettings):
     # float32 the compiled step's translations are the eager ones for all 1,000 test_2016 sentences.
     compile: bool = True
     # With the compiled CPU step, the encoder compiled too (model.runtime.encoder): about twice as
-    # fast as eager, the same bits; made in the background the first time (~15 s of a core, at a
+    # fast as eager, the same bits; made in the background the first time (~20 s of a core, at a
     # lower priority), the eager encoder serving until then; loaded with the step afterwards.
     compile_encoder: bool = True
     # Where compiled steps are kept between starts (one .pt2 file per architecture and settings, shared

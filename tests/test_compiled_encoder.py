@@ -98,19 +98,19 @@ def test_the_encoder_is_made_in_the_background_and_loaded_at_once_the_next_time(
     made_in = time.perf_counter() - started
     src = batches(model, seed=5)[2]
     with torch.inference_mode():
-        while_compiling = first(model, src)  # the eager encoder meanwhile
+        while_compiling = first(src)  # the eager encoder meanwhile
     assert made_in < 1.0  # returned at once: compiling takes seconds
     assert first.package is None
     wait(first)
     assert first.made
     assert len(list(tmp_path.glob("encoder-*.pt2"))) == 1
     with torch.inference_mode():
-        made = first(model, src)  # loads it
+        made = first(src)  # loads it
     assert first.package is not None
     second = CompiledEncoder(model, rows=ROWS, positions=LENGTH, cache_dir=tmp_path)
     assert second.ready.is_set() and second.package is not None  # loaded at once: no process
     with torch.inference_mode():
-        for got in (made, second(model, src)):
+        for got in (made, second(src)):
             assert torch.equal(got[1], while_compiling[1])
             real = got[1][:, None, None, None, :, None]
             assert torch.equal(torch.where(real, got[0], 0), torch.where(real, while_compiling[0], 0))
@@ -129,7 +129,7 @@ def test_a_batch_the_package_does_not_take_is_encoded_eagerly() -> None:
         for ids in (too_long, too_many):
             src = pad_batch(ids, model.cfg.pad_id, model.device)
             assert not encoder.package.fits(src)
-            kv, mask = encoder(model, src)
+            kv, mask = encoder(src)
             want, want_mask = encode_eagerly(model, src)
             assert torch.equal(mask, want_mask) and torch.equal(kv, want)
 
@@ -173,14 +173,14 @@ def test_two_decoding_threads_encode_through_one_package_at_once() -> None:
     wait(encoder)
     sources = batches(model, seed=7)
     with torch.inference_mode():
-        alone = [encoder(model, src)[0] for src in sources]
+        alone = [encoder(src)[0] for src in sources]
     assert encoder.package is not None
     got: dict[int, list[torch.Tensor]] = {0: [], 1: []}
 
     def encode(thread: int) -> None:
         with torch.inference_mode():
             for _ in range(20):
-                got[thread].extend(encoder(model, src)[0] for src in sources)
+                got[thread].extend(encoder(src)[0] for src in sources)
 
     threads = [threading.Thread(target=encode, args=(i,), daemon=True) for i in (0, 1)]
     for t in threads:
@@ -212,7 +212,7 @@ cache = Path({str(compile_cache_dir())!r})
 encoder = CompiledEncoder(model, rows={ROWS}, positions={LENGTH}, cache_dir=cache)
 assert encoder.ready.wait(300)
 with torch.inference_mode():
-    encoder(model, pad_batch([[5, 6, 7, 3], [8, 3]], 0, model.device))
+    encoder(pad_batch([[5, 6, 7, 3], [8, 3]], 0, model.device))
 assert encoder.package is not None
 print(sorted(m for m in ("torch._inductor", "torch._dynamo", "sympy") if m in sys.modules))
 """

@@ -262,7 +262,7 @@ class CompiledEncoder:
             except Exception:
                 log.exception("loading the encoder failed; encoding eagerly (the same results)")
 
-    def __call__(self, model: Transformer, src: Tensor) -> tuple[Tensor, Tensor]:
+    def __call__(self, src: Tensor) -> tuple[Tensor, Tensor]:
         """``StepRunner.encode``: the package where it is made and takes ``src``, else the model's
         own modules."""
         if self._path is not None:
@@ -274,7 +274,7 @@ class CompiledEncoder:
             # it in its kernel). Two decoding threads deadlocked so; a lock is waited for without it.
             with self._running:
                 return package(src)
-        return encode_eagerly(model, src)
+        return encode_eagerly(self.model, src)
 
 
 def describe(encoder: PackagedEncoder, cache_dir: Path) -> dict[str, Any]:
@@ -295,9 +295,10 @@ def describe(encoder: PackagedEncoder, cache_dir: Path) -> dict[str, Any]:
     }
 
 
-def compile_described(spec: dict[str, Any]) -> Path:
+def compile_described(spec: dict[str, Any]) -> None:
     """Build the architecture ``spec`` describes (``describe``), with weights of its own, and compile
-    its encoder into the cache; raises RuntimeError where its key is not the one described."""
+    its encoder into the cache (unless there already); raises RuntimeError where its key is not the
+    one described."""
     torch.set_num_threads(spec["threads"])
     model = Transformer(ModelConfig(**spec["config"])).to(dtype=getattr(torch, spec["dtype"])).eval()
     if not spec["dropout"]:
@@ -307,10 +308,7 @@ def compile_described(spec: dict[str, Any]) -> Path:
     encoder = PackagedEncoder(model, rows=spec["rows"], positions=spec["positions"])
     if encoder.key() != spec["key"]:
         raise RuntimeError("this process builds another encoder than the one described (its key differs)")
-    path = encoder.path(Path(spec["cache_dir"]))
-    if not path.exists():
-        encoder._compile(path)
-    return path
+    encoder._compile(encoder.path(Path(spec["cache_dir"])))  # (nothing where another process did)
 
 
 if __name__ == "__main__":  # the compiling process of ``CompiledEncoder``

@@ -142,7 +142,7 @@ class PackagedRunner(FreshCaches, Package):
         """``StepRunner.encode``: the encoder's package once it is made, else the eager encoder
         (the same bits)."""
         if self.encoder is not None:
-            return self.encoder(self.step.model, src)
+            return self.encoder(src)
         return encode_eagerly(self.step.model, src)
 
     def export(self) -> torch.export.ExportedProgram:
