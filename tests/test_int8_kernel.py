@@ -1,7 +1,8 @@
 """The int8 linear layer (``model.runtime.prepack.Int8Linear``) against integer arithmetic done
-here, on this CPU's own kernels and on oneDNN's AVX2 ones (``ONEDNN_MAX_CPU_ISA=AVX2``: the
-kernels of the other machine kind, whose u8 x s8 products saturate in int16), and the measured
-``auto`` choice (``model.runtime.precision``)."""
+here, on this CPU's own kernels and on oneDNN's AVX2 and AVX-512-without-VNNI ones
+(``ONEDNN_MAX_CPU_ISA``: the kernels of the other machine kinds, whose u8 x s8 products saturate in
+int16); its two products (``model.runtime.int8mm``) against each other; and the measured ``auto``
+choice (``model.runtime.precision``)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from model.runtime import int8mm
 from model.runtime.precision import int8_pays
 from model.runtime.prepack import Int8Linear
 
@@ -68,11 +70,11 @@ print(float((y - want).abs().max() / want.abs().max()))
 """
 
 
-@pytest.mark.parametrize("isa", ["native", "AVX2"])
-def test_int8_sums_do_not_saturate_on_either_machine_kind(isa: str) -> None:
+@pytest.mark.parametrize("isa", ["native", "AVX2", "AVX512_CORE"])
+def test_int8_sums_do_not_saturate_on_any_machine_kind(isa: str) -> None:
     env = dict(os.environ)
-    if isa == "AVX2":
-        env["ONEDNN_MAX_CPU_ISA"] = "AVX2"  # oneDNN's kernels for CPUs without VNNI
+    if isa != "native":
+        env["ONEDNN_MAX_CPU_ISA"] = isa  # oneDNN's kernels for CPUs without VNNI
     out = subprocess.run(
         [sys.executable, "-c", ADVERSARIAL.format(root=str(ROOT))],
         env=env,
@@ -83,6 +85,54 @@ def test_int8_sums_do_not_saturate_on_either_machine_kind(isa: str) -> None:
     )
     # A saturated int16 pair sum is off by thousands; exact sums leave only float rounding.
     assert float(out.stdout.strip().splitlines()[-1]) < 1e-6, out.stdout
+
+
+REFUSED = """
+import sys, torch
+sys.path.insert(0, {root!r})
+from model.runtime import int8mm
+from model.runtime.prepack import Int8Linear
+print(int8mm.exact(256, 768), Int8Linear(torch.randn(768, 256), None).direct)
+"""
+
+
+@pytest.mark.parametrize("isa", ["AVX2", "AVX512_CORE"])
+def test_gemm_s8s8s32_is_refused_where_its_sums_saturate(isa: str) -> None:
+    # oneDNN's kernels for CPUs without VNNI (AVX2 only; AVX-512 without VNNI) overflow int16 on
+    # signed 7-bit activations: the check finds it, and layers keep oneDNN's primitive.
+    out = subprocess.run(
+        [sys.executable, "-c", REFUSED.format(root=str(ROOT))],
+        env={**os.environ, "ONEDNN_MAX_CPU_ISA": isa},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    assert out.stdout.split() == ["False", "False"], out.stdout
+
+
+@pytest.mark.parametrize("rows", [1, 3, 64])
+def test_a_layer_computes_the_same_bits_through_either_int8_product(
+    rows: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    g = torch.Generator().manual_seed(2)
+    weight, bias = torch.randn(768, 256, generator=g) * 0.05, torch.randn(768, generator=g)
+    x = torch.randn(rows, 256, generator=g) * torch.logspace(-2, 2, rows)[:, None]
+    direct = Int8Linear(weight, bias)
+    monkeypatch.setattr(int8mm, "serves", lambda *shape: False)
+    primitive = Int8Linear(weight, bias)
+    assert not primitive.direct
+    if not int8mm.exact(256, 768):  # a CPU whose gemm_s8s8s32 saturates: the primitive serves
+        assert not direct.direct
+        return
+    assert direct.direct
+    with torch.inference_mode():
+        assert torch.equal(direct(x), primitive(x))
+
+
+def test_large_layers_keep_onednns_primitive() -> None:
+    assert not Int8Linear(torch.randn(int8mm.MAX_OUT + 1, 8), None).direct
+    assert not Int8Linear(torch.randn(8, int8mm.MAX_IN + 1), None).direct
 
 
 def test_auto_int8_is_measured_once_per_machine_and_read_back(tmp_path: Path) -> None:

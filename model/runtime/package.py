@@ -46,6 +46,7 @@ SOURCES = (
     _MODEL / "transformer.py",
     _MODEL / "cache.py",
     _MODEL / "runtime" / "prepack.py",
+    _MODEL / "runtime" / "int8mm.py",
     _MODEL / "runtime" / "package.py",
 )
 

@@ -8,9 +8,11 @@ reason on AMD CPUs.
 
 With ``int8=True`` those layers, and the encoder's, run in int8 instead (``Int8Linear``): weights
 quantized once per output feature, each row of the activations quantized at every call from its
-own range (7 bits: ``ACT_LEVELS``), the product accumulated exactly in int32 by oneDNN's u8s8 GEMM
-(``torch.ops.onednn.qlinear_pointwise``, the kernel TorchInductor's x86 quantization emits). Per
-row, not per batch:
+own range (7 bits: ``ACT_LEVELS``), the product accumulated exactly in int32 by oneDNN: its u8s8
+matmul primitive (``torch.ops.onednn.qlinear_pointwise``, the kernel TorchInductor's x86
+quantization emits), or its BLAS-like ``gemm_s8s8s32`` (``torch._int_mm``) where that is exact on
+the CPU and cheaper for the layer's shape (``model.runtime.int8mm``: the same bits). Per row, not
+per batch:
 with one scale for the whole batch (torch's dynamic quantization), a
 sentence's translation depended on which other sentences shared its batch (137 of 1,000 test_2016
 sentences came out differently alone than in a batch of 64); with a scale per row and exact integer
@@ -36,6 +38,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from model.runtime import int8mm
 from model.transformer import Transformer, replace_modules
 
 log = logging.getLogger(__name__)
@@ -138,10 +141,13 @@ class Int8Embedding(nn.Module):
 
 
 class Int8Linear(PreparedLinear):
-    """The weight in int8, one symmetric scale per output feature, laid out once for oneDNN's u8s8
-    GEMM; each input row quantized with a symmetric scale of its own at every call (``ACT_LEVELS``),
-    the product accumulated exactly in int32, times the weight's scale (in oneDNN, whose own
-    activation scale is 1), then times the row's scale.
+    """The weight in int8, one symmetric scale per output feature; each input row quantized with a
+    symmetric scale of its own at every call (``ACT_LEVELS``), the product accumulated exactly in
+    int32, times the weight's scale, then times the row's scale.
+
+    The product is oneDNN's BLAS-like ``gemm_s8s8s32`` on the plain int8 weight (``direct``) where
+    ``model.runtime.int8mm.serves`` the layer's shape, else its u8s8 matmul primitive on the weight
+    laid out once in its blocked format: the same integer sums, the same bits, at another cost.
 
     Every row is computed from its own values only, so a row's output is bit for bit the same
     whatever the other rows of the batch are (integer sums are exact in any order)."""
@@ -150,24 +156,42 @@ class Int8Linear(PreparedLinear):
         super().__init__(weight, bias, keep=keep)
         qweight, weight_scale = quantize_rows(weight)
         self.weight_scale: Tensor
+        self.qweight: Tensor
         self.packed: Tensor
         self.zero_points: Tensor
         self.fbias: Tensor | None
-        # oneDNN's blocked layout (an opaque tensor: the only copy of the int8 weight kept)
-        self.prepare("packed", torch.ops.onednn.qlinear_prepack(qweight, None))
+        self.direct = int8mm.serves(self.in_features, self.out_features)
+        if self.direct:
+            self.prepare("qweight", qweight)  # (out, in), as gemm_s8s8s32 reads it transposed
+        else:
+            # oneDNN's blocked layout (an opaque tensor: the only copy of the int8 weight kept)
+            self.prepare("packed", torch.ops.onednn.qlinear_prepack(qweight, None))
+            # Weights are symmetric: zero points of 0, int32 as oneDNN takes them (a compiled step
+            # would otherwise hold an int32 copy of its own).
+            self.prepare("zero_points", torch.zeros(self.out_features, dtype=torch.int32))
         self.prepare("weight_scale", weight_scale)
-        # Weights are symmetric: zero points of 0, int32 as oneDNN takes them (a compiled step
-        # would otherwise hold an int32 copy of its own).
-        self.prepare("zero_points", torch.zeros(self.out_features, dtype=torch.int32))
         self.prepare("fbias", None if bias is None else bias.detach().float())
 
     def forward(self, x: Tensor) -> Tensor:
         rows = x.reshape(-1, self.in_features)  # (N, in)
         # (N, 1) max |x| per row (torch.linalg.vector_norm(ord=inf) computes the same 17x slower)
         scale = rows.abs().amax(dim=1, keepdim=True).clamp_(min=1e-12).div_(ACT_LEVELS)
-        q = rows.div(scale).round_().add_(ACT_ZERO).to(torch.uint8)  # 1..127
-        y = torch.ops.onednn.qlinear_pointwise(
-            q,
+        q = rows.div(scale).round_()  # -63..63
+        y = self._direct(q) if self.direct else self._primitive(q)
+        y = y.mul_(scale)
+        if self.fbias is not None:
+            y.add_(self.fbias)
+        return y.view(*x.shape[:-1], self.out_features)
+
+    def _direct(self, q: Tensor) -> Tensor:
+        """(N, out): the int32 sums of ``q`` (N, in), -63..63, x weight scales, as the primitive's."""
+        return torch._int_mm(q.to(torch.int8), self.qweight.t()).to(torch.float32).mul(self.weight_scale)
+
+    def _primitive(self, q: Tensor) -> Tensor:
+        """(N, out): the int32 sums of ``q`` (N, in), -63..63, x weight scales (oneDNN's primitive,
+        its activations unsigned around ``ACT_ZERO``: 1..127)."""
+        return torch.ops.onednn.qlinear_pointwise(
+            q.add(ACT_ZERO).to(torch.uint8),
             1.0,
             ACT_ZERO,
             self.packed,
@@ -180,11 +204,7 @@ class Int8Linear(PreparedLinear):
             "none",
             [],
             "",
-        )  # (N, out): int32 sums x weight scales
-        y = y.mul_(scale)
-        if self.fbias is not None:
-            y.add_(self.fbias)
-        return y.view(*x.shape[:-1], self.out_features)
+        )
 
 
 def available(int8: bool = False) -> bool:

@@ -1,0 +1,72 @@
+"""Which int8 product a linear layer of a given shape calls: oneDNN's BLAS-like ``gemm_s8s8s32``
+(``torch._int_mm``) where it is exact on this CPU and pays, else oneDNN's matmul primitive
+(``torch.ops.onednn.qlinear_pointwise``).
+
+Both sum the same integers exactly in int32 and then multiply each sum by its weight's scale once,
+so a layer computes the same bits through either (``Int8Linear``; tested). What differs is the cost
+of a call: ``qlinear_pointwise`` builds oneDNN's primitive descriptor at every call (~20 us on our
+2-vCPU AMD EPYC, avx512_vnni), which was most of a decoding step for one sentence on the shipped
+model (19 such calls a step); ``gemm_s8s8s32`` takes the plain int8 weight and starts at once
+(one thread, 256 x 256 weight: 2.3 us against 26 for one row, 14 against 35 for 32 rows). It is
+slower where the weight is large (512 x 58,101: 2.1 against 1.2 ms for one row; 2,048 x 512:
+4x for 4 rows): hence ``MAX_IN`` and ``MAX_OUT``.
+
+Exact only where the CPU sums u8 x s8 products without an int16 step. oneDNN makes signed
+activations unsigned by adding 128; on a CPU without VNNI (AVX2 only, or AVX-512 without VNNI) it
+then multiplies with ``vpmaddubsw``, whose int16 pair sums overflow for 7-bit activations
+(191 x 127 x 2 > 32,767), and its one-row kernel does so whichever operand comes first. So every
+shape is checked once per process (``exact``) on the sums that would overflow, for one row and for
+several (oneDNN's one-row and many-row kernels differ): where any sum is off, the layer keeps
+``qlinear_pointwise``, whose unsigned 7-bit activations never overflow (``prepack.ACT_LEVELS``).
+"""
+
+from __future__ import annotations
+
+from functools import cache
+
+import torch
+
+# A layer of (out, in) features calls ``gemm_s8s8s32`` where in <= MAX_IN and out <= MAX_OUT (and
+# where it is exact): measured per call on one thread of the AMD EPYC (avx512_vnni) at 1, 4, 32 and
+# 64 rows, it was faster than or within 8% of ``qlinear_pointwise`` for every such shape of the shipped
+# model and of OPUS-MT's size (256-1,024 in, up to 8,000 out; 512 in, up to 2,048 out), 2-10x
+# faster for one row; 2,048 in or 58,101 out were slower at every row count but one.
+MAX_IN = 1024
+MAX_OUT = 8192
+
+# Row counts whose sums are checked: one (oneDNN's vector kernel) and more (its matrix kernels).
+CHECKED_ROWS = (1, 2, 3, 8, 33, 64)
+
+
+def serves(in_features: int, out_features: int) -> bool:
+    """Whether a layer of this shape calls ``torch._int_mm``: within ``MAX_IN`` and ``MAX_OUT``,
+    and exact here."""
+    return in_features <= MAX_IN and out_features <= MAX_OUT and exact(in_features, out_features)
+
+
+@cache
+def exact(in_features: int, out_features: int) -> bool:
+    """Whether ``torch._int_mm(q, w.t())`` sums 7-bit activations ``q`` (rows, in) times 8-bit
+    weights ``w`` (out, in) exactly on this CPU, for every row count of ``CHECKED_ROWS``: the
+    activations at +63 (unsigned, 191: the largest pair sums) against weights at +127 and at -127,
+    and random ones, against float64 sums (exact: every partial sum is an integer below 2**53)."""
+    if not torch.backends.mkldnn.is_available():  # ATen's fallback is exact, and far too slow
+        return False
+    g = torch.Generator().manual_seed(0)
+    with torch.inference_mode():
+        for rows in CHECKED_ROWS:
+            random_q = torch.randint(-63, 64, (rows, in_features), dtype=torch.int8, generator=g)
+            random_w = torch.randint(-127, 128, (out_features, in_features), dtype=torch.int8, generator=g)
+            highest = torch.full((rows, in_features), 63, dtype=torch.int8)
+            for q, w in (
+                (highest, torch.full((out_features, in_features), 127, dtype=torch.int8)),
+                (highest, torch.full((out_features, in_features), -127, dtype=torch.int8)),
+                (random_q, random_w),
+            ):
+                try:
+                    got = torch._int_mm(q, w.t())
+                except RuntimeError:  # a build or shape it refuses
+                    return False
+                if not torch.equal(got.double(), q.double() @ w.double().t()):
+                    return False
+    return True
