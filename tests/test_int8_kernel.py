@@ -131,8 +131,10 @@ def test_a_layer_computes_the_same_bits_through_either_int8_product(
 
 
 def test_large_layers_keep_onednns_primitive() -> None:
-    assert not Int8Linear(torch.randn(int8mm.MAX_OUT + 1, 8), None).direct
-    assert not Int8Linear(torch.randn(8, int8mm.MAX_IN + 1), None).direct
+    wide = int8mm.SMALL_IN + 1
+    assert not Int8Linear(torch.randn(int8mm.SMALL_WEIGHT // wide + 1, wide), None).direct
+    assert not Int8Linear(torch.randn(int8mm.SMALL_OUT + 1, int8mm.SMALL_IN), None).direct
+    assert Int8Linear(torch.randn(8, wide), None).direct == int8mm.exact(wide, 8)
 
 
 def test_auto_int8_is_measured_once_per_machine_and_read_back(tmp_path: Path) -> None:

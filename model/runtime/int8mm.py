@@ -9,7 +9,7 @@ of a call: ``qlinear_pointwise`` builds oneDNN's primitive descriptor at every c
 model (19 such calls a step); ``gemm_s8s8s32`` takes the plain int8 weight and starts at once
 (one thread, 256 x 256 weight: 2.3 us against 26 for one row, 14 against 35 for 32 rows). It is
 slower where the weight is large (512 x 58,101: 2.1 against 1.2 ms for one row; 2,048 x 512:
-4x for 4 rows): hence ``MAX_IN`` and ``MAX_OUT``.
+4x for 4 rows): hence ``SMALL_WEIGHT``.
 
 Exact only where the CPU sums u8 x s8 products without an int16 step. oneDNN makes signed
 activations unsigned by adding 128; on a CPU without VNNI (AVX2 only, or AVX-512 without VNNI) it
@@ -26,22 +26,28 @@ from functools import cache
 
 import torch
 
-# A layer of (out, in) features calls ``gemm_s8s8s32`` where in <= MAX_IN and out <= MAX_OUT (and
-# where it is exact): measured per call on one thread of the AMD EPYC (avx512_vnni) at 1, 4, 32 and
-# 64 rows, it was faster than or within 8% of ``qlinear_pointwise`` for every such shape of the shipped
-# model and of OPUS-MT's size (256-1,024 in, up to 8,000 out; 512 in, up to 2,048 out), 2-10x
-# faster for one row; 2,048 in or 58,101 out were slower at every row count but one.
-MAX_IN = 1024
-MAX_OUT = 8192
+# A layer of (out, in) features calls ``gemm_s8s8s32`` where in x out <= SMALL_WEIGHT, or in <=
+# SMALL_IN and out <= SMALL_OUT (and where it is exact). Unlike the primitive, it packs its weight at
+# every call of more than one row: cheap for a weight that stays in cache, not for a large one.
+# Measured on the AMD EPYC (avx512_vnni): every layer of the shipped model (256 wide: 256 x 256 to
+# 256 x 8,000 and 1,024 x 256) was faster at 1 row (2.3 against 26 us at 256 x 256) and as fast or
+# faster at 32 and 64; with OPUS-MT's 512 x 1,536 and 512 x 2,048 layers too, the service decoded
+# 6.6% fewer sentences/s under load (86.8 against 92.9, greedy, ``benchmarks.opus_size`` back to
+# back), so of that size only its 512 x 512 layers call it (91 against 123 us at 32 rows, 28
+# against 68 at one).
+SMALL_WEIGHT = 512 * 512
+SMALL_IN, SMALL_OUT = 256, 8192  # the shipped model's output projection, measured (256 x 8,000)
 
 # Row counts whose sums are checked: one (oneDNN's vector kernel) and more (its matrix kernels).
 CHECKED_ROWS = (1, 2, 3, 8, 33, 64)
 
 
 def serves(in_features: int, out_features: int) -> bool:
-    """Whether a layer of this shape calls ``torch._int_mm``: within ``MAX_IN`` and ``MAX_OUT``,
-    and exact here."""
-    return in_features <= MAX_IN and out_features <= MAX_OUT and exact(in_features, out_features)
+    """Whether a layer of this shape calls ``torch._int_mm``: a small one (``SMALL_WEIGHT``,
+    ``SMALL_IN`` and ``SMALL_OUT``), where it is exact."""
+    small = in_features * out_features <= SMALL_WEIGHT
+    small |= in_features <= SMALL_IN and out_features <= SMALL_OUT
+    return small and exact(in_features, out_features)
 
 
 @cache
