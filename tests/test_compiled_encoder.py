@@ -16,6 +16,7 @@ from conftest import compile_cache_dir, needs_cpu_package, random_model, synthet
 from torch import nn
 
 from model.decoding.batch import pad_batch
+from model.runtime import shims
 from model.runtime.encoder import CompiledEncoder, PackagedEncoder, encode_eagerly, keep_kernels
 from model.runtime.prepack import prepack
 from model.runtime.runners import PackagedRunner
@@ -55,8 +56,9 @@ def batches(model: Transformer, seed: int) -> list[torch.Tensor]:
 def test_the_compiled_encoder_gives_every_bit_the_eager_encoder_gives(int8: bool, pre_norm: bool) -> None:
     needs_cpu_package()
     model = served(int8=int8, pre_norm=pre_norm)  # (not inference tensors: export takes none)
-    encoder = PackagedEncoder(model, rows=ROWS, positions=LENGTH)
+    encoder = PackagedEncoder(model, rows=ROWS, positions=LENGTH, shims=shims.library(compile_cache_dir()))
     encoder.prepare(compile_cache_dir())
+    assert encoder.native  # through its C interface, without the GIL: its LayerNorm a C shim
     packed = unpacked = 0
     with torch.inference_mode():
         compared = [(src, encoder(src), encode_eagerly(model, src)) for src in batches(model, seed=int(int8))]
@@ -76,7 +78,7 @@ def test_the_compiled_encoder_gives_every_bit_the_eager_encoder_gives(int8: bool
 
 def test_layer_norm_is_left_to_atens_kernel_in_the_exported_encoder() -> None:
     model = random_model(seed=3, pre_norm=True, vocab_size=96)
-    program = PackagedEncoder(model, rows=ROWS, positions=LENGTH).export()
+    program = PackagedEncoder(model, rows=ROWS, positions=LENGTH, shims=Path("unused")).export()
     targets = [n.target for n in program.graph.nodes if n.op == "call_function"]
     # Each encoder layer's two, and the encoder's final one (pre-LN); the decoder's are not run.
     norms = [m for m in model.encoder.modules() if isinstance(m, nn.LayerNorm)] + [model.encoder_norm]
@@ -202,6 +204,7 @@ import sys, torch
 from pathlib import Path
 torch.set_num_threads(1)
 from model.decoding.batch import pad_batch
+from model.runtime import shims
 from model.runtime.encoder import CompiledEncoder
 from model.runtime.prepack import prepack
 from model.transformer import strip_dropout
@@ -221,3 +224,28 @@ print(sorted(m for m in ("torch._inductor", "torch._dynamo", "sympy") if m in sy
         [sys.executable, "-c", script], cwd=root, capture_output=True, text=True, timeout=600, check=False
     )
     assert out.stdout.strip().splitlines()[-1] == "[]", out.stdout + out.stderr
+
+
+def test_where_the_shims_library_cannot_be_built_the_eager_encoder_stays(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    needs_cpu_package()
+    broken = tmp_path / "shims.cpp"
+    broken.write_text("this is not C++\n")
+    with monkeypatch.context() as m:
+        m.setattr(shims, "SOURCE", broken)
+        with pytest.raises(RuntimeError, match="building shims.cpp failed"):
+            shims.library(tmp_path / "lib")
+    assert not any((tmp_path / "lib").glob("*.so"))  # nothing half-built left to load
+    # The compiling process cannot build it either (its lock is not a file here): no package.
+    model = served(int8=True, pre_norm=False)
+    shims.path(tmp_path).with_suffix(".lock").mkdir()
+    encoder = CompiledEncoder(model, rows=ROWS, positions=LENGTH, cache_dir=tmp_path)
+    wait(encoder)
+    assert not encoder.made and not list(tmp_path.glob("encoder-*.pt2"))
+    assert "IsADirectoryError" in caplog.text  # (the compiling process's reason, logged)
+    src = batches(model, seed=6)[3]
+    with torch.inference_mode():
+        kv, mask = encoder(src)
+        want, want_mask = encode_eagerly(model, src)
+    assert torch.equal(mask, want_mask) and torch.equal(kv, want)

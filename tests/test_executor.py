@@ -19,7 +19,7 @@ from conftest import SENTENCES, compile_cache_dir, needs_cpu_package, synthetic_
 
 from app.monitoring.metrics import Metrics, process_metrics
 from app.serving.protocol import Sentence, SentenceResult
-from app.serving.worker.executor import BACKGROUND_EVERY, JOIN_RATIO, JOIN_WAIT_STEPS, Executor
+from app.serving.worker.executor import BACKGROUND_EVERY, JOIN_RATIO, JOIN_WAIT_STEPS, KEEP_EMPTY_S, Executor
 from app.serving.worker.held import HeldSentence
 from app.serving.worker.inbox import Inbox
 from app.serving.worker.models import ModelTable
@@ -281,6 +281,24 @@ def test_a_short_job_overtakes_a_long_batch(
     assert short_done < long_done - 10
     expected = endless.translate_batch([SHORT], beam_size=1)[0].tokens
     assert tokens(finished[short.id][1]) == expected
+
+
+def test_an_emptied_batch_keeps_its_cache_for_the_next_job_until_it_has_been_empty_a_while(
+    translator: Translator, make_executor: Callable[..., Executor]
+) -> None:
+    inbox = Inbox()
+    executor = make_executor(translator, inbox)
+    first, second = job(translator, SHORT, beam_size=2), job(translator, LONG[0], beam_size=2)
+    drive(executor, inbox, {0: [first]})
+    [lane] = executor.lanes.values()
+    assert not len(lane.running) and lane.emptied is not None
+    cache = lane.running.cache
+    executor.drop_empty(lane.emptied - KEEP_EMPTY_S)  # not empty long enough: kept
+    finished = drive(executor, inbox, {0: [second]})
+    assert executor.lanes == {(MODEL, False): lane} and lane.running.cache is cache  # decoded in it
+    assert tokens(finished[second.id][1]) == translator.translate_batch([LONG[0]], beam_size=2)[0].tokens
+    executor.drop_empty(lane.emptied + KEEP_EMPTY_S)
+    assert executor.lanes == {}  # the cache is gone with the lane
 
 
 def test_newcomers_join_a_running_batch_in_groups(

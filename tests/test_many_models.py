@@ -62,12 +62,14 @@ def job(translator: Translator, model: str, text: str, beam_size: int = 1) -> Se
 
 
 def drive(executor: Executor, inbox: Inbox) -> tuple[dict[int, list[list[int]]], list[int]]:
-    """Iterate until nothing runs or waits: each job's n-best tokens, and the iteration each finished at."""
+    """Iterate until nothing runs or waits, then as the worker does when idle (``drop_empty``): each
+    job's n-best tokens, and the iteration each finished at."""
     finished: dict[int, list[list[int]]] = {}
     order: list[int] = []
     with torch.inference_mode():
         for i in itertools.count():
             if not (inbox.waiting or executor.busy):
+                executor.drop_empty()
                 return finished, order
             assert i < 5000, "the executor does not finish"
             for done, result in executor.iteration():

@@ -20,13 +20,14 @@ The same bits as the eager encoder, so that swapping one for the other changes n
   into 0.05 now and then; attention is ATen's kernel anyway;
 - the rest is elementwise arithmetic done in the same order, and the linear layers' oneDNN calls.
 
-That operator is Python, called back from the package by torch's loader (its proxy executor runs
-what the package's C interface cannot): the encoder runs through torch's binding, holding the GIL
-(as the eager encoder does for most of its time: its operators are small), not through
-``model.runtime.native``; the decoding threads of a process share one package, one call at a time.
-Compiling it takes ~20 s of a core, so the first start has a process of its own make it, at a
-lower priority (``CompiledEncoder``), while the eager encoder serves: the same bits, so the moment
-it takes over changes no translation.
+The package calls that operator through its C shim (``model.runtime.shims``: a small library
+built beside the package, calling the same ATen kernel), not back in Python: so the encoder runs
+through the package's C interface without the GIL (``model.runtime.native``), as the step does, and
+a decoding thread encodes while the others decode; the decoding threads of a process share one
+package, one call at a time. Compiling it takes ~20 s of a core, so the first start has a process
+of its own make it (and the shims' library), at a lower priority (``CompiledEncoder``), while the
+eager encoder serves: the same bits, so the moment it takes over changes no translation; where it
+cannot be made, the eager encoder stays.
 
 The tests compare every output bit with the eager encoder's.
 """
@@ -49,7 +50,7 @@ from torch import Tensor, nn
 
 from model.config import ModelConfig
 from model.layers import Packing, aligned
-from model.runtime import lower_priority
+from model.runtime import lower_priority, shims
 from model.runtime.package import SOURCES, Package
 from model.runtime.prepack import prepack
 from model.transformer import Transformer, strip_dropout
@@ -133,16 +134,18 @@ class EncodeStep(nn.Module):
 
 class PackagedEncoder(Package):
     """``EncodeStep`` as a package, for batches of 1 to ``rows`` inputs of up to ``positions``
-    tokens (``fits``); called as ``StepRunner.encode``, through torch's loader (see the module's
-    docstring)."""
+    tokens (``fits``); called as ``StepRunner.encode``, through its C interface, its LayerNorm
+    through the shims' library ``shims`` (``model.runtime.shims.path``), loaded first (see the
+    module's docstring)."""
 
     name = "encoder"
-    sources = (*SOURCES, Path(__file__))
+    sources = (*SOURCES, Path(__file__), Path(shims.__file__))
 
-    def __init__(self, model: Transformer, *, rows: int, positions: int) -> None:
-        super().__init__(EncodeStep(model).eval(), model, native=False)
+    def __init__(self, model: Transformer, *, rows: int, positions: int, shims: Path) -> None:
+        super().__init__(EncodeStep(model).eval(), model)
         self.rows = rows
         self.length = min(aligned(positions), model.cfg.max_positions)
+        self.shims = shims
 
     def fits(self, src: Tensor) -> bool:
         """Whether the graph takes ``src``: its batch and length within the symbols' ranges."""
@@ -154,7 +157,14 @@ class PackagedEncoder(Package):
         return self.run((src, index))[0], mask
 
     def about(self) -> dict[str, Any]:
-        return {"rows": self.rows, "length": self.length}
+        return {"rows": self.rows, "length": self.length, "shims": shims.digest()}
+
+    def inductor_configs(self) -> dict[str, Any]:
+        return shims.inductor_configs()
+
+    def _load(self, path: Path) -> None:
+        shims.load(self.shims)  # first: the package's library looks for the shims' functions there
+        super()._load(path)
 
     def export(self) -> torch.export.ExportedProgram:
         """The encoder over 1 to ``rows`` inputs, 2 to ``length`` padded positions and 1 to all of
@@ -199,12 +209,13 @@ class CompiledEncoder:
         self.model = model
         self.package: PackagedEncoder | None = None
         self.ready = threading.Event()  # set once it can be loaded, or given up
-        self._encoder = PackagedEncoder(model, rows=rows, positions=positions)
+        library = shims.path(cache_dir)
+        self._encoder = PackagedEncoder(model, rows=rows, positions=positions, shims=library)
         self._path: Path | None = None  # made, not loaded yet
         self._lock = threading.Lock()  # held while the package is loaded
         self._running = threading.Lock()  # held while it runs
         path = self._encoder.path(cache_dir)
-        if path.exists():
+        if path.exists() and library.exists():
             self._path = path
             self._take()
             self.ready.set()
@@ -269,9 +280,8 @@ class CompiledEncoder:
             self._take()
         package = self.package
         if package is not None and package.fits(src):
-            # One call at a time: torch's binding waits for the package's one model while holding
-            # the GIL, and the call under way needs the GIL back after each LayerNorm (ATen releases
-            # it in its kernel). Two decoding threads deadlocked so; a lock is waited for without it.
+            # One call at a time: the package has one model (a second call would wait in it; here
+            # it waits without the GIL, as in the call).
             with self._running:
                 return package(src)
         return encode_eagerly(self.model, src)
@@ -305,7 +315,8 @@ def compile_described(spec: dict[str, Any]) -> None:
         strip_dropout(model)
     if spec["linears"] != "plain":
         prepack(model, int8=spec["linears"] == "int8", keep_float=False)
-    encoder = PackagedEncoder(model, rows=spec["rows"], positions=spec["positions"])
+    library = shims.library(Path(spec["cache_dir"]))  # (built here, once; RuntimeError where it cannot be)
+    encoder = PackagedEncoder(model, rows=spec["rows"], positions=spec["positions"], shims=library)
     if encoder.key() != spec["key"]:
         raise RuntimeError("this process builds another encoder than the one described (its key differs)")
     encoder._compile(encoder.path(Path(spec["cache_dir"])))  # (nothing where another process did)

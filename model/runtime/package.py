@@ -83,6 +83,10 @@ class Package:
         """What else the graph depends on, beyond what every package's key names."""
         return {}
 
+    def inductor_configs(self) -> dict[str, Any]:
+        """TorchInductor's settings for this package, beyond every package's."""
+        return {}
+
     def run(self, args: tuple[Tensor, ...]) -> list[Tensor]:
         """The package's outputs, flat, for its inputs, flat."""
         return self._native(*args) if self._native is not None else self._loader.run(args)
@@ -196,7 +200,10 @@ class Package:
                     torch._inductor.aoti_compile_and_package(
                         program,
                         package_path=str(tmp),
-                        inductor_configs={"aot_inductor.package_constants_in_so": False},
+                        inductor_configs={
+                            "aot_inductor.package_constants_in_so": False,
+                            **self.inductor_configs(),
+                        },
                     )
                 os.replace(tmp, path)  # whole or not at all: a reader never sees half a package
             finally:

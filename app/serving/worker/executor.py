@@ -13,10 +13,13 @@ Several models: each model with sentences in this worker has a running batch of 
 ``Lane``), and the models step in turn, one step each, round-robin over those with rows running
 or sentences waiting, so that every model progresses whatever the others' backlogs. A model not
 held yet is loaded at its turn (``app.serving.worker.models.ModelTable``: the other models wait for the
-load). A lane whose batch empties is dropped, its cache with it: an idle model holds its weights,
-not a cache. ``max_batch_size`` bounds the rows of all the running batches together (the memory of
-their caches and the time of a round), except that a model with no rows running always takes one
-sentence: no model waits for another model's batch to drain.
+load). A lane whose batch empties is kept for ``KEEP_EMPTY_S``, so that the next sentence for its
+model decodes into a cache whose pages are mapped already (a new cache's page faults cost a lone
+beam-5 sentence ~1 ms), then dropped with its cache, as every empty one is when the worker goes
+idle (``drop_empty``): an idle model holds its weights, not a cache. ``max_batch_size`` bounds the
+rows of all the running batches together (the memory of their caches and the time of a round),
+except that a model with no rows running always takes one sentence: no model waits for another
+model's batch to drain.
 
 Document jobs (``HeldSentence.background``): a model's document sentences run in a batch of their own, a
 second lane, which steps only when the model has no typed sentence running or waiting, or one step in
@@ -41,6 +44,9 @@ from app.serving.worker.held import HeldSentence
 from app.serving.worker.models import LoadedModel, ModelTable
 from model.decoding.batch import JOIN_RATIO, JOIN_WAIT_STEPS, RunningBatch, Source
 from model.decoding.search import Hypothesis
+
+# How long a lane whose batch emptied keeps its cache for the next sentence of its model.
+KEEP_EMPTY_S = 1.0
 
 log = logging.getLogger(__name__)
 
@@ -102,6 +108,7 @@ class Lane:
             word_continuations=translator.tokenizer.word_continuations(),
         )
         self.joining: list[HeldSentence] = []  # taken from the source, being encoded into the batch
+        self.emptied: float | None = None  # time.monotonic() when its batch last emptied
         # Forced at the start of every output of this model (an Argos package's target_prefix).
         self.prefix = tuple(translator.info.output_prefix)
 
@@ -186,6 +193,8 @@ class Executor:
         its model loads (``ModelTable.begin``: on the worker's loader, or here without one)."""
         lane = self.lanes.get((name, background))
         if lane is None:
+            if name not in self.models.loaded:  # a model kept for its emptied batch only may make room
+                self.drop_empty()
             model = self.models.begin(name, busy={n for n, _ in self.lanes})
             if model is None:
                 return None
@@ -234,6 +243,8 @@ class Executor:
         # once; loads the worker's loader finished: the models join, or their sentences fail.
         for asked in self.source.take_loads():
             if asked in self.models.names:
+                if asked not in self.models.loaded:  # a model kept for its emptied batch only may make room
+                    self.drop_empty()
                 self.models.begin(asked, busy={n for n, _ in self.lanes}, waited=False)
         failures = [o for name, error in self.models.collect() for o in self._fail_waiting(name, error)]
         name = self._next()
@@ -258,10 +269,27 @@ class Executor:
             self.lanes.pop(key)
             self._gauge(lane, 0)
             return failures + [(sentence, failed) for sentence in sentences]
-        if not len(lane.running) and not self.source.waiting_for(name, background):
-            del self.lanes[key]  # idle: its cache goes, its weights stay (until ``trim``)
-            self.models.trim(busy={n for n, _ in self.lanes})
+        now = time.monotonic()
+        if len(lane.running) or self.source.waiting_for(name, background):
+            lane.emptied = None
+        elif lane.emptied is None:
+            lane.emptied = now
+        self.drop_empty(now - KEEP_EMPTY_S)
         return outcomes
+
+    def drop_empty(self, emptied_by: float = float("inf")) -> None:
+        """Drop the lanes whose batch emptied by ``emptied_by`` (``time.monotonic()``; by default
+        every empty one: the worker is idle) and nobody waits for: their caches go, their models'
+        weights stay (until ``ModelTable.trim``)."""
+        gone = [
+            key
+            for key, lane in self.lanes.items()
+            if lane.emptied is not None and lane.emptied <= emptied_by and not self.source.waiting_for(*key)
+        ]
+        for key in gone:
+            del self.lanes[key]
+        if gone:
+            self.models.trim(busy={n for n, _ in self.lanes})
 
     def _iteration(self, lane: Lane) -> list[Outcome]:
         lane.joining = self._take(lane)

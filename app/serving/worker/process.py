@@ -170,8 +170,9 @@ def _serve_one(
         with torch.inference_mode():
             while True:
                 if not executor.busy and inbox.quiet(IDLE_RELEASE_S):
-                    # Idle: what the last burst's peak left in the heap goes back to the OS
-                    # (kept for reuse while busy: model.runtime.allocator).
+                    # Idle: the emptied batches' caches go, and what the last burst's peak left in
+                    # the heap goes back to the OS (kept for reuse while busy: model.runtime.allocator).
+                    executor.drop_empty()
                     release_freed_memory()
                 if not inbox.wait_until(executor.runnable):
                     break
