@@ -9,6 +9,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -16,6 +17,7 @@ from conftest import compile_cache_dir, needs_cpu_package, random_model, synthet
 from torch import nn
 
 from model.decoding.batch import pad_batch
+from model.runtime import encoder as encoder_module
 from model.runtime import shims
 from model.runtime.encoder import CompiledEncoder, PackagedEncoder, encode_eagerly, keep_kernels
 from model.runtime.prepack import prepack
@@ -92,20 +94,34 @@ def wait(encoder: CompiledEncoder) -> None:
     assert encoder.ready.wait(300), "the encoder was not made in 300 s"
 
 
-def test_the_encoder_is_made_in_the_background_and_loaded_at_once_the_next_time(tmp_path: Path) -> None:
+def test_the_encoder_is_made_in_the_background_and_loaded_at_once_the_next_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     needs_cpu_package()
+    compilers: list[list[str]] = []
+    run = subprocess.run
+
+    def counted(command: list[str], **kwargs: Any) -> subprocess.CompletedProcess[str]:
+        compilers.append(command)
+        return run(command, **kwargs)
+
+    monkeypatch.setattr(encoder_module.subprocess, "run", counted)
     model = served(int8=True, pre_norm=True)
     started = time.perf_counter()
     first = CompiledEncoder(model, rows=ROWS, positions=LENGTH, cache_dir=tmp_path)
     made_in = time.perf_counter() - started
+    # Another model of the same architecture, meanwhile: it waits for the same package.
+    other = CompiledEncoder(served(int8=True, pre_norm=True), rows=ROWS, positions=LENGTH, cache_dir=tmp_path)
     src = batches(model, seed=5)[2]
     with torch.inference_mode():
         while_compiling = first(src)  # the eager encoder meanwhile
     assert made_in < 1.0  # returned at once: compiling takes seconds
     assert first.package is None
     wait(first)
-    assert first.made
+    wait(other)
+    assert first.made and other.made
     assert len(list(tmp_path.glob("encoder-*.pt2"))) == 1
+    assert len(compilers) == 1  # one compiling process for the two
     with torch.inference_mode():
         made = first(src)  # loads it
     assert first.package is not None
@@ -204,7 +220,6 @@ import sys, torch
 from pathlib import Path
 torch.set_num_threads(1)
 from model.decoding.batch import pad_batch
-from model.runtime import shims
 from model.runtime.encoder import CompiledEncoder
 from model.runtime.prepack import prepack
 from model.transformer import strip_dropout
