@@ -264,3 +264,12 @@ def test_where_the_shims_library_cannot_be_built_the_eager_encoder_stays(
         kv, mask = encoder(src)
         want, want_mask = encode_eagerly(model, src)
     assert torch.equal(mask, want_mask) and torch.equal(kv, want)
+
+
+def test_shims_named_like_a_function_of_torchs_own_are_not_loaded(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A later torch with a shim of its own under one of our names: which one a package would call
+    would not be ours to say, so ours are not loaded (the encoder then stays eager)."""
+    declaration = "AOTITorchError aoti_torch_cpu__int_mm_out(AtenTensorHandle out, AtenTensorHandle a)"
+    monkeypatch.setitem(shims.DECLARATIONS, "aten::_int_mm", declaration)
+    with pytest.raises(RuntimeError, match="aoti_torch_cpu__int_mm_out"):
+        shims.load(Path("never-loaded.so"))

@@ -113,11 +113,22 @@ def _command(output: Path) -> list[str]:
 
 def load(library: Path) -> None:
     """Load the library into the process's global symbol scope (once): the packages that call its
-    functions find them there when they are loaded."""
+    functions find them there when they are loaded. Raises RuntimeError where torch's own library
+    defines a function of the same name (a later torch's shim of its own: which one a package would
+    call is then not ours to say)."""
     with _lock:
-        if library not in _loaded:
-            ctypes.CDLL(str(library), mode=ctypes.RTLD_GLOBAL)
-            _loaded.add(library)
+        if library in _loaded:
+            return
+        torch_cpu = ctypes.CDLL(str(Path(torch.__file__).parent / "lib" / "libtorch_cpu.so"))
+        if taken := [name for name in functions() if hasattr(torch_cpu, name)]:
+            raise RuntimeError(f"torch defines {', '.join(taken)} itself: the shims are not loaded")
+        ctypes.CDLL(str(library), mode=ctypes.RTLD_GLOBAL)
+        _loaded.add(library)
+
+
+def functions() -> list[str]:
+    """The names of the library's functions, as ``DECLARATIONS`` declare them."""
+    return [declaration.split("(")[0].split()[-1] for declaration in DECLARATIONS.values()]
 
 
 def inductor_configs() -> dict[str, object]:
