@@ -11,10 +11,10 @@ operators' shims: no Python, no GIL, and the decoding threads of a process encod
 decode. The function calls the same ATen kernel as the Python implementation: the same bits.
 
 The library is built once per source and torch (``library``: the C++ compiler the packages are
-compiled with, ~4 s), by the process that compiles a package calling it, and loaded into the
-global symbol scope (``load``) before any such package: the package's library leaves the
-function's symbol to be found there. Where it cannot be built, neither can a package (the same
-compiler, the same headers): the caller keeps its eager path.
+compiled with, ~4 s on our 2-vCPU AMD EPYC, avx512_vnni), by the process that compiles a package
+calling it, and loaded into the global symbol scope (``load``) before any such package: the
+package's library leaves the function's symbol to be found there. Where it cannot be built,
+neither can a package (the same compiler, the same headers): the caller keeps its eager path.
 """
 
 from __future__ import annotations

@@ -15,11 +15,11 @@ or sentences waiting, so that every model progresses whatever the others' backlo
 held yet is loaded at its turn (``app.serving.worker.models.ModelTable``: the other models wait for the
 load). A lane whose batch empties is kept for ``KEEP_EMPTY_S``, so that the next sentence for its
 model decodes into a cache whose pages are mapped already (a new cache's page faults cost a lone
-beam-5 sentence ~1 ms), then dropped with its cache, as every empty one is when the worker goes
-idle (``drop_empty``): an idle model holds its weights, not a cache. ``max_batch_size`` bounds the
-rows of all the running batches together (the memory of their caches and the time of a round),
-except that a model with no rows running always takes one sentence: no model waits for another
-model's batch to drain.
+beam-5 sentence ~1 ms on our 2-vCPU AMD EPYC, avx512_vnni), then dropped with its cache, as every
+empty one is when the worker goes idle (``drop_empty``): an idle model holds its weights, not a
+cache. ``max_batch_size`` bounds the rows of all the running batches together (the memory of their
+caches and the time of a round), except that a model with no rows running always takes one
+sentence: no model waits for another model's batch to drain.
 
 Document jobs (``HeldSentence.background``): a model's document sentences run in a batch of their own, a
 second lane, which steps only when the model has no typed sentence running or waiting, or one step in
