@@ -193,9 +193,7 @@ class Executor:
         its model loads (``ModelTable.begin``: on the worker's loader, or here without one)."""
         lane = self.lanes.get((name, background))
         if lane is None:
-            if name not in self.models.loaded:  # a model kept for its emptied batch only may make room
-                self.drop_empty()
-            model = self.models.begin(name, busy={n for n, _ in self.lanes})
+            model = self._begin(name)
             if model is None:
                 return None
             bound = self.metrics.of_model(name) if self.metrics is not None else None
@@ -203,6 +201,13 @@ class Executor:
         else:
             self.models.get(name)  # (most recently used)
         return lane
+
+    def _begin(self, name: str, *, waited: bool = True) -> LoadedModel | None:
+        """``ModelTable.begin`` with the models of the lanes as busy; a model to be loaded first
+        drops the emptied lanes (a model kept for its emptied batch only may make room)."""
+        if name not in self.models.loaded:
+            self.drop_empty()
+        return self.models.begin(name, busy={n for n, _ in self.lanes}, waited=waited)
 
     def _has_work(self, name: str, background: bool) -> bool:
         lane = self.lanes.get((name, background))
@@ -243,9 +248,7 @@ class Executor:
         # once; loads the worker's loader finished: the models join, or their sentences fail.
         for asked in self.source.take_loads():
             if asked in self.models.names:
-                if asked not in self.models.loaded:  # a model kept for its emptied batch only may make room
-                    self.drop_empty()
-                self.models.begin(asked, busy={n for n, _ in self.lanes}, waited=False)
+                self._begin(asked, waited=False)
         failures = [o for name, error in self.models.collect() for o in self._fail_waiting(name, error)]
         name = self._next()
         if name is None:
