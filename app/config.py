@@ -253,7 +253,8 @@ class Settings(BaseSettings):
     compile: bool = True
     # With the compiled CPU step, the encoder compiled too (model.runtime.encoder): about twice as
     # fast as eager, the same bits; made in the background the first time (~20 s of a core, at a
-    # lower priority), the eager encoder serving until then; loaded with the step afterwards.
+    # lower priority, beside the step's compiling), the eager encoder serving until then; loaded
+    # with the step afterwards.
     compile_encoder: bool = True
     # Where compiled steps are kept between starts (one .pt2 file per architecture and settings, shared
     # by models of the same shape; TorchInductor builds in its inductor/ folder): a volume in Docker

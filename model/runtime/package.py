@@ -33,6 +33,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from model.runtime import builds
 from model.runtime.native import NativeStep, extract
 from model.runtime.prepack import ACT_ZERO
 from model.transformer import Transformer
@@ -195,16 +196,21 @@ class Package:
             try:
                 # Not in inference mode (export takes no inference tensors). No weights in the
                 # package: the model's own are handed to it when loaded (``prepare``).
+                # (``builds``: what shortens a first compile.)
+                probing = builds.probe_isa_beside()
                 with torch.inference_mode(False), torch.no_grad():
                     program = self.export()
-                    torch._inductor.aoti_compile_and_package(
-                        program,
-                        package_path=str(tmp),
-                        inductor_configs={
-                            "aot_inductor.package_constants_in_so": False,
-                            **self.inductor_configs(),
-                        },
-                    )
+                    with builds.side_by_side():
+                        torch._inductor.aoti_compile_and_package(
+                            program,
+                            package_path=str(tmp),
+                            inductor_configs={
+                                "aot_inductor.package_constants_in_so": False,
+                                **builds.CONFIGS,
+                                **self.inductor_configs(),
+                            },
+                        )
+                probing.join()
                 os.replace(tmp, path)  # whole or not at all: a reader never sees half a package
             finally:
                 with contextlib.suppress(FileNotFoundError):
