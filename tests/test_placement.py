@@ -8,7 +8,7 @@ from __future__ import annotations
 from test_scheduler import FakeWorker, run, scheduler, sources
 
 from app.serving.frontend.placement import homes
-from app.serving.frontend.spreading import SPREAD_AFTER_S
+from app.serving.frontend.spreading import COOL_AFTER_S, LIGHT, SPREAD_AFTER_S
 from app.serving.protocol import Load, Loaded
 
 
@@ -104,5 +104,75 @@ def test_a_single_model_uses_every_worker() -> None:
         s.submit(sources(2), beam_size=1, n_best=1)
         assert len(w0.given()) == 1 and len(w1.given()) == 1  # the freer one each time
         s.stop()
+
+    run(main)
+
+
+def test_a_hot_models_dips_shorter_than_cool_after_s_do_not_restart_its_wait_and_longer_ones_do() -> None:
+    """A batch whose sentences end together empties the owner's rows for a moment at each round:
+    the model stays hot through it (it spreads ``SPREAD_AFTER_S`` after it first filled half a
+    batch); a dip of ``COOL_AFTER_S`` or more ends the hot spell, with no change of rows to say
+    so, and the next one starts the wait again."""
+
+    async def main() -> None:
+        w1, w2 = FakeWorker("w1"), FakeWorker("w2")
+        s = scheduler([w1, w2], max_batch_size=8, models=("a", "b"))  # a is w1's, b is w2's
+        now = [100.0]
+        s.spreading.clock = lambda: now[0]
+
+        def loads(worker: FakeWorker) -> list[str]:
+            return [m.model for m in worker.sent if isinstance(m, Load)]
+
+        def a_round(tag: int) -> None:
+            """Half a batch of a, answered together a moment later."""
+            s.submit(sources(4, tag=tag), beam_size=1, n_best=1, model="a")
+            now[0] += 0.5
+            w1.answer(*w1.pending.values())  # the batch ends: no row of a held
+            now[0] += 0.3  # the next round comes within COOL_AFTER_S
+
+        a_round(1)  # hot from 100
+        a_round(2)
+        a_round(3)  # 102.4: hot for 2.4 s through the dips
+        s.submit(sources(1, tag=4), beam_size=1, n_best=1, model="a")
+        assert loads(w2) == ["a"]
+
+        # Another scheduler, a dip as long as COOL_AFTER_S: the wait starts again.
+        w3, w4 = FakeWorker("w3"), FakeWorker("w4")
+        s = scheduler([w3, w4], max_batch_size=8, models=("a", "b"))
+        now[0] = 100.0
+        s.spreading.clock = lambda: now[0]
+        s.submit(sources(4, tag=5), beam_size=1, n_best=1, model="a")  # hot from 100
+        now[0] += 0.5
+        w3.answer(*w3.pending.values())  # cool from 100.5
+        now[0] += COOL_AFTER_S  # and no change since
+        s.submit(sources(4, tag=6), beam_size=1, n_best=1, model="a")  # hot again from 101.5
+        now[0] = 101.5 + SPREAD_AFTER_S - 0.1
+        s.submit(sources(1, tag=7), beam_size=1, n_best=1, model="a")
+        assert not loads(w4)  # not hot since 100
+        now[0] = 101.5 + SPREAD_AFTER_S
+        s.submit(sources(1, tag=8), beam_size=1, n_best=1, model="a")
+        assert loads(w4) == ["a"]
+
+    run(main)
+
+
+def test_a_worker_running_a_quarter_batch_of_its_own_models_is_not_asked_to_load_a_hot_one() -> None:
+    """Its own models keep it busy (a skewed load's hot pair on each worker: each spreading to the
+    other made both step both); once it runs less than ``LIGHT`` of a batch, it is asked."""
+
+    async def main() -> None:
+        w1, w2 = FakeWorker("w1"), FakeWorker("w2")
+        s = scheduler([w1, w2], max_batch_size=8, models=("a", "b"))  # a is w1's, b is w2's
+        now = [100.0]
+        s.spreading.clock = lambda: now[0]
+        s.submit(sources(2, tag=1), beam_size=1, n_best=1, model="b")  # a quarter of a batch at w2
+        s.submit(sources(8, tag=2), beam_size=1, n_best=1, model="a")  # hot at w1 from 100
+        now[0] += SPREAD_AFTER_S
+        s.submit(sources(1, tag=3), beam_size=1, n_best=1, model="a")
+        assert not [m for m in w2.sent if isinstance(m, Load)]
+        w2.answer(*w2.pending.values())  # w2 idle now: the next sentence of a asks it
+        s.submit(sources(1, tag=4), beam_size=1, n_best=1, model="a")
+        assert [m.model for m in w2.sent if isinstance(m, Load)] == ["a"]
+        assert LIGHT * 8 == 2  # (the quarter of a batch above)
 
     run(main)

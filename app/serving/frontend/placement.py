@@ -119,6 +119,9 @@ class WorkerState:
     # Since when each model has held half a batch or more of ``rows`` here, without a break
     # (``app.serving.frontend.spreading``: a model hot that long spreads to a lighter worker).
     hot_since: dict[str, float] = field(default_factory=dict)
+    # Since when a model hot here has held less than half a batch (a dip shorter than
+    # ``spreading.COOL_AFTER_S`` does not end its hot spell).
+    cool_since: dict[str, float] = field(default_factory=dict)
     asked: set[str] = field(default_factory=set)  # models it was asked to load (``Load``), not held yet
     loaded: frozenset[str] = frozenset()  # the models it holds loaded, as it last said
     home: frozenset[str] = frozenset()  # the models it loads when it starts (``homes``)
