@@ -35,9 +35,11 @@ from app.serving.protocol import (
     ModelDescription,
     ModelSpec,
     Ready,
+    Sentence,
     StartFailed,
     Stop,
     ToWorker,
+    Translate,
 )
 from app.serving.protocol import (
     send as send_message,
@@ -183,6 +185,7 @@ class WorkerThread:
         self._conn: Connection | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._ready: asyncio.Future[dict[str, ModelDescription]] | None = None
+        self._outbox: list[Sentence] = []  # given this loop turn, written at the start of the next
 
     @property
     def pid(self) -> int | None:
@@ -220,7 +223,29 @@ class WorkerThread:
         return self.descriptions
 
     def send(self, message: ToWorker) -> bool:
-        """Send ``message`` now; False if the worker is gone (its exit is being handled)."""
+        """Send ``message``; False if the worker is gone (its exit is being handled).
+
+        The sentences of a ``Translate`` join those given to this worker in the same loop turn
+        (each request is dispatched as it is admitted, several in a turn under load): written
+        together at the start of the next turn, one message, one write and one read in the worker.
+        Any other message is written now, after them. Where that write fails, the worker's exit
+        (the pipe's end of file, read by the loop) gives them to another (``Scheduler.on_exit``)."""
+        if isinstance(message, Translate) and self._loop is not None:
+            if not self.attached:
+                return False
+            if not self._outbox:
+                self._loop.call_soon(self._flush)
+            self._outbox.extend(message.sentences)
+            return True
+        self._flush()
+        return self._write(message)
+
+    def _flush(self) -> None:
+        if self._outbox:
+            sentences, self._outbox = tuple(self._outbox), []
+            self._write(Translate(sentences))
+
+    def _write(self, message: ToWorker) -> bool:
         try:
             assert self._conn is not None
             send_message(self._conn, message)
@@ -272,6 +297,7 @@ class WorkerThread:
             self.listener.on_exit(self)
 
     def _close_pipe(self) -> None:
+        self._outbox = []  # (given back by the exit's handling, or failed by the stop's)
         if self._conn is None or self._conn.closed:
             return
         if self._loop is not None and not self._loop.is_closed():
