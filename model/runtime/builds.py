@@ -43,15 +43,12 @@ def _build(builder: Any) -> None:
     """``CppBuilder.build`` while the patch is in place."""
     assert _original is not None
     pool: ThreadPoolExecutor | None = getattr(_local, "pool", None)
-    if pool is None:  # a thread outside side_by_side()
-        _original(builder)
-    elif getattr(builder, "_compile_only", False) and not _local.pending:  # compiled beside the next
-        _local.pending.append(pool.submit(_original, builder))
-    elif getattr(builder, "_compile_only", False):  # one behind already: this one here, meanwhile
-        _original(builder)
-    else:  # a link, a header...: after the object it may need
+    if pool is not None and not getattr(builder, "_compile_only", False):  # a link: after the object
         _finish(_local.pending)
-        _original(builder)
+    elif pool is not None and not _local.pending:  # the first object: compiled beside the next ones
+        _local.pending.append(pool.submit(_original, builder))
+        return
+    _original(builder)  # outside side_by_side(), an object while one is behind, or the link
 
 
 def _finish(pending: list[Future[None]]) -> None:
