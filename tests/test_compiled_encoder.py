@@ -28,6 +28,13 @@ from model.translator import Translator
 ROWS, LENGTH = 8, 64  # the packages' batch and padded length here
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _int8_kernel_loaded() -> None:
+    """The shims' library loaded before any model is prepared, as a served int8 model has it
+    (``Translator.load``): every int8 layer here runs our kernel, whichever test comes first."""
+    shims.ensure(compile_cache_dir())
+
+
 def served(*, int8: bool, pre_norm: bool) -> Transformer:
     """A tiny model prepared as a served one (no dropout modules, linear layers prepared)."""
     model = strip_dropout(random_model(seed=3, pre_norm=pre_norm, vocab_size=96))
@@ -248,7 +255,7 @@ def test_where_the_shims_library_cannot_be_built_the_eager_encoder_stays(
     broken = tmp_path / "shims.cpp"
     broken.write_text("this is not C++\n")
     with monkeypatch.context() as m:
-        m.setattr(shims, "SOURCE", broken)
+        m.setattr(shims, "SOURCES", (broken, *shims.SOURCES[1:]))
         with pytest.raises(RuntimeError, match="building shims.cpp failed"):
             shims.library(tmp_path / "lib")
     assert not any((tmp_path / "lib").glob("*.so"))  # nothing half-built left to load

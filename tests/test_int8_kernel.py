@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from model.runtime import int8mm
+from model.runtime import int8mm, shims
 from model.runtime.precision import int8_pays
 from model.runtime.prepack import Int8Linear
 
@@ -90,9 +90,9 @@ def test_int8_sums_do_not_saturate_on_any_machine_kind(isa: str) -> None:
 REFUSED = """
 import sys, torch
 sys.path.insert(0, {root!r})
-from model.runtime import int8mm
+from model.runtime import int8mm, shims
 from model.runtime.prepack import Int8Linear
-print(int8mm.exact(256, 768), Int8Linear(torch.randn(768, 256), None).direct)
+print(int8mm.exact(256, 768), Int8Linear(torch.randn(768, 256), None).kernel == "direct")
 """
 
 
@@ -118,23 +118,25 @@ def test_a_layer_computes_the_same_bits_through_either_int8_product(
     g = torch.Generator().manual_seed(2)
     weight, bias = torch.randn(768, 256, generator=g) * 0.05, torch.randn(768, generator=g)
     x = torch.randn(rows, 256, generator=g) * torch.logspace(-2, 2, rows)[:, None]
+    monkeypatch.setattr(shims, "loaded", lambda: False)  # oneDNN's two (ours: test_our_int8_kernel)
     direct = Int8Linear(weight, bias)
     monkeypatch.setattr(int8mm, "serves", lambda *shape: False)
     primitive = Int8Linear(weight, bias)
-    assert not primitive.direct
+    assert primitive.kernel == "primitive"
     if not int8mm.exact(256, 768):  # a CPU whose gemm_s8s8s32 saturates: the primitive serves
-        assert not direct.direct
+        assert direct.kernel == "primitive"
         return
-    assert direct.direct
+    assert direct.kernel == "direct"
     with torch.inference_mode():
         assert torch.equal(direct(x), primitive(x))
 
 
-def test_large_layers_keep_onednns_primitive() -> None:
+def test_without_our_kernel_large_layers_keep_onednns_primitive(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(shims, "loaded", lambda: False)
     wide = int8mm.SMALL_IN + 1
-    assert not Int8Linear(torch.randn(int8mm.SMALL_WEIGHT // wide + 1, wide), None).direct
-    assert not Int8Linear(torch.randn(int8mm.SMALL_OUT + 1, int8mm.SMALL_IN), None).direct
-    assert Int8Linear(torch.randn(8, wide), None).direct == int8mm.exact(wide, 8)
+    assert Int8Linear(torch.randn(int8mm.SMALL_WEIGHT // wide + 1, wide), None).kernel == "primitive"
+    assert Int8Linear(torch.randn(int8mm.SMALL_OUT + 1, int8mm.SMALL_IN), None).kernel == "primitive"
+    assert (Int8Linear(torch.randn(8, wide), None).kernel == "direct") == int8mm.exact(wide, 8)
 
 
 def test_auto_int8_is_measured_once_per_machine_and_read_back(tmp_path: Path) -> None:

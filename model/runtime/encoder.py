@@ -65,15 +65,8 @@ def encode_eagerly(model: Transformer, src: Tensor) -> tuple[Tensor, Tensor]:
     return model.source_kv(enc), enc.src_mask
 
 
-# ``nmt::layer_norm``: ``aten.layer_norm`` run by ATen's kernel inside a compiled graph. Defined
-# through the plain library API: ``torch.library.custom_op`` wraps its kernel in a guard that
-# imports TorchDynamo (and TorchInductor's configuration, sympy) at the first call, 70 MiB more
-# in a worker that compiles nothing.
-_LIBRARY = torch.library.Library("nmt", "DEF")
-_LIBRARY.define(
-    "layer_norm(Tensor input, SymInt[] normalized_shape, Tensor? weight=None, Tensor? bias=None,"
-    " float eps=1e-05, bool cudnn_enable=True) -> Tensor"
-)
+# ``nmt::layer_norm`` (defined in ``model.runtime.shims``): ``aten.layer_norm`` run by ATen's kernel
+# inside a compiled graph.
 
 
 def _layer_norm(
@@ -88,10 +81,10 @@ def _layer_norm(
     return out.contiguous()
 
 
-_LIBRARY.impl("layer_norm", _layer_norm, "CPU")
+shims.LIBRARY.impl("layer_norm", _layer_norm, "CPU")
 
 
-@torch.library.register_fake("nmt::layer_norm", lib=_LIBRARY)
+@torch.library.register_fake("nmt::layer_norm", lib=shims.LIBRARY)
 def _(input: Tensor, *args: Any, **kwargs: Any) -> Tensor:
     return input.new_empty(input.shape)
 
@@ -320,6 +313,7 @@ def describe(encoder: PackagedEncoder, cache_dir: Path) -> dict[str, Any]:
         "config": asdict(model.cfg),
         "dtype": str(model.dtype).removeprefix("torch."),
         "linears": "int8" if "Int8Linear" in kinds else "packed" if "PackedLinear" in kinds else "plain",
+        "int8_kernel": any(getattr(m, "kernel", None) == "ours" for m in model.modules()),
         "dropout": "Dropout" in kinds,
         "rows": encoder.rows,
         "positions": encoder.length,
@@ -337,9 +331,11 @@ def compile_described(spec: dict[str, Any]) -> None:
     model = Transformer(ModelConfig(**spec["config"])).to(dtype=getattr(torch, spec["dtype"])).eval()
     if not spec["dropout"]:
         strip_dropout(model)
+    library = shims.library(Path(spec["cache_dir"]))  # (built here, once; RuntimeError where it cannot be)
+    if spec["linears"] == "int8" and spec["int8_kernel"]:
+        shims.load(library)  # first: the layers then take our int8 kernel, as the caller's did
     if spec["linears"] != "plain":
         prepack(model, int8=spec["linears"] == "int8", keep_float=False)
-    library = shims.library(Path(spec["cache_dir"]))  # (built here, once; RuntimeError where it cannot be)
     encoder = PackagedEncoder(model, rows=spec["rows"], positions=spec["positions"], shims=library)
     if encoder.key() != spec["key"]:
         raise RuntimeError("this process builds another encoder than the one described (its key differs)")

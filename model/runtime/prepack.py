@@ -8,9 +8,10 @@ reason on AMD CPUs.
 
 With ``int8=True`` those layers, and the encoder's, run in int8 instead (``Int8Linear``): weights
 quantized once per output feature, each row of the activations quantized at every call from its
-own range (7 bits: ``ACT_LEVELS``), the product accumulated exactly in int32 by oneDNN: its u8s8
-matmul primitive (``torch.ops.onednn.qlinear_pointwise``, the kernel TorchInductor's x86
-quantization emits), or its BLAS-like ``gemm_s8s8s32`` (``torch._int_mm``) where that is exact on
+own range (7 bits: ``ACT_LEVELS``), the product accumulated exactly in int32: by our own kernel
+(``nmt::int8_mm``) where the shims' library is loaded (``model.runtime.shims``), else by oneDNN's
+u8s8 matmul primitive (``torch.ops.onednn.qlinear_pointwise``, the kernel TorchInductor's x86
+quantization emits) or its BLAS-like ``gemm_s8s8s32`` (``torch._int_mm``) where that is exact on
 the CPU and cheaper for the layer's shape (``model.runtime.int8mm``: the same bits). Per row, not
 per batch:
 with one scale for the whole batch (torch's dynamic quantization), a
@@ -38,7 +39,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from model.runtime import int8mm
+from model.runtime import int8mm, shims
 from model.transformer import Transformer, replace_modules
 
 log = logging.getLogger(__name__)
@@ -140,14 +141,34 @@ class Int8Embedding(nn.Module):
         return f"{self.table.size(0)}, {self.table.size(1)}, int8"
 
 
+class SharedInt8Embedding(nn.Module):
+    """``Int8Embedding``'s lookups read from the tied output projection's own int8 copy, where it
+    is in our kernel's layout (``model.runtime.int8mm.blocked``: rows can be read where they lie):
+    the same int8 rows and scales (``quantize_rows`` of the same matrix), the same bits, and no
+    table beside it (28 MiB less per OPUS-MT-size model)."""
+
+    def __init__(self, projection: Int8Linear) -> None:
+        super().__init__()
+        self.blocked = projection.blocked  # the projection's parameters, registered under our names
+        self.weight_scale = projection.weight_scale
+
+    def forward(self, ids: Tensor) -> Tensor:
+        return int8mm.rows_of(self.blocked, ids).to(self.weight_scale.dtype) * self.weight_scale[ids, None]
+
+    def extra_repr(self) -> str:
+        return f"{self.weight_scale.size(0)}, {self.blocked.size(1) * int8mm.GROUP}, int8, the projection's"
+
+
 class Int8Linear(PreparedLinear):
     """The weight in int8, one symmetric scale per output feature; each input row quantized with a
     symmetric scale of its own at every call (``ACT_LEVELS``), the product accumulated exactly in
     int32, times the weight's scale, then times the row's scale.
 
-    The product is oneDNN's BLAS-like ``gemm_s8s8s32`` on the plain int8 weight (``direct``) where
-    ``model.runtime.int8mm.serves`` the layer's shape, else its u8s8 matmul primitive on the weight
-    laid out once in its blocked format: the same integer sums, the same bits, at another cost.
+    The product (``kernel``) is our own on the weight in its blocked layout (``"ours"``) where the
+    shims' library is loaded; else oneDNN's BLAS-like ``gemm_s8s8s32`` on the plain int8 weight
+    (``"direct"``) where ``model.runtime.int8mm.serves`` the layer's shape, else its u8s8 matmul
+    primitive on the weight laid out once in its blocked format (``"primitive"``): the same integer
+    sums, the same bits, at another cost.
 
     Every row is computed from its own values only, so a row's output is bit for bit the same
     whatever the other rows of the batch are (integer sums are exact in any order)."""
@@ -157,11 +178,24 @@ class Int8Linear(PreparedLinear):
         qweight, weight_scale = quantize_rows(weight)
         self.weight_scale: Tensor
         self.qweight: Tensor
+        self.blocked: Tensor
+        self.comp: Tensor
         self.packed: Tensor
         self.zero_points: Tensor
         self.fbias: Tensor | None
-        self.direct = int8mm.serves(self.in_features, self.out_features)
-        if self.direct:
+        # Our kernel where its library is loaded (``model.runtime.int8mm``), else oneDNN's.
+        self.kernel = (
+            "ours"
+            if shims.loaded() and int8mm.blockable(self.in_features)
+            else "direct"
+            if int8mm.serves(self.in_features, self.out_features)
+            else "primitive"
+        )
+        if self.kernel == "ours":
+            blocked, comp = int8mm.blocked(qweight, ACT_ZERO)
+            self.prepare("blocked", blocked)
+            self.prepare("comp", comp)
+        elif self.kernel == "direct":
             self.prepare("qweight", qweight)  # (out, in), as gemm_s8s8s32 reads it transposed
         else:
             # oneDNN's blocked layout (an opaque tensor: the only copy of the int8 weight kept)
@@ -177,11 +211,25 @@ class Int8Linear(PreparedLinear):
         # (N, 1) max |x| per row (torch.linalg.vector_norm(ord=inf) computes the same 17x slower)
         scale = rows.abs().amax(dim=1, keepdim=True).clamp_(min=1e-12).div_(ACT_LEVELS)
         q = rows.div(scale).round_()  # -63..63
-        y = self._direct(q) if self.direct else self._primitive(q)
+        y = (
+            self._ours(q)
+            if self.kernel == "ours"
+            else self._direct(q)
+            if self.kernel == "direct"
+            else self._primitive(q)
+        )
         y = y.mul_(scale)
         if self.fbias is not None:
             y.add_(self.fbias)
         return y.view(*x.shape[:-1], self.out_features)
+
+    def _ours(self, q: Tensor) -> Tensor:
+        """(N, out): the int32 sums of ``q`` (N, in), -63..63, x weight scales (our kernel, its
+        activations unsigned around ``ACT_ZERO``, as the primitive's)."""
+        sums = torch.ops.nmt.int8_mm(
+            q.add(ACT_ZERO).to(torch.uint8), self.blocked, self.comp, self.out_features
+        )
+        return sums.to(torch.float32).mul(self.weight_scale)
 
     def _direct(self, q: Tensor) -> Tensor:
         """(N, out): the int32 sums of ``q`` (N, in), -63..63, x weight scales, as the primitive's."""
@@ -270,8 +318,15 @@ def prepack(model: Transformer, *, int8: bool = False, keep_float: bool = True) 
     if not keep_float:
         model.out_proj = None  # an untied projection's float weight: logits_proj is what computes
         if int8:
-            # The lookups read the same int8 rows as the tied projection (whose copy is packed).
-            model.embed = Int8Embedding(model.embed.weight)  # type: ignore[assignment]
+            # The lookups read the same int8 rows as the tied projection: its own copy where our
+            # kernel's layout holds it, else a table of their own (oneDNN's copy is opaque).
+            projection = model.logits_proj
+            embed: nn.Module = (
+                SharedInt8Embedding(projection)
+                if model.cfg.tie_output and isinstance(projection, Int8Linear) and projection.kernel == "ours"
+                else Int8Embedding(model.embed.weight)
+            )
+            model.embed = embed  # type: ignore[assignment]
             if model.src_embed is not None:
                 model.src_embed = Int8Embedding(model.src_embed.weight)  # type: ignore[assignment]
     log.info(

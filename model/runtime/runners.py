@@ -41,7 +41,7 @@ from torch import Tensor
 
 from model.cache import KVCache
 from model.layers import KEY_ALIGN
-from model.runtime import DEFAULT_CACHE_DIR
+from model.runtime import DEFAULT_CACHE_DIR, shims
 from model.runtime.encoder import CompiledEncoder, encode_eagerly
 from model.runtime.graphs import GraphRunner
 from model.runtime.package import SOURCES, Package
@@ -149,7 +149,18 @@ class PackagedRunner(FreshCaches, Package):
         return export(self.step, capacity=self.capacity, positions=self.positions)
 
     def about(self) -> dict[str, Any]:
-        return {"top": self.step.top, "capacity": self.capacity, "positions": self.positions}
+        about: dict[str, Any] = {"top": self.step.top, "capacity": self.capacity, "positions": self.positions}
+        if self._calls_shims():
+            about["shims"] = shims.digest()
+        return about
+
+    def inductor_configs(self) -> dict[str, Any]:
+        # Our int8 kernel called through its C shim (``model.runtime.shims``), without Python.
+        return shims.inductor_configs() if self._calls_shims() else {}
+
+    def _calls_shims(self) -> bool:
+        """Whether the step's int8 layers run our kernel (the shims' library is then loaded)."""
+        return any(getattr(m, "kernel", None) == "ours" for m in self.step.model.modules())
 
     def sibling(self) -> PackagedRunner:
         """Another runner of this step for another thread: the same package (nothing compiled) in

@@ -1,20 +1,24 @@
-"""C shims of the opaque operators a compiled graph calls: ``csrc/shims.cpp``, built into a small
-shared library beside the packages that call it.
+"""The shims' library: C shims of the opaque operators a compiled graph calls (``csrc/shims.cpp``)
+and our int8 product's kernel (``csrc/int8mm.cpp``, ``nmt::int8_mm``: ``model.runtime.int8mm``),
+built into a small shared library beside the packages that call them.
 
 A package calls an operator TorchInductor has no C function for (``nmt::layer_norm``, the encoder's
-LayerNorm kept as ATen's kernel: ``model.runtime.encoder``) through torch's proxy executor, which
-calls the operator's Python implementation back, under the GIL; and only torch's own binding of the
-package has a proxy executor, so such a package cannot run through its C interface
+LayerNorm kept as ATen's kernel: ``model.runtime.encoder``; ``nmt::int8_mm``) through torch's proxy
+executor, which calls the operator back through Python, under the GIL; and only torch's own binding
+of the package has a proxy executor, so such a package cannot run through its C interface
 (``model.runtime.native``). Given a C function of the operator's (``DECLARATIONS``, TorchInductor's
 ``aot_inductor.custom_ops_to_c_shims``), the package calls it directly, as it calls its aten
 operators' shims: no Python, no GIL, and the decoding threads of a process encode while the others
-decode. The function calls the same ATen kernel as the Python implementation: the same bits.
+decode. The function calls the same kernel as an eager call of the operator: the same bits.
 
 The library is built once per source and torch (``library``: the C++ compiler the packages are
-compiled with, ~4 s on our 2-vCPU AMD EPYC, avx512_vnni), by the process that compiles a package
-calling it, and loaded into the global symbol scope (``load``) before any such package: the
-package's library leaves the function's symbol to be found there. Where it cannot be built,
-neither can a package (the same compiler, the same headers): the caller keeps its eager path.
+compiled with, its two sources side by side, ~7 s on our 2-vCPU AMD EPYC, avx512_vnni), by the
+first process that needs it: one loading an int8 model (``ensure``, which also loads it: without
+it, int8 layers keep oneDNN's kernels) or compiling a package that calls it. It is loaded into the
+global symbol scope (``load``) before any such package: the package's library leaves the functions'
+symbols to be found there, and loading it registers ``nmt::int8_mm``'s CPU kernel. Where it cannot
+be built, neither can a package (the same compiler, the same headers): the caller keeps its eager
+path.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import contextlib
 import ctypes
 import fcntl
 import hashlib
+import logging
 import os
 import subprocess
 import threading
@@ -30,7 +35,29 @@ from pathlib import Path
 
 import torch
 
-SOURCE = Path(__file__).parent / "csrc" / "shims.cpp"
+_CSRC = Path(__file__).parent / "csrc"
+SOURCE = _CSRC / "shims.cpp"
+# The library's sources, compiled side by side (one compiler process each) and linked: shims.cpp
+# with torch's headers, int8mm.cpp (the int8 product's kernel) without.
+SOURCES = (SOURCE, _CSRC / "int8mm.cpp")
+
+# The operators of the ``nmt`` namespace: ``layer_norm`` (implemented by ``model.runtime.encoder``)
+# and ``int8_mm`` (``model.runtime.int8mm``), whose CPU kernel only the library registers. Defined
+# through the plain library API: ``torch.library.custom_op`` wraps its kernel in a guard that
+# imports TorchDynamo (and TorchInductor's configuration, sympy) at the first call, 70 MiB more
+# in a worker that compiles nothing.
+LIBRARY = torch.library.Library("nmt", "DEF")
+LIBRARY.define(
+    "layer_norm(Tensor input, SymInt[] normalized_shape, Tensor? weight=None, Tensor? bias=None,"
+    " float eps=1e-05, bool cudnn_enable=True) -> Tensor"
+)
+LIBRARY.define("int8_mm(Tensor x, Tensor w, Tensor comp, SymInt out) -> Tensor")
+
+
+@torch.library.register_fake("nmt::int8_mm", lib=LIBRARY)
+def _(x: torch.Tensor, w: torch.Tensor, comp: torch.Tensor, out: int) -> torch.Tensor:
+    return x.new_empty((x.shape[0], out), dtype=torch.int32)
+
 
 # Each operator's C function, declared as the generated code calls it (TorchInductor's C ABI:
 # tensors as handles, an optional tensor as a pointer to one (null: None), an int list as a
@@ -42,17 +69,26 @@ DECLARATIONS = {
         " int64_t normalized_shape_len_, AtenTensorHandle* weight, AtenTensorHandle* bias, double eps,"
         " int32_t cudnn_enable, AtenTensorHandle* ret0)"
     ),
+    "nmt::int8_mm": (
+        "AOTITorchError aoti_torch_cpu_int8_mm(AtenTensorHandle x, AtenTensorHandle w, AtenTensorHandle comp,"
+        " int64_t out, AtenTensorHandle* ret0)"
+    ),
 }
 
 BUILD_TIMEOUT_S = 600
+
+log = logging.getLogger(__name__)
 
 _loaded: set[Path] = set()
 _lock = threading.Lock()
 
 
 def digest() -> str:
-    """What the library is built from: its source and torch's version (its headers, its ABI)."""
-    h = hashlib.sha256(SOURCE.read_bytes())
+    """What the library is built from: its sources, how (this module) and torch's version (its
+    headers, its ABI)."""
+    h = hashlib.sha256()
+    for source in (*SOURCES, Path(__file__)):
+        h.update(source.read_bytes())
     h.update(torch.__version__.encode())
     return h.hexdigest()[:16]
 
@@ -75,33 +111,67 @@ def library(cache_dir: Path) -> Path:
         if target.exists():
             return target
         tmp = target.with_suffix(f".{os.getpid()}.tmp.so")
+        objects = [target.with_suffix(f".{os.getpid()}.{source.stem}.o") for source in SOURCES]
         try:
+            # Each source in a compiler process of its own, side by side; then the link.
+            compiling = [
+                subprocess.Popen(_compile_command(source, obj), stderr=subprocess.PIPE, text=True)
+                for source, obj in zip(SOURCES, objects, strict=True)
+            ]
+            for source, process in zip(SOURCES, compiling, strict=True):
+                _, err = process.communicate(timeout=BUILD_TIMEOUT_S)
+                if process.returncode != 0:
+                    raise RuntimeError(f"building {source.name} failed: {err.strip()[-2000:]}")
             done = subprocess.run(
-                _command(tmp), capture_output=True, text=True, timeout=BUILD_TIMEOUT_S, check=False
+                _link_command(objects, tmp),
+                capture_output=True,
+                text=True,
+                timeout=BUILD_TIMEOUT_S,
+                check=False,
             )
             if done.returncode != 0:
-                raise RuntimeError(f"building {SOURCE.name} failed: {done.stderr.strip()[-2000:]}")
+                raise RuntimeError(f"linking the shims failed: {done.stderr.strip()[-2000:]}")
             os.replace(tmp, target)
         except (OSError, subprocess.SubprocessError) as e:
-            raise RuntimeError(f"building {SOURCE.name} failed: {e}") from e
+            raise RuntimeError(f"building the shims failed: {e}") from e
         finally:
-            with contextlib.suppress(FileNotFoundError):
-                tmp.unlink()
+            for leftover in (tmp, *objects):
+                with contextlib.suppress(FileNotFoundError):
+                    leftover.unlink()
     return target
 
 
-def _command(output: Path) -> list[str]:
-    """The compiler's command line: the compiler TorchInductor uses, torch's headers and libraries."""
+def _compiler() -> str:
+    """The C++ compiler TorchInductor uses (``$CXX``, else the first of its candidates found)."""
     from torch._inductor.cpp_builder import get_cpp_compiler  # (imported where packages are compiled)
 
+    return get_cpp_compiler()
+
+
+def _compile_command(source: Path, output: Path) -> list[str]:
+    """The compiler's command line for one source: torch's headers, position-independent code."""
     root = Path(torch.__file__).parent
     abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
     return [
-        get_cpp_compiler(),
-        *("-O2", "-std=c++20", "-shared", "-fPIC", f"-D_GLIBCXX_USE_CXX11_ABI={abi}"),
+        _compiler(),
+        # -O3 for the kernel: at -O2 GCC kept its register tiles in memory (3-4x slower).
+        "-O3" if source.name == "int8mm.cpp" else "-O2",
+        *("-std=c++20", "-fPIC", "-c", f"-D_GLIBCXX_USE_CXX11_ABI={abi}"),
         f"-I{root / 'include'}",
         f"-I{root / 'include' / 'torch' / 'csrc' / 'api' / 'include'}",
-        str(SOURCE),
+        str(source),
+        "-o",
+        str(output),
+    ]
+
+
+def _link_command(objects: list[Path], output: Path) -> list[str]:
+    """The linker's command line: the objects into a shared library against torch's libraries."""
+    root = Path(torch.__file__).parent
+    return [
+        _compiler(),
+        "-shared",
+        *map(str, objects),
         f"-L{root / 'lib'}",
         "-ltorch_cpu",
         "-lc10",
@@ -124,6 +194,41 @@ def load(library: Path) -> None:
             raise RuntimeError(f"torch defines {', '.join(taken)} itself: the shims are not loaded")
         ctypes.CDLL(str(library), mode=ctypes.RTLD_GLOBAL)
         _loaded.add(library)
+
+
+def loaded() -> bool:
+    """Whether a library is loaded into this process (``nmt::int8_mm`` then has its CPU kernel)."""
+    return bool(_loaded)
+
+
+_ensured: dict[Path, bool] = {}
+_ensuring = threading.Lock()
+
+
+def ensure(cache_dir: Path) -> bool:
+    """Build the library into ``cache_dir`` unless it is there, and load it (once per process: a
+    second caller waits for the first); whether that worked. Where it did not (no compiler, an
+    unwritable cache), says why once: the int8 layers then keep oneDNN's kernels
+    (``model.runtime.prepack``)."""
+    with _ensuring:
+        if cache_dir not in _ensured:
+            try:
+                load(library(cache_dir))
+                _ensured[cache_dir] = True
+            except RuntimeError as e:
+                log.warning(
+                    "the shims' library is not available (%s): int8 layers run on oneDNN's kernels", e
+                )
+                _ensured[cache_dir] = False
+        return _ensured[cache_dir]
+
+
+def ensure_beside(cache_dir: Path) -> threading.Thread:
+    """``ensure`` on a thread of its own, started: a first start builds the library (~7 s, its two
+    sources side by side, 2-vCPU AMD EPYC avx512_vnni) while the caller reads a model's weights."""
+    thread = threading.Thread(target=ensure, args=(cache_dir,), name="shims", daemon=True)
+    thread.start()
+    return thread
 
 
 def functions() -> list[str]:
