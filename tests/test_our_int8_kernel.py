@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import compile_cache_dir
 from torch import nn
 
 from model.runtime import int8mm, shims
 from model.runtime.prepack import ACT_ZERO, Int8Embedding, Int8Linear, SharedInt8Embedding, prepack
 from model.transformer import Transformer
-from conftest import compile_cache_dir
 
 ROOT = Path(__file__).parent.parent
 
