@@ -18,7 +18,7 @@ from torch import nn
 
 from model.decoding.batch import pad_batch
 from model.runtime import encoder as encoder_module
-from model.runtime import shims
+from model.runtime import int8mm, shims
 from model.runtime.encoder import CompiledEncoder, PackagedEncoder, encode_eagerly, keep_kernels
 from model.runtime.prepack import prepack
 from model.runtime.runners import PackagedRunner
@@ -30,9 +30,9 @@ ROWS, LENGTH = 8, 64  # the packages' batch and padded length here
 
 @pytest.fixture(autouse=True, scope="module")
 def _int8_kernel_loaded() -> None:
-    """The shims' library loaded before any model is prepared, as a served int8 model has it
-    (``Translator.load``): every int8 layer here runs our kernel, whichever test comes first."""
-    shims.ensure(compile_cache_dir())
+    """Our int8 kernel loaded before any model is prepared, as a served int8 model has it
+    (``Translator.load``): every int8 layer here runs it, whichever test comes first."""
+    int8mm.ensure(compile_cache_dir())
 
 
 def served(*, int8: bool, pre_norm: bool) -> Transformer:

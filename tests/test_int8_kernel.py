@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from model.runtime import int8mm, shims
+from model.runtime import int8mm
 from model.runtime.precision import int8_pays
 from model.runtime.prepack import Int8Linear
 
@@ -90,7 +90,7 @@ def test_int8_sums_do_not_saturate_on_any_machine_kind(isa: str) -> None:
 REFUSED = """
 import sys, torch
 sys.path.insert(0, {root!r})
-from model.runtime import int8mm, shims
+from model.runtime import int8mm
 from model.runtime.prepack import Int8Linear
 print(int8mm.exact(256, 768), Int8Linear(torch.randn(768, 256), None).kernel == "direct")
 """
@@ -118,7 +118,7 @@ def test_a_layer_computes_the_same_bits_through_either_int8_product(
     g = torch.Generator().manual_seed(2)
     weight, bias = torch.randn(768, 256, generator=g) * 0.05, torch.randn(768, generator=g)
     x = torch.randn(rows, 256, generator=g) * torch.logspace(-2, 2, rows)[:, None]
-    monkeypatch.setattr(shims, "loaded", lambda: False)  # oneDNN's two (ours: test_our_int8_kernel)
+    monkeypatch.setattr(int8mm, "loaded", lambda: False)  # oneDNN's two (ours: test_our_int8_kernel)
     direct = Int8Linear(weight, bias)
     monkeypatch.setattr(int8mm, "serves", lambda *shape: False)
     primitive = Int8Linear(weight, bias)
@@ -132,7 +132,7 @@ def test_a_layer_computes_the_same_bits_through_either_int8_product(
 
 
 def test_without_our_kernel_large_layers_keep_onednns_primitive(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(shims, "loaded", lambda: False)
+    monkeypatch.setattr(int8mm, "loaded", lambda: False)
     wide = int8mm.SMALL_IN + 1
     assert Int8Linear(torch.randn(int8mm.SMALL_WEIGHT // wide + 1, wide), None).kernel == "primitive"
     assert Int8Linear(torch.randn(int8mm.SMALL_OUT + 1, int8mm.SMALL_IN), None).kernel == "primitive"

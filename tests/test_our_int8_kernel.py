@@ -15,7 +15,7 @@ import torch
 from conftest import compile_cache_dir
 from torch import nn
 
-from model.runtime import int8mm, shims
+from model.runtime import int8mm
 from model.runtime.prepack import ACT_ZERO, Int8Embedding, Int8Linear, SharedInt8Embedding, prepack
 from model.transformer import Transformer
 
@@ -24,10 +24,10 @@ ROOT = Path(__file__).parent.parent
 
 @pytest.fixture(scope="module")
 def library() -> Path:
-    """The shims' library, built (once per test cache) and loaded into this process."""
+    """Our kernel's library, built (once per test cache) and loaded into this process."""
     cache = compile_cache_dir()
-    assert shims.ensure(cache), "the shims' library could not be built"
-    return shims.path(cache)
+    assert int8mm.ensure(cache), "our int8 kernel's library could not be built"
+    return int8mm.kernel_path(cache)
 
 
 def _has_vnni() -> bool:
@@ -41,8 +41,8 @@ SUMS = """
 import sys, torch
 sys.path.insert(0, {root!r})
 from pathlib import Path
-from model.runtime import int8mm, shims
-assert shims.ensure(Path({cache!r}))
+from model.runtime import int8mm
+assert int8mm.ensure(Path({cache!r}))
 g = torch.Generator().manual_seed(0)
 bad = []
 for inputs, out in ((512, 2048), (2048, 37), (256, 8000), (12, 5), (4, 16), (64, 100)):
@@ -84,7 +84,7 @@ def test_a_layer_computes_the_same_bits_through_our_kernel_and_onednns(
     weight, bias = torch.randn(1000, 512, generator=g) * 0.05, torch.randn(1000, generator=g)
     x = torch.randn(rows, 512, generator=g) * torch.logspace(-2, 2, rows)[:, None]
     ours = Int8Linear(weight, bias)
-    monkeypatch.setattr(shims, "loaded", lambda: False)
+    monkeypatch.setattr(int8mm, "loaded", lambda: False)
     monkeypatch.setattr(int8mm, "serves", lambda *shape: False)
     primitive = Int8Linear(weight, bias)
     assert (ours.kernel, primitive.kernel) == ("ours", "primitive")
@@ -92,8 +92,39 @@ def test_a_layer_computes_the_same_bits_through_our_kernel_and_onednns(
         assert torch.equal(ours(x), primitive(x))
 
 
+def test_an_eager_call_shared_between_threads_sums_as_one_thread_does(library: Path) -> None:
+    g = torch.Generator().manual_seed(6)
+    w = torch.randint(-127, 128, (3000, 512), dtype=torch.int8, generator=g)
+    layout, comp = int8mm.blocked(w, ACT_ZERO)
+    x = torch.randint(1, 128, (64, 512), dtype=torch.uint8, generator=g)
+    assert int8mm.PARALLEL_PRODUCTS <= 64 * 512 * 3000  # (shared between threads where there are two)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        alone = torch.ops.nmt.int8_mm(x, layout, comp, 3000)
+        torch.set_num_threads(3)
+        shared = torch.ops.nmt.int8_mm(x, layout, comp, 3000)
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(shared, alone)
+    assert torch.equal(alone.long(), (x.long() - ACT_ZERO) @ w.long().t())
+
+
+def test_malformed_operands_are_refused_before_the_kernel_reads_them(library: Path) -> None:
+    layout, comp = int8mm.blocked(torch.zeros(20, 8, dtype=torch.int8), ACT_ZERO)
+    x = torch.ones(2, 8, dtype=torch.uint8)
+    for bad in (
+        (x.to(torch.int8), layout, comp, 20),  # signed activations
+        (torch.ones(2, 12, dtype=torch.uint8), layout, comp, 20),  # another input width
+        (x, layout, comp, 40),  # more features than the layout holds
+        (x, layout, comp[:16], 20),  # a short comp
+    ):
+        with pytest.raises((ValueError, RuntimeError)):
+            torch.ops.nmt.int8_mm(*bad)
+
+
 def test_without_the_library_layers_keep_onednns_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(shims, "loaded", lambda: False)
+    monkeypatch.setattr(int8mm, "loaded", lambda: False)
     layer = Int8Linear(torch.randn(64, 32), None)
     assert layer.kernel in ("direct", "primitive") and not hasattr(layer, "blocked")
 
@@ -104,9 +135,9 @@ import sys, logging, torch
 sys.path.insert(0, {str(ROOT)!r})
 logging.basicConfig(level=logging.WARNING)
 from pathlib import Path
-from model.runtime import shims
+from model.runtime import int8mm
 from model.runtime.prepack import Int8Linear
-print(shims.ensure(Path({str(tmp_path)!r})), shims.loaded(), Int8Linear(torch.randn(64, 32), None).kernel)
+print(int8mm.ensure(Path({str(tmp_path)!r})), int8mm.loaded(), Int8Linear(torch.randn(64, 32), None).kernel)
 """
     out = subprocess.run(
         [sys.executable, "-c", script],

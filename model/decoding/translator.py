@@ -20,7 +20,7 @@ from model.decoding.confidence import DEFAULT, Calibration
 from model.decoding.constraints import beam_for
 from model.decoding.options import MAX_BEAM_SIZE, DecodeOptions, nonblank
 from model.decoding.search import Hypothesis
-from model.runtime import DEFAULT_CACHE_DIR, shims
+from model.runtime import DEFAULT_CACHE_DIR, int8mm
 from model.runtime.allocator import keep_freed_memory, release_freed_memory
 from model.runtime.precision import int8_pays
 from model.runtime.prepack import prepack as prepack_linears
@@ -152,13 +152,13 @@ class Translator:
         if quantization != "none" and cpu_float32:
             # Our int8 kernel (``model.runtime.int8mm``), built once per cache while the weights
             # are read (oneDNN's kernels where it cannot be).
-            shims.ensure_beside(cache_dir or DEFAULT_CACHE_DIR)
+            int8mm.ensure_beside(cache_dir or DEFAULT_CACHE_DIR)
         info, tokenizer = read_info_and_tokenizer(model_dir)
         model = strip_dropout(load_model(model_dir, info, device=dev, dtype=resolve_dtype(dtype)))
         if dev.type == "cpu":
             keep_freed_memory()  # CPU decoding allocates and frees large buffers at every step
         if quantization != "none" and cpu_float32:
-            shims.ensure(cache_dir or DEFAULT_CACHE_DIR)  # (waits for the build started above)
+            int8mm.ensure(cache_dir or DEFAULT_CACHE_DIR)  # (waits for the build started above)
         # "auto" falls back to float32 where this build cannot run int8 or int8 is measured slower.
         if quantization == "auto" and not (cpu_float32 and int8_pays(cache_dir)):
             quantization = "none"

@@ -50,7 +50,7 @@ from torch import Tensor, nn
 
 from model.config import ModelConfig
 from model.layers import Packing, aligned
-from model.runtime import lower_priority, shims
+from model.runtime import int8mm, lower_priority, shims
 from model.runtime.package import SOURCES, Package
 from model.runtime.prepack import prepack
 from model.transformer import Transformer, strip_dropout
@@ -332,8 +332,8 @@ def compile_described(spec: dict[str, Any]) -> None:
     if not spec["dropout"]:
         strip_dropout(model)
     library = shims.library(Path(spec["cache_dir"]))  # (built here, once; RuntimeError where it cannot be)
-    if spec["linears"] == "int8" and spec["int8_kernel"]:
-        shims.load(library)  # first: the layers then take our int8 kernel, as the caller's did
+    if spec["linears"] == "int8" and spec["int8_kernel"] and not int8mm.ensure(Path(spec["cache_dir"])):
+        raise RuntimeError("our int8 kernel, which the caller's layers run, cannot be loaded here")
     if spec["linears"] != "plain":
         prepack(model, int8=spec["linears"] == "int8", keep_float=False)
     encoder = PackagedEncoder(model, rows=spec["rows"], positions=spec["positions"], shims=library)

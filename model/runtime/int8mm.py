@@ -31,10 +31,21 @@ several (oneDNN's one-row and many-row kernels differ): where any sum is off, th
 
 from __future__ import annotations
 
+import ctypes
+import hashlib
+import logging
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from functools import cache
+from pathlib import Path
+from typing import Any
 
 import torch
 from torch import Tensor
+
+from model.runtime import shims
+
+log = logging.getLogger(__name__)
 
 # The kernel's layout: 16 output features per block, 4 inputs per 32-bit lane (csrc/int8mm.cpp).
 FEATURES, GROUP = 16, 4
@@ -113,3 +124,111 @@ def rows_of(layout: Tensor, ids: Tensor) -> Tensor:
     (*ids.shape, in), read where they lie (an embedding lookup on the output projection's copy)."""
     picked = layout[ids // FEATURES, :, ids % FEATURES]  # (*ids.shape, in / 4, 4)
     return picked.reshape(*ids.shape, layout.size(1) * GROUP)
+
+
+# Our kernel (csrc/int8mm.cpp), built alone into a small library without torch's headers (~1.2 s,
+# 2-vCPU AMD EPYC avx512_vnni: a first start waits for it less than for the shims' library, ~6 s,
+# which compiled graphs need and which is built beside their compiling), called through ctypes by
+# the operator's eager implementation (ctypes releases the GIL for the call). A compiled graph
+# calls the shims' library's own copy of the kernel through its C shim.
+KERNEL_SOURCE = Path(__file__).parent / "csrc" / "int8mm.cpp"
+
+# An eager call is shared between torch's threads where it sums at least this many products.
+PARALLEL_PRODUCTS = 1 << 22
+
+_kernel: Any = None  # the library's nmt_int8_mm_blocks (a ctypes function), once loaded
+_ensured: dict[Path, bool] = {}
+_ensuring = threading.Lock()
+_pool: ThreadPoolExecutor | None = None
+
+
+def kernel_path(cache_dir: Path) -> Path:
+    """Where the kernel's library is kept in ``cache_dir`` (named by its source and how it is built)."""
+    h = hashlib.sha256(KERNEL_SOURCE.read_bytes())
+    h.update(Path(shims.__file__).read_bytes())
+    return cache_dir / f"int8mm-{h.hexdigest()[:16]}.so"
+
+
+def ensure(cache_dir: Path) -> bool:
+    """Build the kernel's library into ``cache_dir`` unless it is there, and load it (once per
+    process: a second caller waits for the first); whether that worked. Where it did not (no
+    compiler, an unwritable cache), says why once: int8 layers then keep oneDNN's kernels."""
+    global _kernel
+    with _ensuring:
+        if cache_dir not in _ensured:
+            try:
+                path = shims.build(kernel_path(cache_dir), (KERNEL_SOURCE,), torch_linked=False)
+                if _kernel is None:
+                    function = ctypes.CDLL(str(path)).nmt_int8_mm_blocks
+                    function.restype = None
+                    function.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 5
+                    _kernel = function
+                _ensured[cache_dir] = True
+            except (RuntimeError, OSError, AttributeError) as e:
+                log.warning("our int8 kernel is not available (%s): int8 layers run on oneDNN's kernels", e)
+                _ensured[cache_dir] = False
+        return _ensured[cache_dir]
+
+
+def ensure_beside(cache_dir: Path) -> threading.Thread:
+    """``ensure`` on a thread of its own, started: a first start builds the library while the
+    caller reads a model's weights."""
+    thread = threading.Thread(target=ensure, args=(cache_dir,), name="int8-kernel", daemon=True)
+    thread.start()
+    return thread
+
+
+def loaded() -> bool:
+    """Whether our kernel is loaded into this process (int8 layers prepared now take it)."""
+    return _kernel is not None
+
+
+def _int8_mm(x: Tensor, w: Tensor, comp: Tensor, out: int) -> Tensor:
+    """``nmt::int8_mm`` called eagerly: (rows, out) int32, the sums of ``x`` (rows, in) uint8,
+    1..127 (the activations + 64) times the weight held in ``w`` (``blocked``), less ``comp``."""
+    kernel = _kernel
+    if kernel is None:
+        raise RuntimeError("nmt::int8_mm: our int8 kernel is not loaded (model.runtime.int8mm.ensure)")
+    rows, inputs = x.shape
+    blocks = w.size(0)
+    if (
+        x.dtype != torch.uint8
+        or w.dtype != torch.int8
+        or comp.dtype != torch.int32
+        or w.shape[1:] != (inputs // GROUP, FEATURES, GROUP)
+        or inputs % GROUP
+        or comp.numel() != blocks * FEATURES
+        or not (blocks - 1) * FEATURES < out <= blocks * FEATURES
+    ):
+        raise ValueError(
+            "nmt::int8_mm: x (rows, in) uint8, w (ceil(out / 16), in / 4, 16, 4) int8, comp int32"
+        )
+    x, w, comp = x.contiguous(), w.contiguous(), comp.contiguous()
+    y = torch.empty((rows, out), dtype=torch.int32)
+    if rows == 0 or out == 0:
+        return y
+    args = (x.data_ptr(), w.data_ptr(), comp.data_ptr(), y.data_ptr(), rows, inputs, out)
+    threads = torch.get_num_threads()
+    if threads > 1 and rows * inputs * out >= PARALLEL_PRODUCTS and blocks > 4:
+        # Whole groups of 4 blocks per thread (the kernel's unit), as at::parallel_for shares them.
+        groups = -(-blocks // 4)
+        edges = [min(blocks, 4 * (groups * i // threads)) for i in range(threads + 1)]
+        list(_threads().map(lambda i: kernel(*args, edges[i], edges[i + 1]), range(threads)))
+    else:
+        kernel(*args, 0, blocks)
+    return y
+
+
+def _threads() -> ThreadPoolExecutor:
+    global _pool
+    if _pool is None or _pool._max_workers < torch.get_num_threads():
+        _pool = ThreadPoolExecutor(torch.get_num_threads(), thread_name_prefix="int8mm")
+    return _pool
+
+
+shims.LIBRARY.impl("int8_mm", _int8_mm, "CPU")
+
+
+@torch.library.register_fake("nmt::int8_mm", lib=shims.LIBRARY)
+def _(x: Tensor, w: Tensor, comp: Tensor, out: int) -> Tensor:
+    return x.new_empty((x.shape[0], out), dtype=torch.int32)

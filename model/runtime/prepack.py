@@ -9,7 +9,7 @@ reason on AMD CPUs.
 With ``int8=True`` those layers, and the encoder's, run in int8 instead (``Int8Linear``): weights
 quantized once per output feature, each row of the activations quantized at every call from its
 own range (7 bits: ``ACT_LEVELS``), the product accumulated exactly in int32: by our own kernel
-(``nmt::int8_mm``) where the shims' library is loaded (``model.runtime.shims``), else by oneDNN's
+(``nmt::int8_mm``) where its library is loaded (``model.runtime.int8mm``), else by oneDNN's
 u8s8 matmul primitive (``torch.ops.onednn.qlinear_pointwise``, the kernel TorchInductor's x86
 quantization emits) or its BLAS-like ``gemm_s8s8s32`` (``torch._int_mm``) where that is exact on
 the CPU and cheaper for the layer's shape (``model.runtime.int8mm``: the same bits). Per row, not
@@ -39,7 +39,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from model.runtime import int8mm, shims
+from model.runtime import int8mm
 from model.transformer import Transformer, replace_modules
 
 log = logging.getLogger(__name__)
@@ -164,11 +164,11 @@ class Int8Linear(PreparedLinear):
     symmetric scale of its own at every call (``ACT_LEVELS``), the product accumulated exactly in
     int32, times the weight's scale, then times the row's scale.
 
-    The product (``kernel``) is our own on the weight in its blocked layout (``"ours"``) where the
-    shims' library is loaded; else oneDNN's BLAS-like ``gemm_s8s8s32`` on the plain int8 weight
-    (``"direct"``) where ``model.runtime.int8mm.serves`` the layer's shape, else its u8s8 matmul
-    primitive on the weight laid out once in its blocked format (``"primitive"``): the same integer
-    sums, the same bits, at another cost.
+    The product (``kernel``) is our own on the weight in its blocked layout (``"ours"``) where its
+    library is loaded (``model.runtime.int8mm.loaded``); else oneDNN's BLAS-like ``gemm_s8s8s32``
+    on the plain int8 weight (``"direct"``) where ``model.runtime.int8mm.serves`` the layer's
+    shape, else its u8s8 matmul primitive on the weight laid out once in its blocked format
+    (``"primitive"``): the same integer sums, the same bits, at another cost.
 
     Every row is computed from its own values only, so a row's output is bit for bit the same
     whatever the other rows of the batch are (integer sums are exact in any order)."""
@@ -186,7 +186,7 @@ class Int8Linear(PreparedLinear):
         # Our kernel where its library is loaded (``model.runtime.int8mm``), else oneDNN's.
         self.kernel = (
             "ours"
-            if shims.loaded() and int8mm.blockable(self.in_features)
+            if int8mm.loaded() and int8mm.blockable(self.in_features)
             else "direct"
             if int8mm.serves(self.in_features, self.out_features)
             else "primitive"

@@ -33,6 +33,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -157,6 +158,21 @@ class PackagedRunner(FreshCaches, Package):
     def inductor_configs(self) -> dict[str, Any]:
         # Our int8 kernel called through its C shim (``model.runtime.shims``), without Python.
         return shims.inductor_configs() if self._calls_shims() else {}
+
+    def prepare(self, cache_dir: Path) -> None:
+        """``Package.prepare``; where the step calls our int8 kernel, the shims' library (its C
+        shim) is built meanwhile, on a thread of its own, and loaded before the package."""
+        if not self._calls_shims():
+            return Package.prepare(self, cache_dir)
+        shims.compiler()  # (imports TorchInductor's builder here: two threads importing it collide)
+        with ThreadPoolExecutor(1, thread_name_prefix="shims") as pool:
+            building = pool.submit(shims.library, cache_dir)
+            path = self.path(cache_dir)
+            self.cached = path.exists()
+            if not self.cached:
+                self._compile(path)
+            shims.load(building.result())  # (RuntimeError where it cannot be built: decoding eagerly)
+        self._load(path)
 
     def _calls_shims(self) -> bool:
         """Whether the step's int8 layers run our kernel (the shims' library is then loaded)."""

@@ -27,8 +27,8 @@ import contextlib
 import ctypes
 import fcntl
 import hashlib
-import logging
 import os
+import shutil
 import subprocess
 import threading
 from pathlib import Path
@@ -42,7 +42,7 @@ SOURCE = _CSRC / "shims.cpp"
 SOURCES = (SOURCE, _CSRC / "int8mm.cpp")
 
 # The operators of the ``nmt`` namespace: ``layer_norm`` (implemented by ``model.runtime.encoder``)
-# and ``int8_mm`` (``model.runtime.int8mm``), whose CPU kernel only the library registers. Defined
+# and ``int8_mm`` (by ``model.runtime.int8mm``). Defined
 # through the plain library API: ``torch.library.custom_op`` wraps its kernel in a guard that
 # imports TorchDynamo (and TorchInductor's configuration, sympy) at the first call, 70 MiB more
 # in a worker that compiles nothing.
@@ -52,11 +52,6 @@ LIBRARY.define(
     " float eps=1e-05, bool cudnn_enable=True) -> Tensor"
 )
 LIBRARY.define("int8_mm(Tensor x, Tensor w, Tensor comp, SymInt out) -> Tensor")
-
-
-@torch.library.register_fake("nmt::int8_mm", lib=LIBRARY)
-def _(x: torch.Tensor, w: torch.Tensor, comp: torch.Tensor, out: int) -> torch.Tensor:
-    return x.new_empty((x.shape[0], out), dtype=torch.int32)
 
 
 # Each operator's C function, declared as the generated code calls it (TorchInductor's C ABI:
@@ -76,8 +71,6 @@ DECLARATIONS = {
 }
 
 BUILD_TIMEOUT_S = 600
-
-log = logging.getLogger(__name__)
 
 _loaded: set[Path] = set()
 _lock = threading.Lock()
@@ -102,38 +95,46 @@ def library(cache_dir: Path) -> Path:
     """The library in ``cache_dir``, built unless it is there (under a lock: processes starting
     together build it once; written under a temporary name and renamed whole). Raises
     RuntimeError where it cannot be built."""
-    target = path(cache_dir)
+    return build(path(cache_dir), SOURCES, torch_linked=True)
+
+
+def build(target: Path, sources: tuple[Path, ...], *, torch_linked: bool) -> Path:
+    """``sources`` built into the shared library ``target`` unless it is there: each source in a
+    compiler process of its own, side by side, then the link (``torch_linked``: with torch's
+    headers and libraries). Under a lock (processes starting together build it once), written under
+    a temporary name and renamed whole. Raises RuntimeError where it cannot be built."""
     if target.exists():
         return target
-    cache_dir.mkdir(parents=True, exist_ok=True)
+    target.parent.mkdir(parents=True, exist_ok=True)
     with open(target.with_suffix(".lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, or the process dies
         if target.exists():
             return target
         tmp = target.with_suffix(f".{os.getpid()}.tmp.so")
-        objects = [target.with_suffix(f".{os.getpid()}.{source.stem}.o") for source in SOURCES]
+        objects = [target.with_suffix(f".{os.getpid()}.{source.stem}.o") for source in sources]
         try:
-            # Each source in a compiler process of its own, side by side; then the link.
             compiling = [
-                subprocess.Popen(_compile_command(source, obj), stderr=subprocess.PIPE, text=True)
-                for source, obj in zip(SOURCES, objects, strict=True)
+                subprocess.Popen(
+                    _compile_command(source, obj, torch_linked), stderr=subprocess.PIPE, text=True
+                )
+                for source, obj in zip(sources, objects, strict=True)
             ]
-            for source, process in zip(SOURCES, compiling, strict=True):
+            for source, process in zip(sources, compiling, strict=True):
                 _, err = process.communicate(timeout=BUILD_TIMEOUT_S)
                 if process.returncode != 0:
                     raise RuntimeError(f"building {source.name} failed: {err.strip()[-2000:]}")
             done = subprocess.run(
-                _link_command(objects, tmp),
+                _link_command(objects, tmp, torch_linked),
                 capture_output=True,
                 text=True,
                 timeout=BUILD_TIMEOUT_S,
                 check=False,
             )
             if done.returncode != 0:
-                raise RuntimeError(f"linking the shims failed: {done.stderr.strip()[-2000:]}")
+                raise RuntimeError(f"linking {target.name} failed: {done.stderr.strip()[-2000:]}")
             os.replace(tmp, target)
         except (OSError, subprocess.SubprocessError) as e:
-            raise RuntimeError(f"building the shims failed: {e}") from e
+            raise RuntimeError(f"building {target.name} failed: {e}") from e
         finally:
             for leftover in (tmp, *objects):
                 with contextlib.suppress(FileNotFoundError):
@@ -141,44 +142,51 @@ def library(cache_dir: Path) -> Path:
     return target
 
 
-def _compiler() -> str:
-    """The C++ compiler TorchInductor uses (``$CXX``, else the first of its candidates found)."""
+def compiler(torch_linked: bool = True) -> str:
+    """The C++ compiler TorchInductor uses (``$CXX``, else the first of its candidates found); for a
+    library without torch's headers, ``$CXX`` or g++ without asking TorchInductor: importing it
+    before ``model.runtime.runners.load_runner`` sets ``TORCHINDUCTOR_CACHE_DIR`` would fix its
+    cache elsewhere."""
+    if not torch_linked:
+        return os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++") or "g++"
     from torch._inductor.cpp_builder import get_cpp_compiler  # (imported where packages are compiled)
 
     return get_cpp_compiler()
 
 
-def _compile_command(source: Path, output: Path) -> list[str]:
-    """The compiler's command line for one source: torch's headers, position-independent code."""
+def _compile_command(source: Path, output: Path, torch_linked: bool) -> list[str]:
+    """The compiler's command line for one source: position-independent code, torch's headers
+    where ``torch_linked``."""
     root = Path(torch.__file__).parent
     abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
+    kernel = source.name == "int8mm.cpp"
     return [
-        _compiler(),
+        compiler(torch_linked),
         # -O3 for the kernel: at -O2 GCC kept its register tiles in memory (3-4x slower).
-        "-O3" if source.name == "int8mm.cpp" else "-O2",
+        "-O3" if kernel else "-O2",
         *("-std=c++20", "-fPIC", "-c", f"-D_GLIBCXX_USE_CXX11_ABI={abi}"),
-        f"-I{root / 'include'}",
-        f"-I{root / 'include' / 'torch' / 'csrc' / 'api' / 'include'}",
+        # Inside the shims' library the kernel is its own copy, not exported: the process sees one
+        # nmt_int8_mm_blocks, the kernel library's (``model.runtime.int8mm``).
+        *(["-fvisibility=hidden"] if kernel and torch_linked else []),
+        *(
+            [f"-I{root / 'include'}", f"-I{root / 'include' / 'torch' / 'csrc' / 'api' / 'include'}"]
+            if torch_linked
+            else []
+        ),
         str(source),
         "-o",
         str(output),
     ]
 
 
-def _link_command(objects: list[Path], output: Path) -> list[str]:
-    """The linker's command line: the objects into a shared library against torch's libraries."""
+def _link_command(objects: list[Path], output: Path, torch_linked: bool) -> list[str]:
+    """The linker's command line: the objects into a shared library (against torch's libraries
+    where ``torch_linked``)."""
     root = Path(torch.__file__).parent
-    return [
-        _compiler(),
-        "-shared",
-        *map(str, objects),
-        f"-L{root / 'lib'}",
-        "-ltorch_cpu",
-        "-lc10",
-        f"-Wl,-rpath,{root / 'lib'}",
-        "-o",
-        str(output),
-    ]
+    against = (
+        [f"-L{root / 'lib'}", "-ltorch_cpu", "-lc10", f"-Wl,-rpath,{root / 'lib'}"] if torch_linked else []
+    )
+    return [compiler(torch_linked), "-shared", *map(str, objects), *against, "-o", str(output)]
 
 
 def load(library: Path) -> None:
@@ -194,41 +202,6 @@ def load(library: Path) -> None:
             raise RuntimeError(f"torch defines {', '.join(taken)} itself: the shims are not loaded")
         ctypes.CDLL(str(library), mode=ctypes.RTLD_GLOBAL)
         _loaded.add(library)
-
-
-def loaded() -> bool:
-    """Whether a library is loaded into this process (``nmt::int8_mm`` then has its CPU kernel)."""
-    return bool(_loaded)
-
-
-_ensured: dict[Path, bool] = {}
-_ensuring = threading.Lock()
-
-
-def ensure(cache_dir: Path) -> bool:
-    """Build the library into ``cache_dir`` unless it is there, and load it (once per process: a
-    second caller waits for the first); whether that worked. Where it did not (no compiler, an
-    unwritable cache), says why once: the int8 layers then keep oneDNN's kernels
-    (``model.runtime.prepack``)."""
-    with _ensuring:
-        if cache_dir not in _ensured:
-            try:
-                load(library(cache_dir))
-                _ensured[cache_dir] = True
-            except RuntimeError as e:
-                log.warning(
-                    "the shims' library is not available (%s): int8 layers run on oneDNN's kernels", e
-                )
-                _ensured[cache_dir] = False
-        return _ensured[cache_dir]
-
-
-def ensure_beside(cache_dir: Path) -> threading.Thread:
-    """``ensure`` on a thread of its own, started: a first start builds the library (~7 s, its two
-    sources side by side, 2-vCPU AMD EPYC avx512_vnni) while the caller reads a model's weights."""
-    thread = threading.Thread(target=ensure, args=(cache_dir,), name="shims", daemon=True)
-    thread.start()
-    return thread
 
 
 def functions() -> list[str]:

@@ -5,7 +5,6 @@
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/layer_norm.h>
-#include <torch/library.h>
 #include <torch/csrc/inductor/aoti_torch/c/shim.h>
 #include <torch/csrc/inductor/aoti_torch/utils.h>
 
@@ -36,8 +35,9 @@ extern "C" AOTITorchError aoti_torch_cpu_layer_norm(
   });
 }
 
-// nmt::int8_mm (model.runtime.int8mm): the kernel is csrc/int8mm.cpp's; here the tensors are checked,
-// the feature blocks shared between torch's threads, and the operator registered for eager calls.
+// nmt::int8_mm (model.runtime.int8mm) in a compiled graph: the kernel is csrc/int8mm.cpp's (this
+// library's own copy); here the tensors are checked and the feature blocks shared between torch's
+// threads. (An eager call goes through the operator's Python implementation, to the same kernel.)
 extern "C" void nmt_int8_mm_blocks(const uint8_t* x, const int8_t* w, const int32_t* comp, int32_t* y,
                                    int64_t rows, int64_t in, int64_t out, int64_t first, int64_t last);
 
@@ -68,8 +68,6 @@ at::Tensor int8_mm(const at::Tensor& x, const at::Tensor& w, const at::Tensor& c
 }
 
 }  // namespace nmt
-
-TORCH_LIBRARY_IMPL(nmt, CPU, m) { m.impl("int8_mm", &nmt::int8_mm); }
 
 extern "C" AOTITorchError aoti_torch_cpu_int8_mm(
     AtenTensorHandle x, AtenTensorHandle w, AtenTensorHandle comp, int64_t out, AtenTensorHandle* ret0) {
