@@ -9,12 +9,21 @@ from pathlib import Path
 import pytest
 import sacrebleu
 import torch
+from conftest import compile_cache_dir
 
 import model.decoding.translator
 import model.runtime.prepack
 from model.cache import KVCache
 from model.layers import KEY_ALIGN
-from model.runtime.prepack import Int8Embedding, Int8Linear, PackedLinear, available, prepack
+from model.runtime import int8mm
+from model.runtime.prepack import (
+    Int8Embedding,
+    Int8Linear,
+    PackedLinear,
+    SharedInt8Embedding,
+    available,
+    prepack,
+)
 from model.tokenizer import PAD_ID
 from model.transformer import Transformer
 from model.translator import Translator
@@ -193,10 +202,17 @@ def test_int8_shipped_model_translates_like_float32() -> None:
     assert "dog" in outputs["int8"][1].lower()  # and they are translations
 
 
+@pytest.mark.parametrize("ours", [True, False], ids=["our-kernel", "onednn"])
 @pytest.mark.parametrize("tie_embeddings", [True, False])
 def test_a_model_served_in_int8_keeps_its_embeddings_in_int8_only(
-    make_model: Callable[..., Transformer], tie_embeddings: bool
+    make_model: Callable[..., Transformer], tie_embeddings: bool, ours: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # With our int8 kernel a tied model's lookups read the output projection's own copy; with
+    # oneDNN's (opaque) a table of their own.
+    if ours:
+        assert int8mm.ensure(compile_cache_dir())
+    else:
+        monkeypatch.setattr(int8mm, "loaded", lambda: False)
     kinds = {"share_embeddings": tie_embeddings, "tie_output": tie_embeddings}
     plain = make_model(seed=4, **kinds)
     served = make_model(seed=4, **kinds)
@@ -214,8 +230,12 @@ def test_a_model_served_in_int8_keeps_its_embeddings_in_int8_only(
     ]
     ids = torch.arange(v)
     for name, table, weight in tables:
-        assert isinstance(table, Int8Embedding), name
-        assert table.table.dtype == torch.int8
+        if ours and tie_embeddings:
+            assert isinstance(table, SharedInt8Embedding), name
+            assert table.blocked is served.logits_proj.blocked and table.blocked.dtype == torch.int8
+        else:
+            assert isinstance(table, Int8Embedding), name
+            assert table.table.dtype == torch.int8
         # Recomputed here: each row rounded to 255 levels of its own largest magnitude.
         step = weight.abs().amax(dim=1, keepdim=True) / 127
         with torch.inference_mode():
