@@ -58,10 +58,12 @@ __attribute__((target("avx512f,avx512bw,avx512vnni"))) void tile_vnni(
   const int64_t groups = p.in / GROUP;
   const int8_t* w = p.w + b0 * groups * FEATURES * GROUP;
   const int64_t block_stride = groups * FEATURES * GROUP;
-  // The first rows' tile asks for the next feature blocks' weights meanwhile (where more rows
-  // follow, the weights are read from memory once and summed against each row tile from cache).
+  // The first rows' tile asks for the next feature blocks' weights meanwhile: the weights are read
+  // from memory once, ahead of need (the hardware's prefetcher alone left the output projection
+  // at 19 GB/s for 3 rows, 38 with this: 2-vCPU AMD EPYC avx512_vnni), and where more rows follow
+  // they are summed against each further row tile from cache.
   const int64_t blocks = (p.out + FEATURES - 1) / FEATURES;
-  const int8_t* ahead = m0 == 0 && p.rows > R && b0 + BLOCKS + B <= blocks ? w + BLOCKS * block_stride : nullptr;
+  const int8_t* ahead = m0 == 0 && b0 + BLOCKS + B <= blocks ? w + BLOCKS * block_stride : nullptr;
   for (int64_t g = 0; g < groups; ++g) {
     __m512i wv[B];
     for (int b = 0; b < B; ++b)
