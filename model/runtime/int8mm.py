@@ -1,15 +1,15 @@
 """Which int8 product a linear layer calls: our own kernel (``nmt::int8_mm``, ``csrc/int8mm.cpp``)
-wherever the shims' library is loaded (``model.runtime.shims``), else oneDNN's BLAS-like
-``gemm_s8s8s32`` (``torch._int_mm``) where it is exact on this CPU and pays, else oneDNN's matmul
-primitive (``torch.ops.onednn.qlinear_pointwise``).
+wherever its library is loaded (``ensure``), else oneDNN's BLAS-like ``gemm_s8s8s32``
+(``torch._int_mm``) where it is exact on this CPU and pays, else oneDNN's matmul primitive
+(``torch.ops.onednn.qlinear_pointwise``).
 
 Our kernel sums the same integers exactly (on every x86-64 CPU: VNNI, AVX2 or plain C++), so a
 layer computes the same bits through it. It reads its weight in a blocked layout of its own
 (``blocked``), with no per-call setup: for a decoding step's few rows it runs at the memory's
 speed where oneDNN's primitive spent ~20 us per call building its descriptor and ``gemm_s8s8s32``
-packs its weight at every call (2-vCPU AMD EPYC, avx512_vnni, one thread, weights in cache:
-512 x 2,048 at 3 rows 20 us against 47 and 62; 64 rows 314 against 333 and 354; the 512 x 58,101
-output projection 1.22 ms against 1.48 and 4.13 at 3 rows, but 12.1 against 10.9 ms at 64).
+packs its weight at every call (2-vCPU AMD EPYC, avx512_vnni, one thread, eager calls, weights in
+cache: 512 x 2,048 at 3 rows 29 us against 46 and 61; at 64 rows 322 against 333 and 353; the
+512 x 58,101 output projection 1.60 ms against 1.98 and 4.42 at 3 rows, 11.7 against 11.0 at 64).
 
 Both sum the same integers exactly in int32 and then multiply each sum by its weight's scale once,
 so a layer computes the same bits through either (``Int8Linear``; tested). What differs is the cost

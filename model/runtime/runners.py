@@ -164,10 +164,14 @@ class PackagedRunner(FreshCaches, Package):
         shim) is built meanwhile, on a thread of its own, and loaded before the package."""
         if not self._calls_shims():
             return Package.prepare(self, cache_dir)
+        path, library = self.path(cache_dir), shims.path(cache_dir)
+        if path.exists() and library.exists():  # (nothing to build: TorchInductor not imported)
+            self.cached = True
+            shims.load(library)
+            return self._load(path)
         shims.compiler()  # (imports TorchInductor's builder here: two threads importing it collide)
         with ThreadPoolExecutor(1, thread_name_prefix="shims") as pool:
             building = pool.submit(shims.library, cache_dir)
-            path = self.path(cache_dir)
             self.cached = path.exists()
             if not self.cached:
                 self._compile(path)

@@ -12,13 +12,12 @@ operators' shims: no Python, no GIL, and the decoding threads of a process encod
 decode. The function calls the same kernel as an eager call of the operator: the same bits.
 
 The library is built once per source and torch (``library``: the C++ compiler the packages are
-compiled with, its two sources side by side, ~7 s on our 2-vCPU AMD EPYC, avx512_vnni), by the
-first process that needs it: one loading an int8 model (``ensure``, which also loads it: without
-it, int8 layers keep oneDNN's kernels) or compiling a package that calls it. It is loaded into the
-global symbol scope (``load``) before any such package: the package's library leaves the functions'
-symbols to be found there, and loading it registers ``nmt::int8_mm``'s CPU kernel. Where it cannot
-be built, neither can a package (the same compiler, the same headers): the caller keeps its eager
-path.
+compiled with, its two sources side by side, ~6 s on our 2-vCPU AMD EPYC, avx512_vnni), by the
+process that compiles a package calling it (the step's, beside its compiling; the encoder's), and
+loaded into the global symbol scope (``load``) before any such package: the package's library
+leaves the functions' symbols to be found there. Where it cannot be built, neither can a package
+(the same compiler, the same headers): the caller keeps its eager path. (``build`` also makes our
+int8 kernel's own small library, without torch: ``model.runtime.int8mm``.)
 """
 
 from __future__ import annotations
@@ -36,10 +35,9 @@ from pathlib import Path
 import torch
 
 _CSRC = Path(__file__).parent / "csrc"
-SOURCE = _CSRC / "shims.cpp"
-# The library's sources, compiled side by side (one compiler process each) and linked: shims.cpp
-# with torch's headers, int8mm.cpp (the int8 product's kernel) without.
-SOURCES = (SOURCE, _CSRC / "int8mm.cpp")
+# The library's sources, compiled side by side (one compiler process each) and linked: shims.cpp,
+# and int8mm.cpp (our int8 product's kernel: the library's own copy, which its C shim calls).
+SOURCES = (_CSRC / "shims.cpp", _CSRC / "int8mm.cpp")
 
 # The operators of the ``nmt`` namespace: ``layer_norm`` (implemented by ``model.runtime.encoder``)
 # and ``int8_mm`` (by ``model.runtime.int8mm``). Defined
@@ -112,6 +110,7 @@ def build(target: Path, sources: tuple[Path, ...], *, torch_linked: bool) -> Pat
             return target
         tmp = target.with_suffix(f".{os.getpid()}.tmp.so")
         objects = [target.with_suffix(f".{os.getpid()}.{source.stem}.o") for source in sources]
+        compiling: list[subprocess.Popen[str]] = []
         try:
             compiling = [
                 subprocess.Popen(
@@ -136,6 +135,10 @@ def build(target: Path, sources: tuple[Path, ...], *, torch_linked: bool) -> Pat
         except (OSError, subprocess.SubprocessError) as e:
             raise RuntimeError(f"building {target.name} failed: {e}") from e
         finally:
+            for process in compiling:  # (still running where another one failed)
+                if process.poll() is None:
+                    process.kill()
+                    process.wait()
             for leftover in (tmp, *objects):
                 with contextlib.suppress(FileNotFoundError):
                     leftover.unlink()
