@@ -313,7 +313,7 @@ def describe(encoder: PackagedEncoder, cache_dir: Path) -> dict[str, Any]:
         "config": asdict(model.cfg),
         "dtype": str(model.dtype).removeprefix("torch."),
         "linears": "int8" if "Int8Linear" in kinds else "packed" if "PackedLinear" in kinds else "plain",
-        "int8_kernel": any(getattr(m, "kernel", None) == "ours" for m in model.modules()),
+        "int8_kernel": int8mm.runs_ours(model),
         "dropout": "Dropout" in kinds,
         "rows": encoder.rows,
         "positions": encoder.length,

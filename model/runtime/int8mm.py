@@ -140,6 +140,7 @@ _kernel: Any = None  # the library's nmt_int8_mm_blocks (a ctypes function), onc
 _ensured: dict[Path, bool] = {}
 _ensuring = threading.Lock()
 _pool: ThreadPoolExecutor | None = None
+_pool_threads = 0  # how many threads _pool has
 
 
 def kernel_path(cache_dir: Path) -> Path:
@@ -183,6 +184,12 @@ def loaded() -> bool:
     return _kernel is not None
 
 
+def runs_ours(model: torch.nn.Module) -> bool:
+    """Whether any of ``model``'s int8 layers runs our kernel (``prepack.Int8Linear.kernel``): a
+    graph compiled from it then calls the shims' library (``model.runtime.shims``)."""
+    return any(getattr(m, "kernel", None) == "ours" for m in model.modules())
+
+
 def _int8_mm(x: Tensor, w: Tensor, comp: Tensor, out: int) -> Tensor:
     """``nmt::int8_mm`` called eagerly: (rows, out) int32, the sums of ``x`` (rows, in) uint8,
     1..127 (the activations + 64) times the weight held in ``w`` (``blocked``), less ``comp``."""
@@ -220,9 +227,11 @@ def _int8_mm(x: Tensor, w: Tensor, comp: Tensor, out: int) -> Tensor:
 
 
 def _threads() -> ThreadPoolExecutor:
-    global _pool
-    if _pool is None or _pool._max_workers < torch.get_num_threads():
-        _pool = ThreadPoolExecutor(torch.get_num_threads(), thread_name_prefix="int8mm")
+    """A pool of at least torch's thread count (a larger one where that grew since)."""
+    global _pool, _pool_threads
+    wanted = torch.get_num_threads()
+    if _pool is None or _pool_threads < wanted:
+        _pool, _pool_threads = ThreadPoolExecutor(wanted, thread_name_prefix="int8mm"), wanted
     return _pool
 
 

@@ -42,7 +42,7 @@ from torch import Tensor
 
 from model.cache import KVCache
 from model.layers import KEY_ALIGN
-from model.runtime import DEFAULT_CACHE_DIR, shims
+from model.runtime import DEFAULT_CACHE_DIR, int8mm, shims
 from model.runtime.encoder import CompiledEncoder, encode_eagerly
 from model.runtime.graphs import GraphRunner
 from model.runtime.package import SOURCES, Package
@@ -180,7 +180,7 @@ class PackagedRunner(FreshCaches, Package):
 
     def _calls_shims(self) -> bool:
         """Whether the step's int8 layers run our kernel (the shims' library is then loaded)."""
-        return any(getattr(m, "kernel", None) == "ours" for m in self.step.model.modules())
+        return int8mm.runs_ours(self.step.model)
 
     def sibling(self) -> PackagedRunner:
         """Another runner of this step for another thread: the same package (nothing compiled) in
