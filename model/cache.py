@@ -25,6 +25,14 @@ from model.config import ModelConfig
 from model.layers import KEY_ALIGN
 
 
+def copies_on_host(device: torch.device) -> bool:
+    """Whether rows are copied one at a time from host indices (``KVCache.advance``,
+    ``take_prefixes``): on the CPU, where reading an index costs nothing and ATen's indexed copies
+    write these strided rows an element at a time; elsewhere by index ops on the device, which
+    never wait for it."""
+    return device.type == "cpu"
+
+
 class KVCache:
     def __init__(
         self,
@@ -98,8 +106,17 @@ class KVCache:
     def advance(self, new_kv: Tensor) -> None:
         """Write the step's new keys/values (R, L, 2, H, Dh) at each row's next position."""
         n = self.rows
-        where = (self._first[:n] + self.lengths[:n, None]).view(-1)  # (R * L * 2 * H,)
-        self.self_kv.view(-1, self.self_kv.size(-1)).index_copy_(0, where, new_kv.reshape(where.size(0), -1))
+        if copies_on_host(self.lengths.device):
+            # One copy per row: ATen's index_copy_ of the R * L * 2 * H vectors writes them an
+            # element at a time, and each vector lies in a page of its own (OPUS-MT size, 64 rows,
+            # after a step's weights went through the caches: 1.24 against 0.61 ms, AMD EPYC).
+            rows = new_kv.reshape(n, *self.self_kv.shape[1:4], self.self_kv.size(5))
+            for row, at in enumerate(self.lengths[:n].tolist()):
+                self.self_kv[row, :, :, :, at].copy_(rows[row])
+        else:  # (device indices: no wait for the device)
+            where = (self._first[:n] + self.lengths[:n, None]).view(-1)  # (R * L * 2 * H,)
+            flat = self.self_kv.view(-1, self.self_kv.size(-1))
+            flat.index_copy_(0, where, new_kv.reshape(where.size(0), -1))
         self.lengths[:n] += 1
         self.max_length += 1
         if self.max_length > self.positions:
@@ -147,19 +164,35 @@ class KVCache:
     def reorder(self, index: list[int]) -> None:
         """Row r takes the decoded prefix of row ``index[r]`` (beams of one input reordered among
         themselves: their sources are the same, so only the self-attention part is copied)."""
-        changed = [r for r, source in enumerate(index) if r != source]
-        if changed:
-            self._copy_rows(changed, [index[r] for r in changed], sources=False)
+        self.take_prefixes(list(range(len(index))), index)
+
+    def take_prefixes(self, dst: list[int], src: list[int]) -> None:
+        """Row ``dst[i]`` takes the decoded prefix of row ``src[i]``, as it was before any of them
+        is written (beams of one input: the same source and length)."""
+        moved = [(d, s) for d, s in zip(dst, src, strict=True) if d != s]
+        if moved:
+            self._copy_rows([d for d, _ in moved], [s for _, s in moved], sources=False)
 
     def _copy_rows(self, dst: list[int], src: list[int], *, sources: bool) -> None:
-        d = torch.tensor(dst, device=self.lengths.device)
-        s = torch.tensor(src, device=self.lengths.device)
         parts = [self.self_kv[:, :, :, :, : self.max_length], self.lengths]
         if sources:
             width = max(self.source_lengths[r] for r in src)
             parts += [self.cross_kv[:, :, :, :, :width], self.src_bias]
-        for t in parts:  # gathered first, so rows both read and written are safe
-            t.index_copy_(0, d, t.index_select(0, s))
+        if not copies_on_host(self.lengths.device):
+            d = torch.tensor(dst, device=self.lengths.device)
+            s = torch.tensor(src, device=self.lengths.device)
+            for t in parts:  # gathered first, so rows both read and written are safe
+                t.index_copy_(0, d, t.index_select(0, s))
+            return
+        # On the CPU one copy per row, only the rows both read and written copied aside first:
+        # gathering every moved row and writing it back read and wrote each prefix twice, the
+        # write an element at a time (OPUS-MT size, beam 4, 43 of 64 rows moved, 25 positions:
+        # 6.9 against 4.5 ms, AMD EPYC avx512_vnni).
+        overwritten = set(dst)
+        for t in parts:
+            aside = {r: t[r].clone() for r in set(src) & overwritten}
+            for row, parent in zip(dst, src, strict=True):
+                t[row].copy_(aside.get(parent, t[parent]))
 
     def zero_all(self) -> None:
         """Zero every row and position now, for a runner whose padding rows and positions are read

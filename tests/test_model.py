@@ -15,6 +15,7 @@ import pytest
 import torch
 from torch import Tensor
 
+from model import cache as model_cache
 from model import transformer
 from model.cache import KVCache
 from model.layers import KEY_ALIGN
@@ -287,6 +288,45 @@ def test_cache_refuses_what_does_not_fit(make_model: MakeModel) -> None:
             step(model, cache, torch.full((2,), BOS_ID))
         with pytest.raises(ValueError, match="positions"):
             step(model, cache, torch.full((2,), BOS_ID))
+
+
+@pytest.mark.parametrize("on_host", [True, False], ids=["host-copies", "index-ops"])
+def test_cache_rows_take_their_new_keys_and_their_parents_prefixes(
+    monkeypatch: pytest.MonkeyPatch, make_model: MakeModel, on_host: bool
+) -> None:
+    """``advance`` writes each row's new keys at its own next position, ``reorder`` gives each row
+    the prefix its parent had before any row was written (a swap, a parent with two children),
+    ``remove`` moves the last rows into the holes: checked against copies taken beforehand, with
+    the rows copied one at a time from host indices (the CPU's way) and by index ops (a device's)."""
+    monkeypatch.setattr(model_cache, "copies_on_host", lambda device: on_host)
+    model = make_model(seed=5)
+    with torch.inference_mode():
+        cache = new_cache(model, 6, positions=12)
+        join(model, cache, sources([3, 5, 4, 7]))
+        for t in range(3):
+            step(model, cache, torch.full((4,), BOS_ID + t))
+        join(model, cache, sources([6, 2]))  # rows 4 and 5 have decoded nothing yet
+        new_kv = torch.randn(6, *cache.self_kv.shape[1:4], cache.self_kv.size(5))
+        before = cache.self_kv.clone()
+        cache.advance(new_kv)
+        for row, at in enumerate([3, 3, 3, 3, 0, 0]):
+            assert torch.equal(cache.self_kv[row, :, :, :, at], new_kv[row])
+            assert torch.equal(cache.self_kv[row, :, :, :, :at], before[row, :, :, :, :at])
+        assert cache.lengths.tolist() == [4, 4, 4, 4, 1, 1]
+        index = [1, 0, 2, 2, 4, 5]  # rows 0 and 1 swap, row 3 takes row 2's prefix
+        before = cache.self_kv.clone()
+        cache.reorder(index)
+        for row, parent in enumerate(index):
+            assert torch.equal(cache.self_kv[row, :, :, :, :4], before[parent, :, :, :, :4])
+        kept = cache.self_kv.clone(), cache.cross_kv.clone(), cache.src_bias.clone()
+        assert cache.remove([0, 2]) == {4: 0, 5: 2}
+        assert cache.lengths[: cache.rows].tolist() == [1, 4, 1, 4]
+        for row, was in enumerate([4, 1, 5, 3]):
+            width = cache.source_lengths[row]
+            assert torch.equal(cache.cross_kv[row, ..., :width, :], kept[1][was, ..., :width, :])
+            assert torch.equal(cache.src_bias[row], kept[2][was])
+            length = cache.lengths[row]
+            assert torch.equal(cache.self_kv[row, ..., :length, :], kept[0][was, ..., :length, :])
 
 
 @pytest.mark.parametrize("pre_norm", [False, True], ids=["post-ln", "pre-ln"])
