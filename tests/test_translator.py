@@ -11,8 +11,18 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from model.checkpoint import CONFIG_FILE, SPM_FILE, WEIGHTS_FILE, ModelDirError, read_info, save_model_dir
+from model.checkpoint import (
+    CONFIG_FILE,
+    SPM_FILE,
+    WEIGHTS_FILE,
+    ModelDirError,
+    ModelInfo,
+    load_model,
+    read_info,
+    save_model_dir,
+)
 from model.translator import TranslationResult, Translator
+from tests.conftest import random_model
 
 
 def translate_one_by_one(
@@ -120,6 +130,29 @@ def test_save_load_round_trip(
             loaded.translate_batch(sentences, beam_size=beam_size),
             translator.translate_batch(sentences, beam_size=beam_size),
         )
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [{}, {"positions": "learned"}, {"tie_output": False}],
+    ids=["sinusoidal-tied", "learned-positions", "untied"],
+)
+def test_a_loaded_model_holds_every_saved_weight_and_its_own_position_table(
+    spm_model: Path, tmp_path: Path, overrides: dict[str, object]
+) -> None:
+    """``load_model`` builds the model without drawing its weights: every parameter and buffer is the
+    saved model's, bit for bit (the sinusoidal table, which the file does not hold, too), on the
+    CPU, and trainable (fine-tuning starts from it)."""
+    model = random_model(seed=7, **overrides)
+    info = ModelInfo(model.cfg, "de", "en")
+    out = save_model_dir(tmp_path / "m", model, info, spm_model)
+    loaded = load_model(out, info)
+    mine, theirs = dict(model.named_parameters()), dict(loaded.named_parameters())
+    assert mine.keys() == theirs.keys()
+    assert all(torch.equal(mine[k], theirs[k]) and theirs[k].requires_grad for k in mine)
+    mine_b, theirs_b = dict(model.named_buffers()), dict(loaded.named_buffers())
+    assert mine_b.keys() == theirs_b.keys() and all(torch.equal(mine_b[k], theirs_b[k]) for k in mine_b)
+    assert not any(t.is_meta for t in [*loaded.parameters(), *loaded.buffers()])
 
 
 def test_a_model_loaded_to_translate_refuses_to_be_saved(translator: Translator, tmp_path: Path) -> None:
