@@ -199,8 +199,9 @@ def test_remove_moves_the_last_rows_into_the_holes(make_model: MakeModel) -> Non
         assert moves == {3: 0, 4: 2}  # the last rows took the freed places; row 1 stayed
         assert run.cache.lengths[:3].tolist() == [int(before[3]), int(before[1]), int(before[4])]
         assert run.cache.source_lengths == [4, 3, 20] and run.cache.width == 20
-        positions, self_kv, cross_kv, src_bias = run.cache.views()
+        positions, self_kv, cross_kv, src_bias, slots = run.cache.views()
         assert cross_kv.size(4) == src_bias.size(3) == 32 and len(positions) == self_kv.size(0) == 3
+        assert slots.tolist() == [0, 1, 2] and cross_kv.size(0) == 3  # a source each
         for _ in range(3):
             run.step()
         assert run.leave([2]) == {}  # the last row leaves: nothing moves
@@ -328,6 +329,44 @@ def test_cache_rows_take_their_new_keys_and_their_parents_prefixes(
             assert torch.equal(cache.src_bias[row], kept[2][was])
             length = cache.lengths[row]
             assert torch.equal(cache.self_kv[row, ..., :length, :], kept[0][was, ..., :length, :])
+
+
+@pytest.mark.parametrize("on_host", [True, False], ids=["host-copies", "index-ops"])
+def test_the_beams_of_an_input_read_its_one_source_until_its_last_row_leaves(
+    monkeypatch: pytest.MonkeyPatch, make_model: MakeModel, on_host: bool
+) -> None:
+    """Inputs of 3, 1 and 2 beams hold one source each (``cross_kv`` has three slots), every row
+    reading its input's: the logits are those of a cache holding a copy of the source per row (the
+    reference), step by step, bit for bit; when the first input's rows leave, its slot is freed and
+    the last slot moves into it, the rows reading it following, and decoding goes on unchanged."""
+    monkeypatch.setattr(model_cache, "copies_on_host", lambda device: on_host)
+    model = make_model(seed=9)
+    beams = [3, 1, 2]
+    tokens = targets(6, 7, seed=4)
+    with torch.inference_mode():
+        enc = model.encode(sources([5, 9, 4], seed=3))
+        kv = model.source_kv(enc)
+        shared, copies = new_cache(model, 8), new_cache(model, 8)
+        shared.append(kv, enc.src_mask, beams)
+        rows = torch.tensor([0, 0, 0, 1, 2, 2])
+        copies.append(kv[rows], enc.src_mask[rows])
+        positions, _, cross_kv, src_bias, slots = shared.views()
+        assert cross_kv.size(0) == src_bias.size(0) == 3 and len(positions) == 6
+        assert slots.tolist() == [0, 0, 0, 1, 2, 2] and shared.source_lengths == [5, 9, 4]
+        for t in range(3):
+            assert torch.equal(step(model, shared, tokens[:, t]), step(model, copies, tokens[:, t]))
+        width = shared.source_lengths[2]
+        last = shared.cross_kv[2, ..., :width, :].clone()
+        assert shared.remove([0, 1, 2]) == copies.remove([0, 1, 2]) == {3: 0, 4: 1, 5: 2}
+        assert shared.views()[4].tolist() == [1, 0, 0] and shared.source_lengths == [4, 9]
+        assert torch.equal(shared.cross_kv[0, ..., :width, :], last)  # the last slot moved
+        assert shared.width == copies.width == 9
+        for t in range(3, 7):
+            assert torch.equal(step(model, shared, tokens[3:, t]), step(model, copies, tokens[3:, t]))
+        shared.remove([0])
+        assert shared.views()[4].tolist() == [0, 0] and shared.source_lengths == [4]
+        with pytest.raises(ValueError, match="capacity"):
+            shared.append(kv, enc.src_mask, [2, 2, 3])  # 7 rows more beside 2, in 8
 
 
 @pytest.mark.parametrize("pre_norm", [False, True], ids=["post-ln", "pre-ln"])
@@ -471,7 +510,7 @@ def test_a_row_first_used_late_reads_zeros_not_what_its_memory_held(make_model: 
             step(model, cache, torch.full((1,), BOS_ID))
         assert torch.isnan(cache.self_kv[1:, :, :, :, :5]).all()  # rows not used yet: untouched
         join(model, cache, sources([7, 2]))  # rows 1 and 2, after five decoded positions
-        _, self_kv, cross_kv, _ = cache.views()
+        _, self_kv, cross_kv, _, _ = cache.views()
         assert not torch.isnan(self_kv).any() and not torch.isnan(cross_kv).any()
         logits = step(model, cache, torch.full((3,), BOS_ID))
         assert torch.isfinite(logits).all()

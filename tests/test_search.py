@@ -50,9 +50,9 @@ class ScriptedModel:
 
     ``source_kv`` stores each row's source ids as its cross-attention keys and values, ``step``
     returns the fed tokens as the new self-attention keys and values; ``step`` then reads row r's
-    source back from ``cross_kv[r, 0, k|v, 0, :, 0]`` where ``src_bias`` is 0, and its prefix from
-    ``self_kv[r, 0, k|v, 0, :positions[r], 0]``: whatever the batch did to the cache is what this
-    decoder sees.
+    source back from ``cross_kv[j, 0, k|v, 0, :, 0]`` where ``src_bias[j]`` is 0, j = ``sources[r]``
+    (its slot), and its prefix from ``self_kv[r, 0, k|v, 0, :positions[r], 0]``: whatever the batch
+    did to the cache is what this decoder sees.
     """
 
     def __init__(self, rule: Rule, max_positions: int = 64) -> None:
@@ -76,20 +76,27 @@ class ScriptedModel:
         return enc.memory[:, None, None, None].expand(b, 1, 2, 1, s, 1).clone()  # (B, L, 2, H, S, Dh)
 
     def step(
-        self, tokens: Tensor, positions: Tensor, self_kv: Tensor, cross_kv: Tensor, src_bias: Tensor
+        self,
+        tokens: Tensor,
+        positions: Tensor,
+        self_kv: Tensor,
+        cross_kv: Tensor,
+        src_bias: Tensor,
+        sources: Tensor,
     ) -> tuple[Tensor, Tensor]:
         rows = len(tokens)
         self.batch_sizes.append(rows)
-        assert self_kv.shape[:4] == cross_kv.shape[:4] == (rows, 1, 2, 1) and src_bias.shape[0] == rows
+        assert self_kv.shape[:4] == (rows, 1, 2, 1) and len(sources) == rows
+        assert cross_kv.shape[1:4] == (1, 2, 1) and src_bias.shape[0] == cross_kv.shape[0] <= rows
         out = []
-        for r in range(rows):
+        for r, j in enumerate(sources.tolist()):
             n = int(positions[r])
             assert torch.equal(self_kv[r, 0, 0], self_kv[r, 0, 1]) or n == 0
             prefix = [*self_kv[r, 0, 0, 0, :n, 0].long().tolist(), int(tokens[r])]
             assert prefix[0] == BOS_ID, "a row's cache was mixed up with another row's"
-            real = src_bias[r, 0, 0] == 0
-            src = cross_kv[r, 0, 0, 0, :, 0][real].long().tolist()
-            assert src == cross_kv[r, 0, 1, 0, :, 0][real].long().tolist()
+            real = src_bias[j, 0, 0] == 0
+            src = cross_kv[j, 0, 0, 0, :, 0][real].long().tolist()
+            assert src == cross_kv[j, 0, 1, 0, :, 0][real].long().tolist()
             assert src[-1] == EOS_ID and PAD_ID not in src
             out.append(distribution(self.rule(src[:-1], prefix[1:])))
         new_kv = tokens.float()[:, None, None, None, None].expand(rows, 1, 2, 1, 1).clone()

@@ -189,13 +189,8 @@ class RunningBatch(Generic[K]):
         src = pad_batch([s.ids for s in sources], cfg.pad_id, self.tokens.device)
         kv, mask = self.runner.encode(src)  # (B, L, 2, H, S, Dh), (B, S)
         ks = [s.beam_size for s in sources]
-        if any(k > 1 for k in ks):  # k rows per input
-            rows = torch.arange(len(sources), device=src.device).repeat_interleave(
-                torch.tensor(ks, device=src.device)
-            )
-            kv, mask = kv.index_select(0, rows), mask.index_select(0, rows)
         first = self.cache.rows
-        self.cache.append(kv, mask)
+        self.cache.append(kv, mask, ks)  # k rows per input, reading its one source
         bos = torch.full((sum(ks),), cfg.bos_id, dtype=torch.long, device=src.device)
         self.tokens = torch.cat([self.tokens[:first], bos])
         limits = [self.options.output_limit(len(s.ids), cfg.max_positions) for s in sources]

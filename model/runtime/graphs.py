@@ -125,7 +125,7 @@ class GraphRunner:
         pooled = free[0] if free else self._make(capacity, positions)
         pooled.in_use = True
         cache = copy.copy(pooled.proto)  # the same buffers, empty (its own row bookkeeping)
-        cache.rows, cache.source_lengths, cache.max_length = 0, [], 0
+        cache.clear()
         weakref.finalize(cache, _give_back, pooled)  # its batch is gone: the buffers are free again
         return cache
 
@@ -176,6 +176,7 @@ class GraphRunner:
             c.self_kv[:rows, :, :, :, :width],
             c.cross_kv[:rows, :, :, :, :width],
             c.src_bias[:rows, :, :, :width],
+            c.sources[:rows],
             pooled.beam_rows[:rows],
             pooled.forced[:rows],
         )
@@ -201,12 +202,13 @@ class GraphRunner:
         self_kv: Tensor,
         cross_kv: Tensor,
         src_bias: Tensor,
+        sources: Tensor,
         beam_rows: Tensor,
         forced: Tensor,
     ) -> StepOutputs:
         pooled = self._pools.get(self_kv.data_ptr())
         if pooled is None or forced.size(1) != UNFORCED:  # not ours, or constrained: eagerly
-            return self.step(tokens, positions, self_kv, cross_kv, src_bias, beam_rows, forced)
+            return self.step(tokens, positions, self_kv, cross_kv, src_bias, sources, beam_rows, forced)
         r, b = tokens.size(0), beam_rows.size(0)
         cache = pooled.proto
         rows = bucket(r, pooled.rows)
@@ -215,7 +217,8 @@ class GraphRunner:
         pooled.beam_rows[:b].copy_(beam_rows)
         pooled.beam_rows[b:rows].zero_()  # (a stale index may point past this bucket's rows)
         pooled.forced[:b].copy_(forced)
-        cache.lengths[r:rows].zero_()  # padding rows: a position inside the embedding table
+        cache.lengths[r:rows].zero_()  # padding rows: a position inside the embedding table...
+        cache.sources[r:rows].zero_()  # ...and a source that is there (the first)
         if self.capture:
             graph, outputs = pooled.graphs[rows, width]
             graph.replay()

@@ -282,31 +282,35 @@ def export(step: DecodeStep, *, capacity: int, positions: int) -> torch.export.E
     views of a real cache (called outside inference mode: export takes no inference tensors): the
     graph's code is written for their strides."""
     model = step.model
-    rows = min(3, capacity)  # an example; the sizes are symbols
-    cache = _example_cache(model, rows, capacity=capacity, positions=positions)
-    n, keys, width = rows, 16, min(positions, cache.src_bias.size(3) - 16)
+    rows = min(3, capacity)  # an example; the sizes are symbols (the rows read fewer sources)
+    beams = [rows - 1, 1] if rows > 2 else None
+    cache = _example_cache(model, rows, capacity=capacity, positions=positions, beams=beams)
+    n, m, keys, width = rows, cache.slots, 16, min(positions, cache.src_bias.size(3) - 16)
     args = (
         torch.full((n,), model.cfg.bos_id, dtype=torch.long),
         cache.lengths[:n],
         cache.self_kv[:n, :, :, :, :keys],
-        cache.cross_kv[:n, :, :, :, :width],
-        cache.src_bias[:n, :, :, :width],
+        cache.cross_kv[:m, :, :, :, :width],
+        cache.src_bias[:m, :, :, :width],
+        cache.sources[:n],
         torch.arange(min(2, n)),
         torch.full((min(2, n), 2), model.cfg.eos_id, dtype=torch.long),
     )
     dim = torch.export.Dim
-    r, c, s = (
+    r, c, s, u = (
         dim("rows", min=1, max=capacity),
         dim("keys", min=1, max=positions),
         dim("src", min=1, max=positions),
+        dim("sources", min=1, max=capacity),
     )
     b = dim("beam_rows", min=1, max=capacity)
     shapes = (
         {0: r},
         {0: r},
         {0: r, 4: c},
-        {0: r, 4: s},
-        {0: r, 3: s},
+        {0: u, 4: s},
+        {0: u, 3: s},
+        {0: r},
         {0: b},
         {0: b, 1: dim("forced", min=1, max=model.cfg.vocab_size)},
     )
@@ -323,11 +327,14 @@ def _example_cache(
     positions: int,
     align: int = 1,
     runner: Runner | None = None,
+    beams: list[int] | None = None,
 ) -> KVCache:
-    """A cache holding ``rows`` short inputs (token 5 twice, then eos), encoded by ``runner``'s
-    encoder (default: the model's own)."""
-    src = torch.full((rows, 3), 5, dtype=torch.long, device=model.device)
+    """A cache holding ``rows`` rows of short inputs (token 5 twice, then eos), encoded by
+    ``runner``'s encoder (default: the model's own): an input a row, or ``beams[i]`` rows of input
+    i."""
+    beams = beams or [1] * rows
+    src = torch.full((len(beams), 3), 5, dtype=torch.long, device=model.device)
     src[:, -1] = model.cfg.eos_id
     cache = new_cache(model, capacity=capacity, positions=positions, align=align)
-    cache.append(*(runner.encode(src) if runner is not None else encode_eagerly(model, src)))
+    cache.append(*(runner.encode(src) if runner is not None else encode_eagerly(model, src)), beams)
     return cache

@@ -65,6 +65,7 @@ class StepRunner(Protocol):
         self_kv: Tensor,
         cross_kv: Tensor,
         src_bias: Tensor,
+        sources: Tensor,
         beam_rows: Tensor,
         forced: Tensor,
         /,
@@ -132,10 +133,11 @@ def topk_rows(x: Tensor, k: int, block: int = 64) -> tuple[Tensor, Tensor]:
 
 
 class DecodeStep(nn.Module):
-    """``forward(tokens, positions, self_kv, cross_kv, src_bias, beam_rows, forced)``: one token
-    per row.
+    """``forward(tokens, positions, self_kv, cross_kv, src_bias, sources, beam_rows, forced)``: one
+    token per row.
 
-    ``tokens``, ``positions`` (R,) long and the cache views as ``Transformer.step`` takes them;
+    ``tokens``, ``positions`` (R,) long and the cache views (``KVCache.views``) as
+    ``Transformer.step`` takes them;
     ``beam_rows`` (B,) long, B >= 1: the rows whose best ``top`` candidates the search needs (a
     batch of greedy rows passes one row, unused); ``forced`` (B, F) long, F >= 1: token ids per
     beam row whose log-probs the search needs whatever their rank (constrained decoding's next
@@ -162,10 +164,11 @@ class DecodeStep(nn.Module):
         self_kv: Tensor,
         cross_kv: Tensor,
         src_bias: Tensor,
+        sources: Tensor,
         beam_rows: Tensor,
         forced: Tensor,
     ) -> StepOutputs:
-        logits, new_kv = self.model.step(tokens, positions, self_kv, cross_kv, src_bias)  # (R, V)
+        logits, new_kv = self.model.step(tokens, positions, self_kv, cross_kv, src_bias, sources)  # (R, V)
         # Blocked (a compiled plain argmax walked each row one element at a time: a sixth of a step
         # at 64 rows); min_rows=0: no branch on the batch size.
         choice = argmax_rows(logits, min_rows=0)
