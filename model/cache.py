@@ -97,7 +97,6 @@ class KVCache:
         self.max_length = 0  # the most positions a row has written (host side)
         self.source_lengths: list[int] = []  # per slot, last real source position + 1 (host side)
         self.row_slots: list[int] = []  # per row, its slot (host side; ``sources`` on the device)
-        self.slot_rows: list[int] = []  # per slot, the rows that read it
 
     @property
     def slots(self) -> int:
@@ -178,7 +177,6 @@ class KVCache:
         self.row_slots += [m + i for i, b in enumerate(beams) for _ in range(b)]
         self.sources[n : n + rows] = self._slots_of(self.row_slots[n:])
         self.source_lengths += real
-        self.slot_rows += beams
         self.rows = n + rows
 
     def remove(self, leaving: list[int]) -> dict[int, int]:
@@ -189,8 +187,6 @@ class KVCache:
         n, m = self.rows, self.rows - len(gone)
         holes = sorted(r for r in gone if r < m)
         movers = [r for r in range(m, n) if r not in gone]
-        for r in gone:
-            self.slot_rows[self.row_slots[r]] -= 1
         if holes:
             self._copy(self._row_parts(), holes, movers, prefixes=True)
         for hole, mover in zip(holes, movers, strict=True):
@@ -204,7 +200,7 @@ class KVCache:
     def _free_slots(self) -> None:
         """Drop the slots no row reads (the last slots in use move into their places), and write
         each row's slot."""
-        unread = {j for j, count in enumerate(self.slot_rows) if count == 0}
+        unread = set(range(self.slots)) - set(self.row_slots)
         n, m = self.slots, self.slots - len(unread)
         holes = sorted(j for j in unread if j < m)
         movers = [j for j in range(m, n) if j not in unread]
@@ -214,8 +210,7 @@ class KVCache:
         moved = dict(zip(movers, holes, strict=True))
         for mover, hole in moved.items():
             self.source_lengths[hole] = self.source_lengths[mover]
-            self.slot_rows[hole] = self.slot_rows[mover]
-        del self.source_lengths[m:], self.slot_rows[m:]
+        del self.source_lengths[m:]
         if moved:
             self.row_slots = [moved.get(j, j) for j in self.row_slots]
         self.sources[: self.rows] = self._slots_of(self.row_slots)
