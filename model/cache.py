@@ -26,6 +26,8 @@ memory, as often as the weights (OPUS-MT size, 64 rows, a layer's cross-attentio
 
 from __future__ import annotations
 
+from typing import Protocol
+
 import torch
 from torch import Tensor
 
@@ -47,6 +49,15 @@ def copies_on_host(device: torch.device) -> bool:
     return device.type == "cpu"
 
 
+class RowKernels(Protocol):
+    """The CPU's row copies of ``self_kv`` in one call each (``model.runtime.kvrows``): the same
+    bytes as the copies made here from Python, fewer calls."""
+
+    def write_next(self, kv: Tensor, new: Tensor, lengths: Tensor) -> None: ...
+
+    def take_prefixes(self, kv: Tensor, dst: list[int], src: list[int], lengths: Tensor) -> None: ...
+
+
 class KVCache:
     def __init__(
         self,
@@ -57,9 +68,11 @@ class KVCache:
         dtype: torch.dtype,
         device: torch.device,
         align: int = 1,
+        kernels: RowKernels | None = None,
     ) -> None:
         """Room for ``capacity`` rows of up to ``positions`` source tokens and decoded tokens each.
-        ``align``: views read positions in multiples of it (``StepRunner.align``)."""
+        ``align``: views read positions in multiples of it (``StepRunner.align``). ``kernels``: on
+        the CPU, row copies in one call (else one ``copy_`` per row, or ``index_copy_``)."""
         if positions > cfg.max_positions:
             raise ValueError(f"{positions} positions exceed the model's max_positions ({cfg.max_positions})")
         self.positions = positions
@@ -88,6 +101,7 @@ class KVCache:
         blocks = shape[1] * shape[2] * shape[3]
         self._first = (torch.arange(capacity * blocks, device=device) * shape[4]).view(capacity, blocks)
         self.capacity = capacity
+        self.kernels = kernels if copies_on_host(device) else None
         self.clear()
 
     def clear(self) -> None:
@@ -133,7 +147,9 @@ class KVCache:
     def advance(self, new_kv: Tensor) -> None:
         """Write the step's new keys/values (R, L, 2, H, Dh) at each row's next position."""
         n = self.rows
-        if copies_on_host(self.lengths.device) and self._first.size(1) >= ROW_COPY_VECTORS:
+        if self.kernels is not None:
+            self.kernels.write_next(self.self_kv, new_kv, self.lengths)
+        elif copies_on_host(self.lengths.device) and self._first.size(1) >= ROW_COPY_VECTORS:
             # One copy per row: ATen's index_copy_ of the R * L * 2 * H vectors writes them an
             # element at a time, and each vector lies in a page of its own (OPUS-MT size, 64 rows,
             # after a step's weights went through the caches: 1.24 against 0.61 ms, AMD EPYC).
@@ -245,12 +261,16 @@ class KVCache:
             for t in parts:  # gathered first, so rows both read and written are safe
                 t.index_copy_(0, d, t.index_select(0, s))
             return
-        # On the CPU one copy per row, only the rows both read and written copied aside first:
+        # On the CPU one call for all of self_kv's rows (``kernels``), or one copy per row, only the
+        # rows both read and written copied aside first:
         # gathering every moved row and writing it back read and wrote each prefix twice, the
         # write an element at a time (OPUS-MT size, beam 4, 43 of 64 rows moved, 25 positions:
         # 6.9 against 4.5 ms, AMD EPYC avx512_vnni).
         overwritten = set(dst)
-        if prefixes:  # a row's written positions only: its input's step, not the longest row's
+        if prefixes and self.kernels is not None:  # (``lengths`` is read before it is copied)
+            self.kernels.take_prefixes(self.self_kv, dst, src, self.lengths)
+            parts = parts[1:]
+        elif prefixes:  # a row's written positions only: its input's step, not the longest row's
             keys = self.lengths.tolist()  # (read before ``lengths`` is copied)
             kv, *parts = parts
             aside = {r: kv[r, :, :, :, : keys[r]].clone() for r in set(src) & overwritten}

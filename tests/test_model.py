@@ -19,7 +19,7 @@ from model import cache as model_cache
 from model import transformer
 from model.cache import KVCache
 from model.layers import KEY_ALIGN
-from model.runtime import runners
+from model.runtime import kvrows, runners
 from model.tokenizer import BOS_ID, EOS_ID, PAD_ID
 from model.transformer import Transformer
 
@@ -291,19 +291,47 @@ def test_cache_refuses_what_does_not_fit(make_model: MakeModel) -> None:
             step(model, cache, torch.full((2,), BOS_ID))
 
 
-@pytest.mark.parametrize("on_host", [True, False], ids=["host-copies", "index-ops"])
+# How a test's cache copies rows: from host indices, one row at a time (the CPU's way without the
+# native copies); in one call each (``model.runtime.kvrows``: the CPU's way); by index ops (a device's).
+COPIES = ["host-copies", "native", "index-ops"]
+
+
+@pytest.fixture(scope="module")
+def row_kernels(tmp_path_factory: pytest.TempPathFactory) -> model_cache.RowKernels:
+    """The native row copies, built here (a C++ compiler is part of the test machine)."""
+    assert kvrows.ensure(tmp_path_factory.mktemp("kvrows")), "the native row copies did not build"
+    kernels = kvrows.kernels()
+    assert kernels is not None
+    return kernels
+
+
+def copying(
+    monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest, way: str
+) -> Callable[[KVCache], KVCache]:
+    """Caches that copy rows ``way`` (one of ``COPIES``): returns what to pass each new cache through."""
+    monkeypatch.setattr(model_cache, "copies_on_host", lambda device: way != "index-ops")
+    kernels = request.getfixturevalue("row_kernels") if way == "native" else None
+
+    def made(cache: KVCache) -> KVCache:
+        cache.kernels = kernels
+        return cache
+
+    return made
+
+
+@pytest.mark.parametrize("way", COPIES)
 def test_cache_rows_take_their_new_keys_and_their_parents_prefixes(
-    monkeypatch: pytest.MonkeyPatch, make_model: MakeModel, on_host: bool
+    monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest, make_model: MakeModel, way: str
 ) -> None:
     """``advance`` writes each row's new keys at its own next position, ``reorder`` gives each row
     the prefix its parent had before any row was written (a swap, a parent with two children),
     ``remove`` moves the last rows into the holes: checked against copies taken beforehand, with
-    the rows copied one at a time from host indices (the CPU's way) and by index ops (a device's)."""
-    monkeypatch.setattr(model_cache, "copies_on_host", lambda device: on_host)
+    the rows copied one at a time from host indices, in one native call each, and by index ops."""
+    made = copying(monkeypatch, request, way)
     monkeypatch.setattr(model_cache, "ROW_COPY_VECTORS", 0)  # (this tiny model's rows write few)
     model = make_model(seed=5)
     with torch.inference_mode():
-        cache = new_cache(model, 6, positions=12)
+        cache = made(new_cache(model, 6, positions=12))
         join(model, cache, sources([3, 5, 4, 7]))
         for t in range(3):
             step(model, cache, torch.full((4,), BOS_ID + t))
@@ -331,22 +359,64 @@ def test_cache_rows_take_their_new_keys_and_their_parents_prefixes(
             assert torch.equal(cache.self_kv[row, ..., :length, :], kept[0][was, ..., :length, :])
 
 
-@pytest.mark.parametrize("on_host", [True, False], ids=["host-copies", "index-ops"])
+def test_native_row_copies_write_what_row_by_row_copies_write(
+    make_model: MakeModel, row_kernels: model_cache.RowKernels
+) -> None:
+    """Two caches through the same random joins, steps, prefix exchanges (chains, swaps, longer
+    cycles, a row copied into several) and removals, one copying rows in C, the other row by row
+    from Python: after every operation each row's written keys/values are the same bytes."""
+    model = make_model(seed=11)
+    cfg = model.cfg
+    rng = torch.Generator().manual_seed(3)
+
+    def draw(n: int) -> int:
+        return int(torch.randint(n, (1,), generator=rng))
+
+    native, python = (new_cache(model, 16, positions=24) for _ in range(2))
+    native.kernels, python.kernels = row_kernels, None
+    shape = (*native.self_kv.shape[1:4], native.self_kv.size(5))
+    for _ in range(300):
+        rows = native.rows
+        kind = draw(4) if rows else 3
+        if kind == 0 and python.max_length < 24:
+            new_kv = torch.randn(rows, *shape, generator=rng)
+            native.advance(new_kv)
+            python.advance(new_kv)
+        elif kind == 1 and python.max_length:
+            dst = torch.randperm(rows, generator=rng)[: 1 + draw(rows)].tolist()
+            src = [draw(rows) for _ in dst]
+            native.take_prefixes(dst, src)
+            python.take_prefixes(dst, src)
+        elif kind == 2:
+            leaving = torch.randperm(rows, generator=rng)[: 1 + draw(rows)].tolist()
+            assert native.remove(leaving) == python.remove(leaving)
+        elif kind == 3 and rows < 14:
+            k, s = 1 + draw(2), 1 + draw(6)
+            kv = torch.randn(k, cfg.decoder_layers, *shape[1:3], s, shape[3], generator=rng)
+            mask = torch.ones(k, s, dtype=torch.bool)
+            native.append(kv, mask)
+            python.append(kv, mask)
+        assert native.rows == python.rows and torch.equal(native.lengths, python.lengths)
+        for row, n in enumerate(native.lengths[: native.rows].tolist()):
+            assert torch.equal(native.self_kv[row, ..., :n, :], python.self_kv[row, ..., :n, :])
+
+
+@pytest.mark.parametrize("way", COPIES)
 def test_the_beams_of_an_input_read_its_one_source_until_its_last_row_leaves(
-    monkeypatch: pytest.MonkeyPatch, make_model: MakeModel, on_host: bool
+    monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest, make_model: MakeModel, way: str
 ) -> None:
     """Inputs of 3, 1 and 2 beams hold one source each (``cross_kv`` has three slots), every row
     reading its input's: the logits are those of a cache holding a copy of the source per row (the
     reference), step by step, bit for bit; when the first input's rows leave, its slot is freed and
     the last slot moves into it, the rows reading it following, and decoding goes on unchanged."""
-    monkeypatch.setattr(model_cache, "copies_on_host", lambda device: on_host)
+    made = copying(monkeypatch, request, way)
     model = make_model(seed=9)
     beams = [3, 1, 2]
     tokens = targets(6, 7, seed=4)
     with torch.inference_mode():
         enc = model.encode(sources([5, 9, 4], seed=3))
         kv = model.source_kv(enc)
-        shared, copies = new_cache(model, 8), new_cache(model, 8)
+        shared, copies = made(new_cache(model, 8)), made(new_cache(model, 8))
         shared.append(kv, enc.src_mask, beams)
         rows = torch.tensor([0, 0, 0, 1, 2, 2])
         copies.append(kv[rows], enc.src_mask[rows])

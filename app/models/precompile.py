@@ -4,9 +4,10 @@
 
 Each model directory under ``NMT_MODEL_DIR`` is loaded as a worker loads it (``open_translator``,
 with a worker's threads), its step and encoder compiled into ``NMT_COMPILE_CACHE_DIR`` (or found
-there), and
-whether int8 pays on this CPU measured and kept beside it (``model.runtime.precision``). The server
-started afterwards loads the files instead of compiling: ready in seconds. A package is named by
+there), and whether int8 pays on this CPU measured and kept beside it
+(``model.runtime.precision``); the KV cache's row copies are built there too
+(``model.runtime.kvrows``). The server started afterwards loads the files instead of compiling:
+ready in seconds. A package is named by
 the CPU's features among the rest (``model.runtime.runners``): run this where the service will run,
 or on the same CPU kind (an image built elsewhere compiles at its first start, as without it).
 Models of one architecture share one package: the first compiles, the others load it.
@@ -22,6 +23,7 @@ import torch
 from app.config import Settings
 from app.main import open_models, worker_threads
 from app.serving.worker.models import open_translator
+from model.runtime import kvrows
 
 
 def main() -> None:
@@ -43,6 +45,9 @@ def main() -> None:
                 )
         took = time.perf_counter() - started
         print(f"{spec.name} ({translator.quantization}): {state}, {took:.1f} s", flush=True)
+    # (Built beside the first load as well: waited for here, so that the image holds it.)
+    if kvrows.ensure(settings.compile_cache_dir):
+        print("the cache's row copies: built", flush=True)
     sys.exit(0)
 
 

@@ -42,7 +42,7 @@ from torch import Tensor
 
 from model.cache import KVCache
 from model.layers import KEY_ALIGN
-from model.runtime import DEFAULT_CACHE_DIR, int8mm, shims
+from model.runtime import DEFAULT_CACHE_DIR, int8mm, kvrows, shims
 from model.runtime.encoder import CompiledEncoder, encode_eagerly
 from model.runtime.graphs import GraphRunner
 from model.runtime.package import SOURCES, Package
@@ -85,6 +85,7 @@ def new_cache(model: Transformer, *, capacity: int, positions: int, align: int =
         dtype=model.dtype,
         device=model.device,
         align=align,
+        kernels=kvrows.kernels(),  # (on the CPU, where loaded: ``load_runner`` builds them)
     )
 
 
@@ -223,6 +224,8 @@ def load_runner(
     cache_dir = cache_dir or DEFAULT_CACHE_DIR
     runner: Runner = EagerRunner(step)
     device = model.device.type
+    if device == "cpu" and kvrows.kernels() is None:
+        kvrows.ensure_beside(cache_dir)  # (the caches made after it is built copy rows in C)
     if compile and device == "cpu" and not packaged_runs_under(torch.__version__):
         log.warning(
             "the compiled CPU step is tested under torch %s only, not %s: decoding eagerly",
