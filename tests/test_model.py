@@ -9,7 +9,11 @@ leaving and the last rows moving into their places, beams copying each other's p
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 import torch
@@ -399,6 +403,40 @@ def test_native_row_copies_write_what_row_by_row_copies_write(
         assert native.rows == python.rows and torch.equal(native.lengths, python.lengths)
         for row, n in enumerate(native.lengths[: native.rows].tolist()):
             assert torch.equal(native.self_kv[row, ..., :n, :], python.self_kv[row, ..., :n, :])
+
+
+def test_without_a_compiler_caches_copy_rows_from_python_and_say_why(tmp_path: Path) -> None:
+    """The row copies' library cannot be built (no C++ compiler): ``ensure`` says so once, nothing
+    half-built is left, and the caches a runner makes copy from Python, decoding as before."""
+    script = f"""
+import sys, logging, torch
+sys.path.insert(0, {str(Path(__file__).parent.parent)!r})
+logging.basicConfig(level=logging.WARNING)
+from pathlib import Path
+from model.config import ModelConfig
+from model.runtime import kvrows, runners
+from model.transformer import Transformer
+print(kvrows.ensure(Path({str(tmp_path)!r})), kvrows.kernels())
+model = Transformer(ModelConfig(vocab_size=32, d_model=16, n_heads=2, encoder_layers=1, decoder_layers=1,
+                                d_ff=32, max_positions=16)).eval()
+cache = runners.new_cache(model, capacity=2, positions=8)
+cache.append(torch.randn(2, 1, 2, 2, 3, 8), torch.ones(2, 3, dtype=torch.bool))
+cache.advance(torch.randn(2, 1, 2, 2, 8))
+cache.take_prefixes([0, 1], [1, 0])
+print(cache.kernels, cache.lengths.tolist())
+"""
+    out = subprocess.run(
+        [sys.executable, "-c", script],
+        env={**os.environ, "CXX": "/bin/false"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    assert out.stdout.split() == ["False", "None", "None", "[1,", "1]"], out.stdout + out.stderr
+    assert "the cache's row-copy library is not available" in out.stderr
+    assert out.stderr.count("not available") == 1
+    assert not list(tmp_path.glob("*.so")) and not list(tmp_path.glob("*.o"))
 
 
 @pytest.mark.parametrize("way", COPIES)

@@ -32,8 +32,6 @@ several (oneDNN's one-row and many-row kernels differ): where any sum is off, th
 from __future__ import annotations
 
 import ctypes
-import hashlib
-import logging
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from functools import cache
@@ -44,8 +42,6 @@ import torch
 from torch import Tensor
 
 from model.runtime import shims
-
-log = logging.getLogger(__name__)
 
 # The kernel's layout: 16 output features per block, 4 inputs per 32-bit lane (csrc/int8mm.cpp).
 FEATURES, GROUP = 16, 4
@@ -137,46 +133,43 @@ KERNEL_SOURCE = Path(__file__).parent / "csrc" / "int8mm.cpp"
 PARALLEL_PRODUCTS = 1 << 22
 
 _kernel: Any = None  # the library's nmt_int8_mm_blocks (a ctypes function), once loaded
-_ensured: dict[Path, bool] = {}
-_ensuring = threading.Lock()
 _pool: ThreadPoolExecutor | None = None
 _pool_threads = 0  # how many threads _pool has
 
 
+def _declare(library: ctypes.CDLL) -> None:
+    global _kernel
+    function = library.nmt_int8_mm_blocks
+    function.restype = None
+    function.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 5
+    _kernel = function
+
+
+_LIBRARY = shims.Standalone(
+    "int8mm",
+    KERNEL_SOURCE,
+    what="our int8 kernel",
+    instead="int8 layers run on oneDNN's kernels",
+    loaded=_declare,
+)
+
+
 def kernel_path(cache_dir: Path) -> Path:
     """Where the kernel's library is kept in ``cache_dir`` (named by its source and how it is built)."""
-    h = hashlib.sha256(KERNEL_SOURCE.read_bytes())
-    h.update(Path(shims.__file__).read_bytes())
-    return cache_dir / f"int8mm-{h.hexdigest()[:16]}.so"
+    return _LIBRARY.path(cache_dir)
 
 
 def ensure(cache_dir: Path) -> bool:
     """Build the kernel's library into ``cache_dir`` unless it is there, and load it (once per
     process: a second caller waits for the first); whether that worked. Where it did not (no
     compiler, an unwritable cache), says why once: int8 layers then keep oneDNN's kernels."""
-    global _kernel
-    with _ensuring:
-        if cache_dir not in _ensured:
-            try:
-                path = shims.build(kernel_path(cache_dir), (KERNEL_SOURCE,), torch_linked=False)
-                if _kernel is None:
-                    function = ctypes.CDLL(str(path)).nmt_int8_mm_blocks
-                    function.restype = None
-                    function.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 5
-                    _kernel = function
-                _ensured[cache_dir] = True
-            except (RuntimeError, OSError, AttributeError) as e:
-                log.warning("our int8 kernel is not available (%s): int8 layers run on oneDNN's kernels", e)
-                _ensured[cache_dir] = False
-        return _ensured[cache_dir]
+    return _LIBRARY.ensure(cache_dir)
 
 
 def ensure_beside(cache_dir: Path) -> threading.Thread:
     """``ensure`` on a thread of its own, started: a first start builds the library while the
     caller reads a model's weights."""
-    thread = threading.Thread(target=ensure, args=(cache_dir,), name="int8-kernel", daemon=True)
-    thread.start()
-    return thread
+    return _LIBRARY.ensure_beside(cache_dir)
 
 
 def loaded() -> bool:

@@ -20,8 +20,6 @@ or where it cannot be built (no compiler, an unwritable cache), copies from Pyth
 from __future__ import annotations
 
 import ctypes
-import hashlib
-import logging
 import threading
 from pathlib import Path
 
@@ -29,14 +27,10 @@ from torch import Tensor
 
 from model.runtime import shims
 
-log = logging.getLogger(__name__)
-
 SOURCE = Path(__file__).parent / "csrc" / "kvrows.cpp"
 
 _i64 = ctypes.c_int64
 _ptr = ctypes.c_void_p
-_lock = threading.Lock()
-_tried: dict[Path, bool] = {}
 _kernels: NativeRows | None = None
 
 
@@ -96,35 +90,25 @@ class NativeRows:
         )
 
 
-def library_path(cache_dir: Path) -> Path:
-    """Where the library is kept in ``cache_dir`` (named by its source and how it is built)."""
-    h = hashlib.sha256(SOURCE.read_bytes())
-    h.update(Path(shims.__file__).read_bytes())
-    return cache_dir / f"kvrows-{h.hexdigest()[:16]}.so"
+def _declare(library: ctypes.CDLL) -> None:
+    global _kernels
+    _kernels = NativeRows(library)
+
+
+_LIBRARY = shims.Standalone(
+    "kvrows", SOURCE, what="the cache's row-copy library", instead="copying from Python", loaded=_declare
+)
 
 
 def ensure(cache_dir: Path) -> bool:
     """Build the library into ``cache_dir`` unless it is there, and load it (once per process);
     whether that worked. Where it did not, says why once: caches copy from Python."""
-    global _kernels
-    with _lock:
-        if cache_dir not in _tried:
-            try:
-                path = shims.build(library_path(cache_dir), (SOURCE,), torch_linked=False)
-                if _kernels is None:
-                    _kernels = NativeRows(ctypes.CDLL(str(path)))
-                _tried[cache_dir] = True
-            except (RuntimeError, OSError, AttributeError) as e:
-                log.warning("the cache's native row copies are not available (%s): copying from Python", e)
-                _tried[cache_dir] = False
-        return _tried[cache_dir]
+    return _LIBRARY.ensure(cache_dir)
 
 
 def ensure_beside(cache_dir: Path) -> threading.Thread:
     """``ensure`` on a thread of its own, started."""
-    thread = threading.Thread(target=ensure, args=(cache_dir,), name="kv-rows", daemon=True)
-    thread.start()
-    return thread
+    return _LIBRARY.ensure_beside(cache_dir)
 
 
 def kernels() -> NativeRows | None:

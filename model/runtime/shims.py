@@ -26,13 +26,17 @@ import contextlib
 import ctypes
 import fcntl
 import hashlib
+import logging
 import os
 import shutil
 import subprocess
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
+
+log = logging.getLogger(__name__)
 
 _CSRC = Path(__file__).parent / "csrc"
 # The library's sources, compiled side by side (one compiler process each) and linked: shims.cpp,
@@ -143,6 +147,53 @@ def build(target: Path, sources: tuple[Path, ...], *, torch_linked: bool) -> Pat
                 with contextlib.suppress(FileNotFoundError):
                     leftover.unlink()
     return target
+
+
+class Standalone:
+    """One of our small libraries without torch (a single C++ source: our int8 kernel, the KV
+    cache's row copies), built by ``build`` into a compile cache under a name of its source and of
+    how it is built, and loaded once per process through ctypes (``library``: the first loaded).
+    ``ensure`` builds and loads it (a second caller waits for the first) and hands it to ``loaded``
+    (once, its functions' ctypes declarations); where it cannot, it says once per cache why, and
+    what runs instead."""
+
+    def __init__(
+        self, name: str, source: Path, *, what: str, instead: str, loaded: Callable[[ctypes.CDLL], None]
+    ) -> None:
+        self.name, self.source, self.what, self.instead, self.loaded = name, source, what, instead, loaded
+        self.library: ctypes.CDLL | None = None
+        self._tried: dict[Path, bool] = {}
+        self._lock = threading.Lock()
+
+    def path(self, cache_dir: Path) -> Path:
+        """Where the library is kept in ``cache_dir``."""
+        h = hashlib.sha256(self.source.read_bytes())
+        h.update(Path(__file__).read_bytes())
+        return cache_dir / f"{self.name}-{h.hexdigest()[:16]}.so"
+
+    def ensure(self, cache_dir: Path) -> bool:
+        """Build the library into ``cache_dir`` unless it is there, and load it unless one is
+        loaded; whether that worked."""
+        with self._lock:
+            if cache_dir not in self._tried:
+                try:
+                    path = build(self.path(cache_dir), (self.source,), torch_linked=False)
+                    if self.library is None:
+                        library = ctypes.CDLL(str(path))
+                        self.loaded(library)
+                        self.library = library
+                    self._tried[cache_dir] = True
+                except (RuntimeError, OSError, AttributeError) as e:  # (AttributeError: a function lacking)
+                    log.warning("%s is not available (%s): %s", self.what, e, self.instead)
+                    self._tried[cache_dir] = False
+            return self._tried[cache_dir]
+
+    def ensure_beside(self, cache_dir: Path) -> threading.Thread:
+        """``ensure`` on a thread of its own, started: a first start builds the library while the
+        caller reads a model's weights."""
+        thread = threading.Thread(target=self.ensure, args=(cache_dir,), name=self.name, daemon=True)
+        thread.start()
+        return thread
 
 
 def compiler(torch_linked: bool = True) -> str:
