@@ -17,7 +17,8 @@ process that compiles a package calling it (the step's, beside its compiling; th
 loaded into the global symbol scope (``load``) before any such package: the package's library
 leaves the functions' symbols to be found there. Where it cannot be built, neither can a package
 (the same compiler, the same headers): the caller keeps its eager path. (``build`` also makes our
-int8 kernel's own small library, without torch: ``model.runtime.int8mm``.)
+small libraries without torch, ``Standalone``: the int8 kernel's own, ``model.runtime.int8mm``, and
+the KV cache's row copies, ``model.runtime.kvrows``.)
 """
 
 from __future__ import annotations
